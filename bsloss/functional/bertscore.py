@@ -1,0 +1,149 @@
+r"""BERTScore from token embeddings: similarity, matching, weighted means, F.
+
+.. math::
+    P = \frac{\sum_i w_i\, m(s)_{i\cdot}}{\sum_i w_i},\quad
+    R = \frac{\sum_j \hat w_j\, m(s)_{\cdot j}}{\sum_j \hat w_j},\quad F = \frac{2PR}{P+R}
+
+with :math:`s` the cosine similarities (Zhang et al., 2020, Eq. 1-5) and :math:`m` a matching
+(``hard``: the original greedy max; ``softmax``, ``logsumexp``, ``sinkhorn``: tempered). This is the
+one implementation of the math: :class:`bsloss.BERTScorer` (evaluation) and
+:class:`bsloss.BERTScoreLoss` (training) both call it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from bsloss.functional.masking import check_mask
+from bsloss.functional.matching import check_temperature, get_matching
+from bsloss.functional.reduction import f_measure, weighted_mean
+from bsloss.functional.similarity import cosine_similarity, math_dtype
+
+__all__ = ["PRF", "bert_score", "token_scores"]
+
+
+class PRF(NamedTuple):
+    """Per-sentence precision, recall and F1, each ``[B]``."""
+
+    precision: Tensor
+    recall: Tensor
+    f1: Tensor
+
+
+def token_scores(
+    candidates: Tensor,
+    references: Tensor,
+    candidate_mask: Tensor,
+    reference_mask: Tensor,
+    *,
+    matching: str = "hard",
+    temperature: float = 0.1,
+    sinkhorn_iterations: int = 1,
+    normalized: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Per-token scores ``(candidate [B, Lc], reference [B, Lr])`` of the chosen matching."""
+    match = get_matching(matching)
+    if matching != "hard":
+        temperature = check_temperature(temperature)
+    sim = cosine_similarity(candidates, references, normalized=normalized)
+    with torch.autocast(device_type=sim.device.type, enabled=False):
+        return match(sim, candidate_mask.bool(), reference_mask.bool(), temperature=temperature,
+                     sinkhorn_iterations=sinkhorn_iterations)
+
+
+def _prf(candidates, references, candidate_mask, reference_mask, candidate_weights,
+         reference_weights, **matching_options) -> PRF:
+    cand_scores, ref_scores = token_scores(candidates, references, candidate_mask,
+                                           reference_mask, **matching_options)
+    precision = weighted_mean(cand_scores, candidate_weights)
+    recall = weighted_mean(ref_scores, reference_weights)
+    return PRF(precision, recall, f_measure(precision, recall))
+
+
+def _self_normalized(pair: PRF, cand_self: PRF, ref_self: PRF) -> PRF:
+    """Chen et al. (2020) Eq. 6: ``C(x, y) / sqrt(C(x, x) C(y, y))`` for each of P, R, F."""
+    def divide(value: Tensor, a: Tensor, b: Tensor) -> Tensor:
+        scale = torch.sqrt((a * b).clamp_min(torch.finfo(value.dtype).tiny))
+        return value / scale
+
+    return PRF(*(divide(v, a, b) for v, a, b in zip(pair, cand_self, ref_self, strict=True)))
+
+
+def bert_score(
+    candidates: Tensor,
+    references: Tensor,
+    candidate_mask: Tensor | None = None,
+    reference_mask: Tensor | None = None,
+    candidate_weights: Tensor | None = None,
+    reference_weights: Tensor | None = None,
+    *,
+    matching: str = "hard",
+    temperature: float = 0.1,
+    sinkhorn_iterations: int = 1,
+    self_normalize: bool | None = None,
+    normalized: bool = False,
+) -> PRF:
+    """Per-pair BERTScore from token embeddings.
+
+    Args:
+        candidates: ``[B, Lc, d]`` candidate token embeddings (any float dtype).
+        references: ``[B, Lr, d]`` reference token embeddings.
+        candidate_mask, reference_mask: ``[B, L]``, true on real tokens (default: all real).
+            Real tokens are matchable; padded ones never enter a max, softmax or logsumexp.
+        candidate_weights, reference_weights: ``[B, L]`` importance weights (idf; 0 on
+            CLS/SEP). Default: uniform over the real tokens.
+        matching: ``"hard"``, ``"softmax"``, ``"logsumexp"`` or ``"sinkhorn"``.
+        temperature: ``T > 0`` of the tempered matchings.
+        sinkhorn_iterations: Sinkhorn steps (1 as in Chen et al.).
+        self_normalize: divide by the self-similarities (Chen et al. Eq. 6); default: on for
+            ``sinkhorn`` only.
+        normalized: the embeddings are already unit-norm.
+
+    Returns:
+        :class:`PRF` of ``[B]`` tensors in float32 (float64 for float64 inputs). A sentence
+        without weight (empty) scores 0 with zero gradient.
+    """
+    if candidates.dim() != 3 or references.dim() != 3:
+        raise ValueError(
+            "candidates and references must be [B, L, d] embeddings, got shapes "
+            f"{list(candidates.shape)} and {list(references.shape)}"
+        )
+    if candidates.shape[0] != references.shape[0] or candidates.shape[2] != references.shape[2]:
+        raise ValueError(
+            f"candidates {list(candidates.shape)} and references {list(references.shape)} must "
+            "agree on the batch size B and the embedding size d"
+        )
+    dtype = math_dtype(candidates, references)
+    if candidate_mask is None:
+        candidate_mask = torch.ones(candidates.shape[:2], dtype=torch.bool, device=candidates.device)
+    if reference_mask is None:
+        reference_mask = torch.ones(references.shape[:2], dtype=torch.bool, device=references.device)
+    candidate_mask = check_mask(candidate_mask, candidates, "candidate_mask", "candidates")
+    reference_mask = check_mask(reference_mask, references, "reference_mask", "references")
+    candidate_weights = _weights(candidate_weights, candidate_mask, "candidate_weights", dtype)
+    reference_weights = _weights(reference_weights, reference_mask, "reference_weights", dtype)
+
+    options = dict(matching=matching, temperature=temperature,
+                   sinkhorn_iterations=sinkhorn_iterations, normalized=normalized)
+    pair = _prf(candidates, references, candidate_mask, reference_mask, candidate_weights,
+                reference_weights, **options)
+    if self_normalize is None:
+        self_normalize = matching == "sinkhorn"
+    if not self_normalize:
+        return pair
+    cand_self = _prf(candidates, candidates, candidate_mask, candidate_mask, candidate_weights,
+                     candidate_weights, **options)
+    ref_self = _prf(references, references, reference_mask, reference_mask, reference_weights,
+                    reference_weights, **options)
+    return _self_normalized(pair, cand_self, ref_self)
+
+
+def _weights(weights: Tensor | None, mask: Tensor, name: str, dtype: torch.dtype) -> Tensor:
+    if weights is None:
+        return mask.to(dtype)
+    if tuple(weights.shape) != tuple(mask.shape):
+        raise ValueError(f"{name} must have shape {list(mask.shape)}, got {list(weights.shape)}")
+    return weights.to(dtype) * mask.to(dtype)

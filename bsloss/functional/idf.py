@@ -1,0 +1,63 @@
+r"""Inverse document frequency weights (Zhang et al., 2020, Eq. 5).
+
+.. math::  \mathrm{idf}(w) = \log \frac{M + 1}{\mathrm{df}(w) + 1}
+
+over a reference corpus of :math:`M` sentences, where :math:`\mathrm{df}(w)` counts each token
+once per sentence; a token never seen gets :math:`\log(M + 1)`. Special tokens (CLS/SEP) weigh 0.
+Pure: token ids in, a dense weight table out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["idf_table", "uniform_table", "table_from_mapping"]
+
+
+def idf_table(
+    documents: Sequence[Sequence[int]], vocab_size: int, special_token_ids: Iterable[int] = ()
+) -> Tensor:
+    """``[V]`` idf weights from token-id sentences; unseen ids get ``log(M + 1)``."""
+    num_docs = len(documents)
+    document_frequency = torch.zeros(vocab_size, dtype=torch.float64)
+    for ids in documents:
+        unique = torch.as_tensor(sorted(set(ids)), dtype=torch.long)
+        document_frequency[unique] += 1
+    table = torch.log((num_docs + 1) / (document_frequency + 1))
+    table[list(special_token_ids)] = 0.0
+    return table
+
+
+def uniform_table(vocab_size: int, special_token_ids: Iterable[int] = ()) -> Tensor:
+    """``[V]`` of ones, 0 on the special tokens: BERTScore without idf."""
+    table = torch.ones(vocab_size, dtype=torch.float64)
+    table[list(special_token_ids)] = 0.0
+    return table
+
+
+def table_from_mapping(
+    weights: Mapping[int, float], vocab_size: int, special_token_ids: Iterable[int] = ()
+) -> Tensor:
+    """``[V]`` weights from a user's ``{token_id: weight}``.
+
+    Ids missing from the mapping get its ``default_factory()`` for a ``defaultdict``, else the
+    largest weight in it (an unseen token is at least as rare as the rarest one seen).
+    """
+    default_factory = getattr(weights, "default_factory", None)
+    if default_factory is not None:
+        fill = float(default_factory())
+    else:
+        fill = max((float(v) for v in weights.values()), default=1.0)
+    table = torch.full((vocab_size,), fill, dtype=torch.float64)
+    for token_id, value in weights.items():
+        if not 0 <= int(token_id) < vocab_size:
+            raise ValueError(f"idf: token id {token_id} is outside the vocabulary [0, {vocab_size})")
+        if not math.isfinite(float(value)):
+            raise ValueError(f"idf: weight of token id {token_id} is {value}, not finite")
+        table[int(token_id)] = float(value)
+    table[list(special_token_ids)] = 0.0
+    return table

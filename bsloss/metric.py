@@ -1,0 +1,240 @@
+"""BERTScore as an evaluation metric: text in, per-pair P, R, F out.
+
+A thin stateful wrapper: the :class:`~bsloss.scorer.encoder.ScorerEncoder` turns text into token
+embeddings, :func:`bsloss.functional.bert_score` does the math (the same function the losses use).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
+
+from bsloss import __version__
+from bsloss.baseline import read_baseline, shipped_baseline_path
+from bsloss.functional import bert_score, idf_table, rescale_with_baseline, table_from_mapping
+from bsloss.functional.idf import uniform_table
+from bsloss.inputs import flatten_groups, validate_pairs
+from bsloss.scorer.encoder import ScorerEncoder
+
+__all__ = ["BERTScorer", "score"]
+
+IdfSpec = bool | Mapping[int, float] | Sequence[str]
+
+
+def _progress(iterable, total: int, enabled: bool | None, desc: str):
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm  # a dependency of transformers
+
+    return tqdm(iterable, total=total, desc=desc, leave=False)
+
+
+class BERTScorer:
+    """Exact BERTScore (Zhang et al., 2020) with any Hugging Face encoder.
+
+    Args:
+        model: hub name or local folder; ``None``: the embedded all-MiniLM-L6-v2.
+        num_layers: layer whose output is used (0 = embeddings); default from the layer table.
+        idf: ``False`` (uniform weights), ``True`` (idf from the references of each
+            :meth:`score` call, like ``bert_score.score(idf=True)``), a list of sentences to
+            compute idf from, or a ``{token_id: weight}`` dict.
+        rescale_with_baseline: rescale with ``(x - b) / (1 - b)``.
+        baseline_path: a bert_score-format baseline file; default: the one shipped for ``model``.
+        batch_size: sentences per encoder batch and pairs per matching batch.
+        device: default CUDA when available, else CPU.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        num_layers: int | None = None,
+        idf: IdfSpec = False,
+        rescale_with_baseline: bool = False,
+        baseline_path: str | None = None,
+        batch_size: int = 64,
+        device: str | torch.device | None = None,
+        *,
+        encoder: ScorerEncoder | None = None,
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.encoder = encoder or ScorerEncoder.from_pretrained(model, num_layers, device)
+        self.batch_size = batch_size
+        self.rescale = rescale_with_baseline
+        self.baseline: Tensor | None = None
+        if rescale_with_baseline:
+            path = baseline_path or shipped_baseline_path(self.encoder.name)
+            if not baseline_path and not path.exists():
+                raise FileNotFoundError(
+                    f"bsloss ships no baseline for {self.encoder.name!r}; compute one with "
+                    "`bsloss baseline --model NAME --corpus sentences.txt -o FILE` and pass "
+                    "baseline_path=FILE"
+                )
+            self.baseline = read_baseline(path, self.encoder.num_layers)
+        self.idf = idf
+        self._weight_table = self._make_weight_table(idf)
+
+    # ----------------------------------------------------------------- weights
+    @property
+    def vocab_size(self) -> int:
+        return max(len(self.encoder.tokenizer), self.encoder.input_embeddings.num_embeddings)
+
+    def _make_weight_table(self, idf: IdfSpec) -> Tensor | None:
+        """``[V]`` token weights, or ``None`` when they depend on each call's references."""
+        specials = self.encoder.special_token_ids
+        if idf is False:
+            return uniform_table(self.vocab_size, specials)
+        if idf is True:
+            return None
+        if isinstance(idf, Mapping):
+            return table_from_mapping(idf, self.vocab_size, specials)
+        if isinstance(idf, Sequence) and not isinstance(idf, str):
+            sentences = list(idf)
+            for i, sentence in enumerate(sentences):
+                if not isinstance(sentence, str):
+                    raise TypeError(f"idf[{i}] must be a string, got {type(sentence).__name__}")
+            return idf_table(self.encoder.tokenize(sentences), self.vocab_size, specials)
+        raise TypeError(f"idf must be a bool, a dict or a list of sentences, got {type(idf)}")
+
+    @property
+    def hash(self) -> str:
+        """Reproducibility signature: model, layer, idf, rescaling and versions."""
+        import transformers
+
+        idf = "idf" if self.idf is not False else "no-idf"
+        signature = (f"{self.encoder.name}_L{self.encoder.num_layers}_{idf}_bsloss={__version__}"
+                     f"(torch={torch.__version__},transformers={transformers.__version__})")
+        return signature + ("-rescaled" if self.rescale else "")
+
+    # ----------------------------------------------------------------- embedding
+    @torch.inference_mode()
+    def embed(
+        self, texts: Sequence[str], progress: bool | None = None
+    ) -> dict[str, tuple[Tensor, Tensor]]:
+        """Unique text -> (unit-norm token embeddings ``[L, d]`` float32, token ids ``[L]``).
+
+        Sentences are sorted by token length so a batch holds similar lengths (little padding).
+        """
+        unique = list(dict.fromkeys(texts))
+        token_ids = self.encoder.tokenize(unique)
+        order = sorted(range(len(unique)), key=lambda i: len(token_ids[i]), reverse=True)
+        device = self.encoder.device
+        out: dict[str, tuple[Tensor, Tensor]] = {}
+        starts = range(0, len(order), self.batch_size)
+        for start in _progress(starts, len(starts), progress, "bsloss: encoding"):
+            batch = order[start:start + self.batch_size]
+            ids = [torch.tensor(token_ids[i], dtype=torch.long) for i in batch]
+            lengths = [len(row) for row in ids]
+            input_ids = pad_sequence(ids, batch_first=True, padding_value=self.encoder.pad_token_id)
+            mask = torch.arange(input_ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]
+            hidden = self.encoder(input_ids=input_ids.to(device), attention_mask=mask.to(device))
+            hidden = torch.nn.functional.normalize(hidden.float(), dim=-1)
+            for row, i in enumerate(batch):
+                out[unique[i]] = (hidden[row, : lengths[row]], ids[row].to(device))
+        return out
+
+    # ----------------------------------------------------------------- scoring
+    def score(
+        self,
+        cands: Sequence[str],
+        refs: Sequence[str] | Sequence[Sequence[str]],
+        *,
+        batch_size: int | None = None,
+        progress: bool | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-candidate ``(P, R, F)``, float32 tensors of shape ``[N]`` on the CPU.
+
+        ``refs`` is one reference per candidate, or a list of references per candidate (the
+        maximum of P, of R and of F is taken independently, as in bert_score). An empty or
+        whitespace-only candidate or reference makes its pair score 0, with one warning.
+        """
+        cands, groups = validate_pairs(cands, refs)
+        pair_cands, pair_refs, owner = flatten_groups(cands, groups)
+        if not pair_cands:
+            empty = torch.zeros(0)
+            return empty, empty.clone(), empty.clone()
+        table = self._weight_table
+        if table is None:  # idf=True: from this call's references, as bert_score.score does
+            table = idf_table(self.encoder.tokenize(pair_refs), self.vocab_size,
+                              self.encoder.special_token_ids)
+        table = table.to(self.encoder.device, torch.float32)
+        embeddings = self.embed(pair_cands + pair_refs, progress=progress)
+        pair_scores = self._score_pairs(pair_cands, pair_refs, embeddings, table,
+                                        batch_size or self.batch_size)
+        if self.baseline is not None:
+            pair_scores = rescale_with_baseline(pair_scores, self.baseline.float())
+        empty = self._empty_pairs(pair_cands, pair_refs, owner, groups)
+        return self._group_max(pair_scores, empty, owner, len(cands))
+
+    def _score_pairs(self, pair_cands, pair_refs, embeddings, table, batch_size) -> Tensor:
+        """``[num_pairs, 3]`` raw P, R, F, in batches of pairs of similar lengths."""
+        order = sorted(range(len(pair_cands)),
+                       key=lambda i: len(embeddings[pair_cands[i]][1]) + len(embeddings[pair_refs[i]][1]))
+        scores = torch.empty(len(pair_cands), 3)
+        for start in range(0, len(order), batch_size):
+            batch = order[start:start + batch_size]
+            cand_emb, cand_mask, cand_w = self._pad([embeddings[pair_cands[i]] for i in batch], table)
+            ref_emb, ref_mask, ref_w = self._pad([embeddings[pair_refs[i]] for i in batch], table)
+            prf = bert_score(cand_emb, ref_emb, cand_mask, ref_mask, cand_w, ref_w,
+                             matching="hard", normalized=True)
+            scores[batch] = torch.stack(prf, dim=-1).float().cpu()
+        return scores
+
+    @staticmethod
+    def _pad(items: list[tuple[Tensor, Tensor]], table: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        emb = pad_sequence([e for e, _ in items], batch_first=True)
+        lengths = torch.tensor([len(ids) for _, ids in items], device=emb.device)
+        mask = torch.arange(emb.shape[1], device=emb.device)[None, :] < lengths[:, None]
+        ids = pad_sequence([ids for _, ids in items], batch_first=True)
+        return emb, mask, table[ids] * mask
+
+    @staticmethod
+    def _empty_pairs(pair_cands, pair_refs, owner, groups) -> Tensor:
+        empty = torch.tensor([not c.strip() or not r.strip()
+                              for c, r in zip(pair_cands, pair_refs, strict=True)], dtype=torch.bool)
+        if empty.any():
+            where = []
+            for pair in empty.nonzero().flatten().tolist():
+                i = owner[pair]
+                k = pair - owner.index(i)
+                where.append(str(i) if len(groups[i]) == 1 else f"{i} (reference {k})")
+            shown = ", ".join(where[:20]) + (", ..." if len(where) > 20 else "")
+            warnings.warn(f"{len(where)} empty or whitespace-only candidate/reference pair(s) "
+                          f"score 0: candidate index {shown}", stacklevel=3)
+        return empty
+
+    @staticmethod
+    def _group_max(pair_scores: Tensor, empty: Tensor, owner: list[int], n: int):
+        """Max over each candidate's references of P, of R and of F; empty pairs don't compete
+        and a candidate with only empty pairs scores 0."""
+        index = torch.tensor(owner)[:, None].expand(-1, 3)
+        competing = pair_scores.masked_fill(empty[:, None], float("-inf"))
+        best = torch.full((n, 3), float("-inf")).scatter_reduce(0, index, competing, "amax")
+        best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))
+        return best[:, 0].contiguous(), best[:, 1].contiguous(), best[:, 2].contiguous()
+
+
+def score(
+    cands: Sequence[str],
+    refs: Sequence[str] | Sequence[Sequence[str]],
+    model: str | None = None,
+    num_layers: int | None = None,
+    idf: IdfSpec = False,
+    rescale_with_baseline: bool = False,
+    baseline_path: str | None = None,
+    batch_size: int = 64,
+    device: str | torch.device | None = None,
+    progress: bool | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One-shot :class:`BERTScorer` ``(P, R, F)``; see its arguments."""
+    scorer = BERTScorer(model=model, num_layers=num_layers, idf=idf,
+                        rescale_with_baseline=rescale_with_baseline, baseline_path=baseline_path,
+                        batch_size=batch_size, device=device)
+    return scorer.score(cands, refs, progress=progress)

@@ -1,0 +1,168 @@
+"""The scorer encoder: text, token ids or input embeddings in, contextual token embeddings out.
+
+It knows nothing of matching or losses. It loads any Hugging Face encoder, frozen and in eval
+mode, cut at ``num_layers`` the way bert_score cuts it (the layers above are dropped, so compute
+stops there), and tokenises like bert_score: ``.strip()``, special tokens added, a prefix space
+for byte-level BPE tokenizers (GPT-2/RoBERTa), truncation at the model's maximum length with a
+warning that counts the truncated inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from bsloss.scorer.default import DEFAULT_MODEL_NAME, embedded_model_path
+from bsloss.scorer.layers import default_num_layers, freeze, num_hidden_layers, truncate_layers
+
+__all__ = ["ScorerEncoder", "resolve_device"]
+
+logger = logging.getLogger("bsloss")
+
+_BYTE_LEVEL_TOKENIZERS = {"GPT2Tokenizer", "GPT2TokenizerFast", "RobertaTokenizer",
+                          "RobertaTokenizerFast"}
+_HUGE_MAX_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _load(name_or_path: str):
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        if _BYTE_LEVEL_TOKENIZERS & {c.__name__ for c in type(tokenizer).__mro__}:
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, add_prefix_space=True)
+        model = AutoModel.from_pretrained(name_or_path)
+    except OSError as error:
+        if Path(name_or_path).exists():
+            raise
+        raise OSError(
+            f"could not load scorer model {name_or_path!r}: it is not a local folder and the "
+            "Hugging Face hub is unreachable from here (offline, or HF_HUB_OFFLINE=1). Download "
+            "the model on a machine with internet (e.g. `hf download NAME --local-dir DIR`) and "
+            "pass its folder: model='/path/to/DIR' and num_layers=N. model=None uses the embedded "
+            "all-MiniLM-L6-v2."
+        ) from error
+    return tokenizer, model
+
+
+class ScorerEncoder(nn.Module):
+    """A frozen Hugging Face encoder cut at ``num_layers``, with its tokenizer.
+
+    Build it with :meth:`from_pretrained`. Its parameters never require grad; gradients flow
+    through it only to ``inputs_embeds``.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, name: str, num_layers: int):
+        super().__init__()
+        self.model = freeze(model)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.num_layers = num_layers
+        self.prefix_space = bool(_BYTE_LEVEL_TOKENIZERS
+                                 & {c.__name__ for c in type(tokenizer).__mro__})
+        self.max_length = self._max_length()
+        # The special tokens the tokenizer wraps every sentence with (CLS/SEP, BOS/EOS): they
+        # weigh 0 in P and R but stay matchable, as in bert_score.
+        self.special_token_ids: tuple[int, ...] = tuple(
+            sorted(set(tokenizer("", add_special_tokens=True)["input_ids"]))
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | None = None,
+        num_layers: int | None = None,
+        device: str | torch.device | None = None,
+    ) -> ScorerEncoder:
+        """Load ``model`` (hub name or local folder; ``None``: embedded all-MiniLM-L6-v2)."""
+        name = DEFAULT_MODEL_NAME if model is None else str(model)
+        path = embedded_model_path() if model is None else str(model)
+        if num_layers is None:
+            num_layers = default_num_layers(name)
+        tokenizer, hf_model = _load(path)
+        if getattr(hf_model.config, "is_encoder_decoder", False):
+            hf_model = hf_model.get_encoder()
+        if num_layers > num_hidden_layers(hf_model) or num_layers < 0:
+            raise ValueError(
+                f"num_layers must be between 0 and {num_hidden_layers(hf_model)} for {name!r}, "
+                f"got {num_layers}"
+            )
+        truncate_layers(hf_model, num_layers)
+        encoder = cls(hf_model, tokenizer, name, num_layers).to(resolve_device(device))
+        logger.info("bsloss scorer: %s, layer %d, on %s", name, num_layers, encoder.device)
+        return encoder
+
+    def _max_length(self) -> int:
+        limit = int(getattr(self.tokenizer, "model_max_length", _HUGE_MAX_LENGTH))
+        if limit >= _HUGE_MAX_LENGTH:
+            limit = int(getattr(self.model.config, "max_position_embeddings", 512))
+        return limit
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_embeddings.weight.device
+
+    @property
+    def input_embeddings(self) -> nn.Embedding:
+        """The scorer's token-embedding table ``[V, d]`` (before positions and LayerNorm)."""
+        return self.model.get_input_embeddings()
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.input_embeddings.weight.shape[1])
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return 0 if pad is None else int(pad)
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids with special tokens, truncated to ``max_length`` with a counted warning."""
+        prepared = [text.strip() for text in texts]
+        if self.prefix_space:
+            prepared = [" " + text if text else text for text in prepared]
+        ids = self.tokenizer(prepared, add_special_tokens=True, truncation=False,
+                             verbose=False)["input_ids"]
+        too_long = [i for i, row in enumerate(ids) if len(row) > self.max_length]
+        if too_long:
+            shortened = self.tokenizer([prepared[i] for i in too_long], add_special_tokens=True,
+                                       truncation=True, max_length=self.max_length)["input_ids"]
+            for i, row in zip(too_long, shortened, strict=True):
+                ids[i] = row
+            shown = ", ".join(map(str, too_long[:10])) + (", ..." if len(too_long) > 10 else "")
+            warnings.warn(
+                f"{len(too_long)} of {len(texts)} inputs are longer than {self.name}'s maximum of "
+                f"{self.max_length} tokens and were truncated (indices {shown}); "
+                "pass long_inputs='window' to score them whole with overlapping windows.",
+                stacklevel=3,
+            )
+        return [list(row) for row in ids]
+
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        inputs_embeds: Tensor | None = None,
+    ) -> Tensor:
+        """Hidden states ``[B, L, d]`` of layer ``num_layers``."""
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                         inputs_embeds=inputs_embeds)
+        return out.last_hidden_state
+
+    def describe(self) -> str:
+        return f"{self.name} (layer {self.num_layers})"
