@@ -1,0 +1,5 @@
+import sys
+
+from bsloss.cli import main
+
+sys.exit(main())

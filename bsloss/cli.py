@@ -1,0 +1,108 @@
+"""Command line: ``bsloss score`` (corpus and per-line BERTScore) and ``bsloss baseline``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _read_lines(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as handle:
+        return [line.rstrip("\n") for line in handle]
+
+
+def _read_references(paths: list[str]) -> list[str] | list[list[str]]:
+    files = [_read_lines(p) for p in paths]
+    if len(files) == 1:
+        return files[0]
+    lengths = {len(f) for f in files}
+    if len(lengths) != 1:
+        raise SystemExit(f"bsloss: the reference files {paths} have different line counts "
+                         f"{[len(f) for f in files]}")
+    return [list(group) for group in zip(*files, strict=True)]
+
+
+def _score(args: argparse.Namespace) -> int:
+    from bsloss import BERTScorer
+
+    cands = _read_lines(args.candidates)
+    refs = _read_references(args.references)
+    if len(cands) != len(refs):
+        raise SystemExit(f"bsloss: {args.candidates} has {len(cands)} lines but the references "
+                         f"have {len(refs)}")
+    idf: bool | list[str] = False
+    if args.idf:
+        idf = [r for group in refs for r in ([group] if isinstance(group, str) else group)]
+    scorer = BERTScorer(model=args.model, num_layers=args.num_layers, idf=idf,
+                        rescale_with_baseline=args.rescale, baseline_path=args.baseline_path,
+                        batch_size=args.batch_size, device=args.device)
+    progress = None if args.progress == "auto" else args.progress == "on"
+    P, R, F = scorer.score(cands, refs, progress=progress)
+    if args.per_line:
+        print("P\tR\tF")
+        for p, r, f in zip(P.tolist(), R.tolist(), F.tolist(), strict=True):
+            print(f"{p:.6f}\t{r:.6f}\t{f:.6f}")
+    print(f"{scorer.hash} P: {P.mean():.6f} R: {R.mean():.6f} F1: {F.mean():.6f}")
+    return 0
+
+
+def _baseline(args: argparse.Namespace) -> int:
+    from bsloss.baseline import compute_baseline, write_baseline
+
+    sentences = [s for s in _read_lines(args.corpus) if s.strip()]
+    progress = None if args.progress == "auto" else args.progress == "on"
+    table = compute_baseline(sentences, model=args.model, num_pairs=args.num_pairs,
+                             seed=args.seed, batch_size=args.batch_size, device=args.device,
+                             progress=progress)
+    write_baseline(args.output, table)
+    print(f"wrote {args.output}: mean P/R/F of {args.num_pairs} random pairs from {args.corpus} "
+          f"(seed {args.seed}) for layers 0..{len(table) - 1}")
+    for layer, (p, r, f) in enumerate(table.tolist()):
+        print(f"  layer {layer:2d}: P {p:.4f} R {r:.4f} F {f:.4f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bsloss", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model", default=None,
+                       help="hub name or local folder (default: embedded all-MiniLM-L6-v2)")
+        p.add_argument("--batch-size", type=int, default=64)
+        p.add_argument("--device", default=None)
+        p.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
+                       help="progress bars (auto: only on a terminal)")
+
+    score = sub.add_parser("score", help="BERTScore of candidate lines against reference lines")
+    score.add_argument("-c", "--candidates", required=True, help="file, one candidate per line")
+    score.add_argument("-r", "--references", required=True, nargs="+",
+                       help="file(s), one reference per line; several files = multiple references")
+    score.add_argument("--num-layers", type=int, default=None)
+    score.add_argument("--idf", action="store_true", help="idf weights from the references")
+    score.add_argument("--rescale", action="store_true", help="rescale with the baseline")
+    score.add_argument("--baseline-path", default=None)
+    score.add_argument("--per-line", action="store_true", help="print P, R, F of every line")
+    common(score)
+    score.set_defaults(run=_score)
+
+    baseline = sub.add_parser("baseline", help="compute a rescaling baseline for any model")
+    baseline.add_argument("--corpus", required=True, help="text file, one sentence per line")
+    baseline.add_argument("-o", "--output", required=True, type=Path)
+    baseline.add_argument("--num-pairs", type=int, default=10_000)
+    baseline.add_argument("--seed", type=int, default=0)
+    common(baseline)
+    baseline.set_defaults(run=_baseline)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

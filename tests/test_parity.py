@@ -1,0 +1,81 @@
+"""bsloss equals the reference implementation bert_score 0.3.13 (batch_size=1, where bert_score
+has no padding artifact) on all 1,500 STS-B dev pairs with the embedded model at layer 6."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+bert_score = pytest.importorskip("bert_score")
+
+import bsloss  # noqa: E402
+from bsloss.baseline import shipped_baseline_path  # noqa: E402
+from bsloss.scorer.default import DEFAULT_MODEL_NAME, embedded_model_path  # noqa: E402
+
+TOLERANCE = 1e-5
+
+
+def _reference_scorer(**kwargs):
+    return bert_score.BERTScorer(model_type=embedded_model_path(), num_layers=6, batch_size=1,
+                                 **kwargs)
+
+
+def _assert_equal(ours, theirs):
+    for name, a, b in zip("PRF", ours, theirs, strict=True):
+        assert a.shape == b.shape
+        gap = (a - b.float()).abs().max().item()
+        assert gap <= TOLERANCE, f"{name}: max |bsloss - bert_score| = {gap:.2e}"
+
+
+@pytest.fixture(scope="module")
+def pairs(stsb_dev):
+    return [s1 for _, s1, _ in stsb_dev], [s2 for _, _, s2 in stsb_dev]
+
+
+def test_plain(pairs):
+    cands, refs = pairs
+    theirs = _reference_scorer().score(cands, refs, batch_size=1)
+    _assert_equal(bsloss.BERTScorer(num_layers=6).score(cands, refs), theirs)
+
+
+def test_idf_from_references(pairs):
+    cands, refs = pairs
+    theirs = _reference_scorer(idf=True, idf_sents=refs).score(cands, refs, batch_size=1)
+    _assert_equal(bsloss.BERTScorer(num_layers=6, idf=refs).score(cands, refs), theirs)
+    # idf=True computes the same weights from each call's references, as bert_score.score does.
+    _assert_equal(bsloss.BERTScorer(num_layers=6, idf=True).score(cands, refs), theirs)
+
+
+def test_rescaled(pairs):
+    cands, refs = pairs
+    baseline = str(shipped_baseline_path(DEFAULT_MODEL_NAME))
+    theirs = _reference_scorer(rescale_with_baseline=True, lang="en",
+                               baseline_path=baseline).score(cands, refs, batch_size=1)
+    ours = bsloss.BERTScorer(num_layers=6, rescale_with_baseline=True).score(cands, refs)
+    _assert_equal(ours, theirs)
+
+
+def test_multiple_references(pairs):
+    cands, refs = pairs
+    n = len(cands)
+    # Two or three references per candidate: its own, an unrelated one, sometimes a third.
+    groups = [[refs[i], cands[(i + 1) % n]] + ([refs[(i + 7) % n]] if i % 3 == 0 else [])
+              for i in range(n)]
+    theirs = _reference_scorer().score(cands, groups, batch_size=1)
+    ours = bsloss.BERTScorer(num_layers=6).score(cands, groups)
+    _assert_equal(ours, theirs)
+    # The max is taken independently for P, R and F: not all three from one reference.
+    single = bsloss.BERTScorer(num_layers=6).score(cands, refs)
+    assert torch.all(ours[2] >= single[2] - 1e-7)
+
+
+def test_bert_score_batch_artifact_is_not_reproduced(pairs):
+    """bert_score with batch_size > 1 multiplies padded similarity cells by 0, which clamps a
+    token's max at 0; bsloss masks padded cells out and so agrees with batch_size=1."""
+    cands, refs = pairs
+    padded = _reference_scorer().score(cands, refs, batch_size=64)
+    exact = _reference_scorer().score(cands, refs, batch_size=1)
+    ours = bsloss.BERTScorer(num_layers=6, batch_size=64).score(cands, refs)
+    changed = (padded[2] - exact[2]).abs() > 1e-4
+    assert changed.sum() > 0, "expected bert_score's padding artifact on STS-B dev"
+    assert (ours[2] - exact[2]).abs().max() <= TOLERANCE
