@@ -81,6 +81,16 @@ class ScorerEncoder(nn.Module):
         self.special_token_ids: tuple[int, ...] = tuple(
             sorted(set(tokenizer("", add_special_tokens=True)["input_ids"]))
         )
+        self.prefix_ids, self.suffix_ids = self._special_wrapping()
+
+    def _special_wrapping(self) -> tuple[list[int], list[int]]:
+        """The special ids the tokenizer puts before and after a sentence ([CLS] / [SEP])."""
+        bare = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+        full = self.tokenizer("a", add_special_tokens=True)["input_ids"]
+        for start in range(len(full) - len(bare) + 1):
+            if full[start:start + len(bare)] == bare:
+                return full[:start], full[start + len(bare):]
+        return [], []
 
     @classmethod
     def from_pretrained(
@@ -163,6 +173,47 @@ class ScorerEncoder(nn.Module):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask,
                          inputs_embeds=inputs_embeds)
         return out.last_hidden_state
+
+    def forward_token_embeddings(
+        self, token_embeddings: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Run input embeddings of candidate tokens through the scorer, between the scorer's own
+        special-token embeddings.
+
+        Args:
+            token_embeddings: ``[B, L, d]`` input embeddings (e.g. expected embeddings).
+            mask: ``[B, L]``, true on real tokens (any pattern; real tokens are packed left).
+
+        Returns:
+            hidden states ``[B, P + L + S, d]``, attention mask, and a mask of the special
+            positions (``P``/``S``: the number of prefix/suffix special tokens).
+        """
+        batch, length, _ = token_embeddings.shape
+        mask = mask.bool()
+        device = token_embeddings.device
+        n_prefix, n_suffix = len(self.prefix_ids), len(self.suffix_ids)
+        lengths = mask.sum(dim=1)
+        total = n_prefix + length + n_suffix
+        # Slot of each real token: right after the prefix, packed left in their original order.
+        slot = n_prefix + torch.cumsum(mask.long(), dim=1) - 1
+        slot = torch.where(mask, slot, torch.full_like(slot, total))  # padded -> a dropped slot
+        inputs = token_embeddings.new_zeros(batch, total + 1, token_embeddings.shape[-1])
+        inputs = inputs.scatter(1, slot[..., None].expand_as(token_embeddings), token_embeddings)
+        inputs = inputs[:, :total]
+        table = self.input_embeddings.weight
+        positions = torch.arange(total, device=device)[None, :]
+        special = torch.zeros(batch, total, dtype=torch.bool, device=device)
+        for k, token_id in enumerate(self.prefix_ids):
+            special[:, k] = True
+            inputs[:, k] = table[token_id].to(inputs.dtype)
+        suffix_start = n_prefix + lengths  # [B]
+        for k, token_id in enumerate(self.suffix_ids):
+            at = (positions == (suffix_start + k)[:, None])
+            special |= at
+            inputs = torch.where(at[..., None], table[token_id].to(inputs.dtype), inputs)
+        attention = positions < (suffix_start + n_suffix)[:, None]
+        hidden = self(inputs_embeds=inputs, attention_mask=attention.long())
+        return hidden, attention, special
 
     def describe(self) -> str:
         return f"{self.name} (layer {self.num_layers})"
