@@ -29,8 +29,9 @@ def read_baseline(path: str | Path, num_layers: int) -> torch.Tensor:
     with open(path, newline="") as handle:
         rows = {int(float(row["LAYER"])): row for row in csv.DictReader(handle)}
     if num_layers not in rows:
-        raise ValueError(f"baseline file {path} has no row for layer {num_layers} "
-                         f"(layers {sorted(rows)})")
+        raise ValueError(
+            f"baseline file {path} has no row for layer {num_layers} (layers {sorted(rows)})"
+        )
     row = rows[num_layers]
     values = torch.tensor([float(row["P"]), float(row["R"]), float(row["F"])], dtype=torch.float64)
     if not torch.all(values < 1):
@@ -49,7 +50,9 @@ def write_baseline(path: str | Path, per_layer: torch.Tensor) -> None:
             writer.writerow([layer, f"{p:.10f}", f"{r:.10f}", f"{f:.10f}"])
 
 
-def random_pairs(sentences: Sequence[str], num_pairs: int, seed: int) -> tuple[list[str], list[str]]:
+def random_pairs(
+    sentences: Sequence[str], num_pairs: int, seed: int
+) -> tuple[list[str], list[str]]:
     """``num_pairs`` pairs of distinct, randomly chosen sentences."""
     rng = random.Random(seed)
     pool = [s for s in sentences if s.strip()]

@@ -60,7 +60,7 @@ class _ScorerPieces:
             # " ." is its own pre-token in GPT-2's split, so the text after it gets no "Ġ".
             marker = self.tokenizer(" .", add_special_tokens=False)["input_ids"]
             ids = self.tokenizer(" ." + text, add_special_tokens=False)["input_ids"]
-            return ids[len(marker):] if ids[:len(marker)] == marker else ids
+            return ids[len(marker) :] if ids[: len(marker)] == marker else ids
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if word_start or not ids:
             return ids
@@ -98,8 +98,11 @@ class VocabularyBridge:
             pieces = torch.arange(size)[:, None]
             pieces[sorted(special)] = -1
             return cls(pieces, identity=True)
-        key = hashlib.sha256(json.dumps([sorted(gen_vocab.items()), sorted(scorer_vocab.items()),
-                                         sorted(special), "v1"]).encode()).hexdigest()[:20]
+        key = hashlib.sha256(
+            json.dumps(
+                [sorted(gen_vocab.items()), sorted(scorer_vocab.items()), sorted(special), "v1"]
+            ).encode()
+        ).hexdigest()[:20]
         path = Path(cache_dir) / f"bridge-{key}.safetensors" if cache_dir else None
         if path is not None and path.exists():
             return cls.load(path)
@@ -124,8 +127,11 @@ class VocabularyBridge:
         from safetensors.torch import save_file
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        save_file({"pieces": self.pieces.contiguous()}, str(path),
-                  metadata={"identity": str(self.identity)})
+        save_file(
+            {"pieces": self.pieces.contiguous()},
+            str(path),
+            metadata={"identity": str(self.identity)},
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> VocabularyBridge:

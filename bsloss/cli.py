@@ -20,8 +20,10 @@ def _read_references(paths: list[str]) -> list[str] | list[list[str]]:
         return files[0]
     lengths = {len(f) for f in files}
     if len(lengths) != 1:
-        raise SystemExit(f"bsloss: the reference files {paths} have different line counts "
-                         f"{[len(f) for f in files]}")
+        raise SystemExit(
+            f"bsloss: the reference files {paths} have different line counts "
+            f"{[len(f) for f in files]}"
+        )
     return [list(group) for group in zip(*files, strict=True)]
 
 
@@ -31,14 +33,21 @@ def _score(args: argparse.Namespace) -> int:
     cands = _read_lines(args.candidates)
     refs = _read_references(args.references)
     if len(cands) != len(refs):
-        raise SystemExit(f"bsloss: {args.candidates} has {len(cands)} lines but the references "
-                         f"have {len(refs)}")
+        raise SystemExit(
+            f"bsloss: {args.candidates} has {len(cands)} lines but the references have {len(refs)}"
+        )
     idf: bool | list[str] = False
     if args.idf:
         idf = [r for group in refs for r in ([group] if isinstance(group, str) else group)]
-    scorer = BERTScorer(model=args.model, num_layers=args.num_layers, idf=idf,
-                        rescale_with_baseline=args.rescale, baseline_path=args.baseline_path,
-                        batch_size=args.batch_size, device=args.device)
+    scorer = BERTScorer(
+        model=args.model,
+        num_layers=args.num_layers,
+        idf=idf,
+        rescale_with_baseline=args.rescale,
+        baseline_path=args.baseline_path,
+        batch_size=args.batch_size,
+        device=args.device,
+    )
     progress = None if args.progress == "auto" else args.progress == "on"
     P, R, F = scorer.score(cands, refs, progress=progress)
     if args.per_line:
@@ -54,12 +63,20 @@ def _baseline(args: argparse.Namespace) -> int:
 
     sentences = [s for s in _read_lines(args.corpus) if s.strip()]
     progress = None if args.progress == "auto" else args.progress == "on"
-    table = compute_baseline(sentences, model=args.model, num_pairs=args.num_pairs,
-                             seed=args.seed, batch_size=args.batch_size, device=args.device,
-                             progress=progress)
+    table = compute_baseline(
+        sentences,
+        model=args.model,
+        num_pairs=args.num_pairs,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        device=args.device,
+        progress=progress,
+    )
     write_baseline(args.output, table)
-    print(f"wrote {args.output}: mean P/R/F of {args.num_pairs} random pairs from {args.corpus} "
-          f"(seed {args.seed}) for layers 0..{len(table) - 1}")
+    print(
+        f"wrote {args.output}: mean P/R/F of {args.num_pairs} random pairs from {args.corpus} "
+        f"(seed {args.seed}) for layers 0..{len(table) - 1}"
+    )
     for layer, (p, r, f) in enumerate(table.tolist()):
         print(f"  layer {layer:2d}: P {p:.4f} R {r:.4f} F {f:.4f}")
     return 0
@@ -70,17 +87,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model", default=None,
-                       help="hub name or local folder (default: embedded all-MiniLM-L6-v2)")
+        p.add_argument(
+            "--model",
+            default=None,
+            help="hub name or local folder (default: embedded all-MiniLM-L6-v2)",
+        )
         p.add_argument("--batch-size", type=int, default=64)
         p.add_argument("--device", default=None)
-        p.add_argument("--progress", choices=["auto", "on", "off"], default="auto",
-                       help="progress bars (auto: only on a terminal)")
+        p.add_argument(
+            "--progress",
+            choices=["auto", "on", "off"],
+            default="auto",
+            help="progress bars (auto: only on a terminal)",
+        )
 
     score = sub.add_parser("score", help="BERTScore of candidate lines against reference lines")
     score.add_argument("-c", "--candidates", required=True, help="file, one candidate per line")
-    score.add_argument("-r", "--references", required=True, nargs="+",
-                       help="file(s), one reference per line; several files = multiple references")
+    score.add_argument(
+        "-r",
+        "--references",
+        required=True,
+        nargs="+",
+        help="file(s), one reference per line; several files = multiple references",
+    )
     score.add_argument("--num-layers", type=int, default=None)
     score.add_argument("--idf", action="store_true", help="idf weights from the references")
     score.add_argument("--rescale", action="store_true", help="rescale with the baseline")

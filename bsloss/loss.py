@@ -94,8 +94,9 @@ class BERTScoreLoss(nn.Module):
         self.top_k, self.straight_through = top_k, straight_through
         self.gumbel_temperature = gumbel_temperature
         if bridge is None and generator_tokenizer is not None:
-            bridge = VocabularyBridge.build(generator_tokenizer, self.encoder,
-                                            cache_dir=bridge_cache_dir)
+            bridge = VocabularyBridge.build(
+                generator_tokenizer, self.encoder, cache_dir=bridge_cache_dir
+            )
         self.bridge = bridge
         vocab = self.encoder.input_embeddings.num_embeddings
         specials = self.encoder.special_token_ids
@@ -134,8 +135,8 @@ class BERTScoreLoss(nn.Module):
             raise ValueError(
                 f"{name} has a vocabulary of {size} entries but {where} expects "
                 f"{self.generator_vocab_size}; pass generator_tokenizer=... to build a bridge"
-                if self.bridge is None else
-                f"{name} has a vocabulary of {size} entries but {where} expects "
+                if self.bridge is None
+                else f"{name} has a vocabulary of {size} entries but {where} expects "
                 f"{self.generator_vocab_size}"
             )
 
@@ -156,13 +157,17 @@ class BERTScoreLoss(nn.Module):
         if candidate_mask is None:
             candidate_mask = torch.ones(source.shape[:2], dtype=torch.bool, device=source.device)
         if tuple(candidate_mask.shape) != tuple(source.shape[:2]):
-            raise ValueError(f"candidate_mask must have shape {list(source.shape[:2])} "
-                             f"([B, L] of the candidates), got {list(candidate_mask.shape)}")
+            raise ValueError(
+                f"candidate_mask must have shape {list(source.shape[:2])} "
+                f"([B, L] of the candidates), got {list(candidate_mask.shape)}"
+            )
         candidate_mask = candidate_mask.bool()
         if embeddings is not None:
             if embeddings.dim() != 3 or embeddings.shape[-1] != self.encoder.hidden_size:
-                raise ValueError(f"embeddings must be [B, L, {self.encoder.hidden_size}] scorer "
-                                 f"hidden states, got {list(embeddings.shape)}")
+                raise ValueError(
+                    f"embeddings must be [B, L, {self.encoder.hidden_size}] scorer "
+                    f"hidden states, got {list(embeddings.shape)}"
+                )
             weights = candidate_mask.to(torch.float32)
             return embeddings, candidate_mask, weights
         table, token_weights = self._generator_tables()
@@ -171,16 +176,22 @@ class BERTScoreLoss(nn.Module):
                 raise ValueError(f"candidate_ids must be [B, L], got {list(candidate_ids.shape)}")
             bad = (candidate_ids < 0) | (candidate_ids >= table.shape[0])
             if (bad & candidate_mask).any():
-                raise ValueError(f"candidate_ids has ids outside [0, {table.shape[0]}) at "
-                                 f"{(bad & candidate_mask).nonzero()[0].tolist()}")
+                raise ValueError(
+                    f"candidate_ids has ids outside [0, {table.shape[0]}) at "
+                    f"{(bad & candidate_mask).nonzero()[0].tolist()}"
+                )
             ids = candidate_ids.clamp(0, table.shape[0] - 1)
             inputs, weights = table[ids], token_weights[ids]
         else:
             name = "logits" if logits is not None else "probs"
             self._check_vocab(source.shape[-1], name)
-            distribution = token_distribution(logits, probs, top_k=self.top_k,
-                                              straight_through=self.straight_through,
-                                              gumbel_temperature=self.gumbel_temperature)
+            distribution = token_distribution(
+                logits,
+                probs,
+                top_k=self.top_k,
+                straight_through=self.straight_through,
+                gumbel_temperature=self.gumbel_temperature,
+            )
             inputs = expected_embeddings(distribution, table)
             weights = expected_weights(distribution, token_weights)
         hidden, attention, special = self.encoder.forward_token_embeddings(inputs, candidate_mask)
@@ -199,13 +210,16 @@ class BERTScoreLoss(nn.Module):
             token_ids = self.encoder.tokenize(missing)
             device = self.encoder.device
             for start in range(0, len(missing), 64):
-                chunk = token_ids[start:start + 64]
-                ids = pad_sequence([torch.tensor(r) for r in chunk], batch_first=True,
-                                   padding_value=self.encoder.pad_token_id).to(device)
+                chunk = token_ids[start : start + 64]
+                ids = pad_sequence(
+                    [torch.tensor(r) for r in chunk],
+                    batch_first=True,
+                    padding_value=self.encoder.pad_token_id,
+                ).to(device)
                 lengths = torch.tensor([len(r) for r in chunk], device=device)
                 mask = torch.arange(ids.shape[1], device=device)[None] < lengths[:, None]
                 hidden = self.encoder(input_ids=ids, attention_mask=mask.long()).float()
-                for row, text in enumerate(missing[start:start + 64]):
+                for row, text in enumerate(missing[start : start + 64]):
                     n = int(lengths[row])
                     self._reference_cache[text] = (hidden[row, :n], ids[row, :n])
         rows = [self._reference_cache[t] for t in texts]
@@ -216,10 +230,11 @@ class BERTScoreLoss(nn.Module):
         if reference_mask is None:
             reference_mask = torch.ones_like(reference_ids, dtype=torch.bool)
         if reference_mask.shape != reference_ids.shape:
-            raise ValueError(f"reference_mask must have shape {list(reference_ids.shape)}, got "
-                             f"{list(reference_mask.shape)}")
-        hidden = self.encoder(input_ids=reference_ids,
-                              attention_mask=reference_mask.long()).float()
+            raise ValueError(
+                f"reference_mask must have shape {list(reference_ids.shape)}, got "
+                f"{list(reference_mask.shape)}"
+            )
+        hidden = self.encoder(input_ids=reference_ids, attention_mask=reference_mask.long()).float()
         mask = reference_mask.bool()
         return hidden, mask, self.scorer_weights[reference_ids] * mask
 
@@ -246,16 +261,21 @@ class BERTScoreLoss(nn.Module):
         """Per-sample (P, R, F) ``[B]``, differentiable in the candidates. With several
         references per sample, the max of each over the references."""
         cand_hidden, cand_mask, cand_weights = self.encode_candidates(
-            logits=logits, probs=probs, candidate_ids=candidate_ids, embeddings=embeddings,
-            candidate_mask=candidate_mask)
+            logits=logits,
+            probs=probs,
+            candidate_ids=candidate_ids,
+            embeddings=embeddings,
+            candidate_mask=candidate_mask,
+        )
         batch = cand_hidden.shape[0]
         owner = list(range(batch))
         if (references is None) == (reference_ids is None):
             raise ValueError("pass exactly one of references (texts) or reference_ids")
         if references is not None:
             if len(references) != batch:
-                raise ValueError(f"references has {len(references)} entries for a batch of "
-                                 f"{batch} candidates")
+                raise ValueError(
+                    f"references has {len(references)} entries for a batch of {batch} candidates"
+                )
             groups = [[r] if isinstance(r, str) else list(r) for r in references]
             for i, group in enumerate(groups):
                 if not group:
@@ -264,21 +284,35 @@ class BERTScoreLoss(nn.Module):
             ref_hidden, ref_mask, ref_weights = self.encode_references(flat_refs)
         else:
             if reference_ids.shape[0] != batch:
-                raise ValueError(f"reference_ids has {reference_ids.shape[0]} rows for a batch "
-                                 f"of {batch} candidates")
-            ref_hidden, ref_mask, ref_weights = self.encode_reference_ids(reference_ids,
-                                                                          reference_mask)
+                raise ValueError(
+                    f"reference_ids has {reference_ids.shape[0]} rows for a batch "
+                    f"of {batch} candidates"
+                )
+            ref_hidden, ref_mask, ref_weights = self.encode_reference_ids(
+                reference_ids, reference_mask
+            )
         if self.center:
             cand_hidden = batch_center(cand_hidden, cand_mask)
             ref_hidden = batch_center(ref_hidden, ref_mask)
         index = torch.tensor(owner, device=cand_hidden.device)
-        prf = bert_score(cand_hidden[index], ref_hidden, cand_mask[index], ref_mask,
-                         cand_weights[index], ref_weights, matching=self.matching,
-                         temperature=self.temperature,
-                         sinkhorn_iterations=self.sinkhorn_iterations)
+        prf = bert_score(
+            cand_hidden[index],
+            ref_hidden,
+            cand_mask[index],
+            ref_mask,
+            cand_weights[index],
+            ref_weights,
+            matching=self.matching,
+            temperature=self.temperature,
+            sinkhorn_iterations=self.sinkhorn_iterations,
+        )
         if self.baseline is not None:
-            prf = PRF(*(rescale_with_baseline(x, b) for x, b in
-                        zip(prf, self.baseline.to(prf.f1.device), strict=True)))
+            prf = PRF(
+                *(
+                    rescale_with_baseline(x, b)
+                    for x, b in zip(prf, self.baseline.to(prf.f1.device), strict=True)
+                )
+            )
         if len(owner) == batch:
             return prf
         return PRF(*(self._group_max(x, index, batch) for x in prf))

@@ -109,8 +109,10 @@ class BERTScorer:
         import transformers
 
         idf = "idf" if self.idf is not False else "no-idf"
-        signature = (f"{self.encoder.name}_L{self.encoder.num_layers}_{idf}_bsloss={__version__}"
-                     f"(torch={torch.__version__},transformers={transformers.__version__})")
+        signature = (
+            f"{self.encoder.name}_L{self.encoder.num_layers}_{idf}_bsloss={__version__}"
+            f"(torch={torch.__version__},transformers={transformers.__version__})"
+        )
         return signature + ("-rescaled" if self.rescale else "")
 
     # ----------------------------------------------------------------- embedding
@@ -129,7 +131,7 @@ class BERTScorer:
         out: dict[str, tuple[Tensor, Tensor]] = {}
         starts = range(0, len(order), self.batch_size)
         for start in _progress(starts, len(starts), progress, "bsloss: encoding"):
-            batch = order[start:start + self.batch_size]
+            batch = order[start : start + self.batch_size]
             ids = [torch.tensor(token_ids[i], dtype=torch.long) for i in batch]
             lengths = [len(row) for row in ids]
             input_ids = pad_sequence(ids, batch_first=True, padding_value=self.encoder.pad_token_id)
@@ -162,12 +164,14 @@ class BERTScorer:
             return empty, empty.clone(), empty.clone()
         table = self._weight_table
         if table is None:  # idf=True: from this call's references, as bert_score.score does
-            table = idf_table(self.encoder.tokenize(pair_refs), self.vocab_size,
-                              self.encoder.special_token_ids)
+            table = idf_table(
+                self.encoder.tokenize(pair_refs), self.vocab_size, self.encoder.special_token_ids
+            )
         table = table.to(self.encoder.device, torch.float32)
         embeddings = self.embed(pair_cands + pair_refs, progress=progress)
-        pair_scores = self._score_pairs(pair_cands, pair_refs, embeddings, table,
-                                        batch_size or self.batch_size)
+        pair_scores = self._score_pairs(
+            pair_cands, pair_refs, embeddings, table, batch_size or self.batch_size
+        )
         if self.baseline is not None:
             pair_scores = rescale_with_baseline(pair_scores, self.baseline.float())
         empty = self._empty_pairs(pair_cands, pair_refs, owner, groups)
@@ -175,15 +179,27 @@ class BERTScorer:
 
     def _score_pairs(self, pair_cands, pair_refs, embeddings, table, batch_size) -> Tensor:
         """``[num_pairs, 3]`` raw P, R, F, in batches of pairs of similar lengths."""
-        order = sorted(range(len(pair_cands)),
-                       key=lambda i: len(embeddings[pair_cands[i]][1]) + len(embeddings[pair_refs[i]][1]))
+        order = sorted(
+            range(len(pair_cands)),
+            key=lambda i: len(embeddings[pair_cands[i]][1]) + len(embeddings[pair_refs[i]][1]),
+        )
         scores = torch.empty(len(pair_cands), 3)
         for start in range(0, len(order), batch_size):
-            batch = order[start:start + batch_size]
-            cand_emb, cand_mask, cand_w = self._pad([embeddings[pair_cands[i]] for i in batch], table)
+            batch = order[start : start + batch_size]
+            cand_emb, cand_mask, cand_w = self._pad(
+                [embeddings[pair_cands[i]] for i in batch], table
+            )
             ref_emb, ref_mask, ref_w = self._pad([embeddings[pair_refs[i]] for i in batch], table)
-            prf = bert_score(cand_emb, ref_emb, cand_mask, ref_mask, cand_w, ref_w,
-                             matching="hard", normalized=True)
+            prf = bert_score(
+                cand_emb,
+                ref_emb,
+                cand_mask,
+                ref_mask,
+                cand_w,
+                ref_w,
+                matching="hard",
+                normalized=True,
+            )
             scores[batch] = torch.stack(prf, dim=-1).float().cpu()
         return scores
 
@@ -197,8 +213,10 @@ class BERTScorer:
 
     @staticmethod
     def _empty_pairs(pair_cands, pair_refs, owner, groups) -> Tensor:
-        empty = torch.tensor([not c.strip() or not r.strip()
-                              for c, r in zip(pair_cands, pair_refs, strict=True)], dtype=torch.bool)
+        empty = torch.tensor(
+            [not c.strip() or not r.strip() for c, r in zip(pair_cands, pair_refs, strict=True)],
+            dtype=torch.bool,
+        )
         if empty.any():
             where = []
             for pair in empty.nonzero().flatten().tolist():
@@ -206,8 +224,11 @@ class BERTScorer:
                 k = pair - owner.index(i)
                 where.append(str(i) if len(groups[i]) == 1 else f"{i} (reference {k})")
             shown = ", ".join(where[:20]) + (", ..." if len(where) > 20 else "")
-            warnings.warn(f"{len(where)} empty or whitespace-only candidate/reference pair(s) "
-                          f"score 0: candidate index {shown}", stacklevel=3)
+            warnings.warn(
+                f"{len(where)} empty or whitespace-only candidate/reference pair(s) "
+                f"score 0: candidate index {shown}",
+                stacklevel=3,
+            )
         return empty
 
     @staticmethod
@@ -234,7 +255,13 @@ def score(
     progress: bool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One-shot :class:`BERTScorer` ``(P, R, F)``; see its arguments."""
-    scorer = BERTScorer(model=model, num_layers=num_layers, idf=idf,
-                        rescale_with_baseline=rescale_with_baseline, baseline_path=baseline_path,
-                        batch_size=batch_size, device=device)
+    scorer = BERTScorer(
+        model=model,
+        num_layers=num_layers,
+        idf=idf,
+        rescale_with_baseline=rescale_with_baseline,
+        baseline_path=baseline_path,
+        batch_size=batch_size,
+        device=device,
+    )
     return scorer.score(cands, refs, progress=progress)

@@ -1,7 +1,8 @@
 """The pure tensor core of bsloss: no models, no text.
 
 Similarities, matchings, weighted reductions, idf, centering and baseline rescaling, shared by
-the evaluation path (:class:`bsloss.BERTScorer`) and the training path (:class:`bsloss.BERTScoreLoss`).
+the evaluation path (:class:`bsloss.BERTScorer`) and the training path
+(:class:`bsloss.BERTScoreLoss`).
 """
 
 from bsloss.functional.bertscore import PRF, bert_score, token_scores
@@ -19,8 +20,22 @@ from bsloss.functional.rescale import rescale_with_baseline
 from bsloss.functional.similarity import cosine_similarity, l2_normalize
 
 __all__ = [
-    "PRF", "bert_score", "token_scores", "batch_center", "batch_mean", "idf_table",
-    "table_from_mapping", "uniform_table", "MATCHINGS", "hard_match", "logsumexp_match",
-    "sinkhorn_match", "softmax_match", "f_measure", "weighted_mean", "rescale_with_baseline",
-    "cosine_similarity", "l2_normalize",
+    "PRF",
+    "bert_score",
+    "token_scores",
+    "batch_center",
+    "batch_mean",
+    "idf_table",
+    "table_from_mapping",
+    "uniform_table",
+    "MATCHINGS",
+    "hard_match",
+    "logsumexp_match",
+    "sinkhorn_match",
+    "softmax_match",
+    "f_measure",
+    "weighted_mean",
+    "rescale_with_baseline",
+    "cosine_similarity",
+    "l2_normalize",
 ]

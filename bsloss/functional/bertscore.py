@@ -50,14 +50,27 @@ def token_scores(
         temperature = check_temperature(temperature)
     sim = cosine_similarity(candidates, references, normalized=normalized)
     with torch.autocast(device_type=sim.device.type, enabled=False):
-        return match(sim, candidate_mask.bool(), reference_mask.bool(), temperature=temperature,
-                     sinkhorn_iterations=sinkhorn_iterations)
+        return match(
+            sim,
+            candidate_mask.bool(),
+            reference_mask.bool(),
+            temperature=temperature,
+            sinkhorn_iterations=sinkhorn_iterations,
+        )
 
 
-def _prf(candidates, references, candidate_mask, reference_mask, candidate_weights,
-         reference_weights, **matching_options) -> PRF:
-    cand_scores, ref_scores = token_scores(candidates, references, candidate_mask,
-                                           reference_mask, **matching_options)
+def _prf(
+    candidates,
+    references,
+    candidate_mask,
+    reference_mask,
+    candidate_weights,
+    reference_weights,
+    **matching_options,
+) -> PRF:
+    cand_scores, ref_scores = token_scores(
+        candidates, references, candidate_mask, reference_mask, **matching_options
+    )
     precision = weighted_mean(cand_scores, candidate_weights)
     recall = weighted_mean(ref_scores, reference_weights)
     return PRF(precision, recall, f_measure(precision, recall))
@@ -65,6 +78,7 @@ def _prf(candidates, references, candidate_mask, reference_mask, candidate_weigh
 
 def _self_normalized(pair: PRF, cand_self: PRF, ref_self: PRF) -> PRF:
     """Chen et al. (2020) Eq. 6: ``C(x, y) / sqrt(C(x, x) C(y, y))`` for each of P, R, F."""
+
     def divide(value: Tensor, a: Tensor, b: Tensor) -> Tensor:
         scale = torch.sqrt((a * b).clamp_min(torch.finfo(value.dtype).tiny))
         return value / scale
@@ -118,26 +132,55 @@ def bert_score(
         )
     dtype = math_dtype(candidates, references)
     if candidate_mask is None:
-        candidate_mask = torch.ones(candidates.shape[:2], dtype=torch.bool, device=candidates.device)
+        candidate_mask = torch.ones(
+            candidates.shape[:2], dtype=torch.bool, device=candidates.device
+        )
     if reference_mask is None:
-        reference_mask = torch.ones(references.shape[:2], dtype=torch.bool, device=references.device)
+        reference_mask = torch.ones(
+            references.shape[:2], dtype=torch.bool, device=references.device
+        )
     candidate_mask = check_mask(candidate_mask, candidates, "candidate_mask", "candidates")
     reference_mask = check_mask(reference_mask, references, "reference_mask", "references")
     candidate_weights = _weights(candidate_weights, candidate_mask, "candidate_weights", dtype)
     reference_weights = _weights(reference_weights, reference_mask, "reference_weights", dtype)
 
-    options = dict(matching=matching, temperature=temperature,
-                   sinkhorn_iterations=sinkhorn_iterations, normalized=normalized)
-    pair = _prf(candidates, references, candidate_mask, reference_mask, candidate_weights,
-                reference_weights, **options)
+    options = dict(
+        matching=matching,
+        temperature=temperature,
+        sinkhorn_iterations=sinkhorn_iterations,
+        normalized=normalized,
+    )
+    pair = _prf(
+        candidates,
+        references,
+        candidate_mask,
+        reference_mask,
+        candidate_weights,
+        reference_weights,
+        **options,
+    )
     if self_normalize is None:
         self_normalize = matching == "sinkhorn"
     if not self_normalize:
         return pair
-    cand_self = _prf(candidates, candidates, candidate_mask, candidate_mask, candidate_weights,
-                     candidate_weights, **options)
-    ref_self = _prf(references, references, reference_mask, reference_mask, reference_weights,
-                    reference_weights, **options)
+    cand_self = _prf(
+        candidates,
+        candidates,
+        candidate_mask,
+        candidate_mask,
+        candidate_weights,
+        candidate_weights,
+        **options,
+    )
+    ref_self = _prf(
+        references,
+        references,
+        reference_mask,
+        reference_mask,
+        reference_weights,
+        reference_weights,
+        **options,
+    )
     return _self_normalized(pair, cand_self, ref_self)
 
 

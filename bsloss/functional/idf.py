@@ -55,7 +55,9 @@ def table_from_mapping(
     table = torch.full((vocab_size,), fill, dtype=torch.float64)
     for token_id, value in weights.items():
         if not 0 <= int(token_id) < vocab_size:
-            raise ValueError(f"idf: token id {token_id} is outside the vocabulary [0, {vocab_size})")
+            raise ValueError(
+                f"idf: token id {token_id} is outside the vocabulary [0, {vocab_size})"
+            )
         if not math.isfinite(float(value)):
             raise ValueError(f"idf: weight of token id {token_id} is {value}, not finite")
         table[int(token_id)] = float(value)

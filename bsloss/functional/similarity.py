@@ -48,6 +48,4 @@ def cosine_similarity(candidates: Tensor, references: Tensor, normalized: bool =
         candidates, references = l2_normalize(candidates), l2_normalize(references)
     dtype = math_dtype(candidates, references)
     with torch.autocast(device_type=candidates.device.type, enabled=False):
-        return einsum(
-            candidates.to(dtype), references.to(dtype), "b i d, b j d -> b i j"
-        )
+        return einsum(candidates.to(dtype), references.to(dtype), "b i d, b j d -> b i j")

@@ -39,9 +39,14 @@ def set_gradient_checkpointing(model: nn.Module, enabled: bool) -> None:
     owner, leaf = found
     stack = getattr(owner, leaf)
     if enabled and not all(isinstance(layer, CheckpointedLayer) for layer in stack):
-        setattr(owner, leaf, nn.ModuleList(
-            layer if isinstance(layer, CheckpointedLayer) else CheckpointedLayer(layer)
-            for layer in stack))
+        setattr(
+            owner,
+            leaf,
+            nn.ModuleList(
+                layer if isinstance(layer, CheckpointedLayer) else CheckpointedLayer(layer)
+                for layer in stack
+            ),
+        )
     for layer in getattr(owner, leaf):
         if isinstance(layer, CheckpointedLayer):
             layer.enabled = enabled

@@ -25,8 +25,12 @@ __all__ = ["ScorerEncoder", "resolve_device"]
 
 logger = logging.getLogger("bsloss")
 
-_BYTE_LEVEL_TOKENIZERS = {"GPT2Tokenizer", "GPT2TokenizerFast", "RobertaTokenizer",
-                          "RobertaTokenizerFast"}
+_BYTE_LEVEL_TOKENIZERS = {
+    "GPT2Tokenizer",
+    "GPT2TokenizerFast",
+    "RobertaTokenizer",
+    "RobertaTokenizerFast",
+}
 _HUGE_MAX_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
 
 
@@ -73,8 +77,9 @@ class ScorerEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.name = name
         self.num_layers = num_layers
-        self.prefix_space = bool(_BYTE_LEVEL_TOKENIZERS
-                                 & {c.__name__ for c in type(tokenizer).__mro__})
+        self.prefix_space = bool(
+            _BYTE_LEVEL_TOKENIZERS & {c.__name__ for c in type(tokenizer).__mro__}
+        )
         self.max_length = self._max_length()
         # The special tokens the tokenizer wraps every sentence with (CLS/SEP, BOS/EOS): they
         # weigh 0 in P and R but stay matchable, as in bert_score.
@@ -88,8 +93,8 @@ class ScorerEncoder(nn.Module):
         bare = self.tokenizer("a", add_special_tokens=False)["input_ids"]
         full = self.tokenizer("a", add_special_tokens=True)["input_ids"]
         for start in range(len(full) - len(bare) + 1):
-            if full[start:start + len(bare)] == bare:
-                return full[:start], full[start + len(bare):]
+            if full[start : start + len(bare)] == bare:
+                return full[:start], full[start + len(bare) :]
         return [], []
 
     @classmethod
@@ -146,12 +151,17 @@ class ScorerEncoder(nn.Module):
         prepared = [text.strip() for text in texts]
         if self.prefix_space:
             prepared = [" " + text if text else text for text in prepared]
-        ids = self.tokenizer(prepared, add_special_tokens=True, truncation=False,
-                             verbose=False)["input_ids"]
+        ids = self.tokenizer(prepared, add_special_tokens=True, truncation=False, verbose=False)[
+            "input_ids"
+        ]
         too_long = [i for i, row in enumerate(ids) if len(row) > self.max_length]
         if too_long:
-            shortened = self.tokenizer([prepared[i] for i in too_long], add_special_tokens=True,
-                                       truncation=True, max_length=self.max_length)["input_ids"]
+            shortened = self.tokenizer(
+                [prepared[i] for i in too_long],
+                add_special_tokens=True,
+                truncation=True,
+                max_length=self.max_length,
+            )["input_ids"]
             for i, row in zip(too_long, shortened, strict=True):
                 ids[i] = row
             shown = ", ".join(map(str, too_long[:10])) + (", ..." if len(too_long) > 10 else "")
@@ -170,8 +180,9 @@ class ScorerEncoder(nn.Module):
         inputs_embeds: Tensor | None = None,
     ) -> Tensor:
         """Hidden states ``[B, L, d]`` of layer ``num_layers``."""
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                         inputs_embeds=inputs_embeds)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds
+        )
         return out.last_hidden_state
 
     def forward_token_embeddings(
@@ -208,7 +219,7 @@ class ScorerEncoder(nn.Module):
             inputs[:, k] = table[token_id].to(inputs.dtype)
         suffix_start = n_prefix + lengths  # [B]
         for k, token_id in enumerate(self.suffix_ids):
-            at = (positions == (suffix_start + k)[:, None])
+            at = positions == (suffix_start + k)[:, None]
             special |= at
             inputs = torch.where(at[..., None], table[token_id].to(inputs.dtype), inputs)
         attention = positions < (suffix_start + n_suffix)[:, None]

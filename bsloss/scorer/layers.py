@@ -47,8 +47,15 @@ def default_num_layers(model_name: str) -> int:
 
 
 # Where each architecture keeps its stack of layers, as attribute paths from the base model.
-_LAYER_STACKS = ("encoder.layer", "encoder.layers", "encoder.block", "layers", "block",
-                 "transformer.layer", "layer")
+_LAYER_STACKS = (
+    "encoder.layer",
+    "encoder.layers",
+    "encoder.block",
+    "layers",
+    "block",
+    "transformer.layer",
+    "layer",
+)
 
 
 def _find_layer_stack(model: nn.Module) -> tuple[nn.Module, str] | None:
@@ -79,7 +86,9 @@ def truncate_layers(model: nn.Module, num_layers: int) -> nn.Module:
     """
     total = num_hidden_layers(model)
     if not 0 <= num_layers <= total:
-        raise ValueError(f"num_layers must be between 0 and {total} for this model, got {num_layers}")
+        raise ValueError(
+            f"num_layers must be between 0 and {total} for this model, got {num_layers}"
+        )
     if hasattr(getattr(model, "encoder", None), "albert_layer_groups"):
         model.config.num_hidden_layers = num_layers
         return model

@@ -13,8 +13,15 @@ from bsloss.functional.matching.logsumexp import logsumexp_match
 from bsloss.functional.matching.sinkhorn import sinkhorn_match
 from bsloss.functional.matching.softmax import softmax_match
 
-__all__ = ["MATCHINGS", "get_matching", "check_temperature", "hard_match", "softmax_match",
-           "logsumexp_match", "sinkhorn_match"]
+__all__ = [
+    "MATCHINGS",
+    "get_matching",
+    "check_temperature",
+    "hard_match",
+    "softmax_match",
+    "logsumexp_match",
+    "sinkhorn_match",
+]
 
 Matching = Callable[..., tuple[Tensor, Tensor]]
 

@@ -92,10 +92,12 @@ def sinkhorn_match(
 ) -> tuple[Tensor, Tensor]:
     """Per-token transport scores ``([B, Lc], [B, Lr])`` from ``[B, Lc, Lr]``."""
     valid = pair_mask(candidate_mask, reference_mask)
-    plan_p = sinkhorn_log_plan(sim, candidate_mask, reference_mask, temperature,
-                               sinkhorn_iterations, "candidate")
-    plan_r = sinkhorn_log_plan(sim, candidate_mask, reference_mask, temperature,
-                               sinkhorn_iterations, "reference")
+    plan_p = sinkhorn_log_plan(
+        sim, candidate_mask, reference_mask, temperature, sinkhorn_iterations, "candidate"
+    )
+    plan_r = sinkhorn_log_plan(
+        sim, candidate_mask, reference_mask, temperature, sinkhorn_iterations, "reference"
+    )
     return (
         _conditional_expectation(sim, plan_p, valid, dim=2),
         _conditional_expectation(sim, plan_r, valid, dim=1),
