@@ -1,11 +1,13 @@
 """bsloss: BERTScore as a training signal.
 
-Exact BERTScore for evaluation (:class:`BERTScorer`, :func:`score`) and its pure tensor core
-(:mod:`bsloss.functional`).
+Exact BERTScore for evaluation (:class:`BERTScorer`, :func:`score`), differentiable BERTScore
+losses (:class:`BERTScoreLoss`), and their shared pure tensor core (:mod:`bsloss.functional`).
 """
 
 __version__ = "0.1.0"
 
+from bsloss.bridge import VocabularyBridge  # noqa: E402
+from bsloss.loss import BERTScoreLoss  # noqa: E402
 from bsloss.metric import BERTScorer, score  # noqa: E402
 
-__all__ = ["BERTScorer", "score", "__version__"]
+__all__ = ["BERTScorer", "BERTScoreLoss", "VocabularyBridge", "score", "__version__"]
