@@ -17,15 +17,18 @@ similarity,
 
 so that with uniform token weights :math:`P = \sum_{ij} \Pi^P_{ij} s_{ij}` as in the paper. With
 importance (idf) weights the transport marginals stay uniform over real tokens (so CLS/SEP remain
-matchable) and the weights enter the final average only. As :math:`T \to 0` one step tends to the
-hard max. The paper then divides by the self-similarities,
+matchable) and the weights enter the final average only.
+
+Unlike the other matchings this does *not* tend to the hard max as :math:`T \to 0`: one step
+first normalises each reference column, so :math:`p_i \to s_{ij^*}` with
+:math:`j^* = \arg\max_j (s_{ij} - \max_{i'} s_{i'j})`, the partner for which :math:`i` is the
+best candidate token (many steps tend to exact optimal transport, the WMD). Both coincide with
+the hard max when best matches are mutual, e.g. for a sentence against itself. The paper then divides by the self-similarities,
 :math:`\mathrm{Sim}(x, y) = C(x, y) / \sqrt{C(x, x)\, C(y, y)}` (Eq. 6): see
 :func:`bsloss.functional.bertscore.bert_score` with ``matching="sinkhorn"``.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
@@ -37,16 +40,13 @@ __all__ = ["sinkhorn_match", "sinkhorn_log_plan"]
 
 def _normalise(log_plan: Tensor, log_marginal: Tensor, dim: int) -> Tensor:
     """Rescale ``log_plan`` so that its sums along ``dim`` equal ``exp(log_marginal)``."""
-    total = torch.logsumexp(log_plan, dim=dim, keepdim=True)
-    total = torch.where(torch.isfinite(total), total, torch.zeros_like(total))
-    return log_plan - total + log_marginal
+    return log_plan - torch.logsumexp(log_plan, dim=dim, keepdim=True) + log_marginal
 
 
-def _log_uniform(mask: Tensor) -> Tensor:
-    """``log(1/n)`` on the real tokens of each sentence; ``-inf`` on padding."""
-    counts = mask.sum(dim=-1, keepdim=True).clamp_min(1).to(torch.float64)
-    log_mass = (-torch.log(counts)).expand_as(mask).clone()
-    return log_mass.masked_fill(~mask, -math.inf)
+def _log_uniform(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """``log(1/n)`` on each sentence's ``n`` real tokens (padded slots: any finite value)."""
+    counts = mask.sum(dim=-1, keepdim=True).clamp_min(1).to(dtype)
+    return (-torch.log(counts)).expand(mask.shape)
 
 
 def sinkhorn_log_plan(
@@ -58,19 +58,19 @@ def sinkhorn_log_plan(
     scored_side: str,
 ) -> Tensor:
     """Log transport plan ``[B, Lc, Lr]`` after ``iterations`` steps; the last step normalises
-    the ``scored_side`` ("candidate" rows or "reference" columns). Padded cells are ``-inf``."""
+    the ``scored_side`` ("candidate" rows or "reference" columns). Padded cells hold a large
+    negative finite number (re-imposed after every step, so no padded mass leaks in and no
+    ``-inf - -inf`` appears in the backward pass)."""
     valid = pair_mask(candidate_mask, reference_mask)
-    log_a = _log_uniform(candidate_mask.bool()).to(sim.dtype)[:, :, None]  # row masses
-    log_b = _log_uniform(reference_mask.bool()).to(sim.dtype)[:, None, :]  # column masses
-    log_plan = (sim / temperature).masked_fill(~valid, float("-inf"))
+    floor = torch.finfo(sim.dtype).min / 4
+    log_a = _log_uniform(candidate_mask.bool(), sim.dtype)[:, :, None]  # row masses
+    log_b = _log_uniform(reference_mask.bool(), sim.dtype)[:, None, :]  # column masses
+    log_plan = torch.where(valid, sim / temperature, floor)
+    steps = [(log_b, 1), (log_a, 2)] if scored_side == "candidate" else [(log_a, 2), (log_b, 1)]
     for _ in range(iterations):
-        if scored_side == "candidate":
-            log_plan = _normalise(log_plan, log_b, dim=1)
-            log_plan = _normalise(log_plan, log_a, dim=2)
-        else:
-            log_plan = _normalise(log_plan, log_a, dim=2)
-            log_plan = _normalise(log_plan, log_b, dim=1)
-    return log_plan.masked_fill(~valid, float("-inf"))
+        for log_marginal, dim in steps:
+            log_plan = torch.where(valid, _normalise(log_plan, log_marginal, dim), floor)
+    return log_plan
 
 
 def _conditional_expectation(sim: Tensor, log_plan: Tensor, valid: Tensor, dim: int) -> Tensor:
