@@ -55,32 +55,56 @@ class _ScorerPieces:
     def __call__(self, text: str, word_start: bool) -> list[int]:
         if not text:
             return []
-        encode = self.tokenizer.convert_tokens_to_ids
-        if self.convention == "byte_level" and not word_start:
+        if not word_start and self.convention == "wordpiece":
+            return self._wordpiece_continuation(text)
+        if not word_start and self.convention == "byte_level":
             # " ." is its own pre-token in GPT-2's split, so the text after it gets no "Ġ".
             marker = self.tokenizer(" .", add_special_tokens=False)["input_ids"]
             ids = self.tokenizer(" ." + text, add_special_tokens=False)["input_ids"]
             return ids[len(marker) :] if ids[: len(marker)] == marker else ids
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if word_start or not ids:
-            return ids
-        first = self.tokenizer.convert_ids_to_tokens(ids[0])
-        if self.convention == "wordpiece" and not first.startswith("##"):
-            if "##" + first in self.vocab:
-                ids[0] = encode("##" + first)
-        elif self.convention == "sentencepiece" and first.startswith("\u2581"):
+        if not word_start and self.convention == "sentencepiece" and ids:
+            first = self.tokenizer.convert_ids_to_tokens(ids[0])
             if first == "\u2581":
                 ids = ids[1:]
-            elif first[1:] in self.vocab:
-                ids[0] = encode(first[1:])
+            elif first.startswith("\u2581") and first[1:] in self.vocab:
+                ids[0] = self.vocab[first[1:]]
+        return ids
+
+    def _wordpiece_continuation(self, text: str) -> list[int]:
+        """Scorer pieces of ``text`` glued to the end of a word: the part the scorer's
+        pre-tokenizer keeps in the same word becomes ``##`` pieces (greedy longest match, as
+        WordPiece does); what it splits off (punctuation, a new word) starts new words."""
+        backend = self.tokenizer.backend_tokenizer
+        normalized = backend.normalizer.normalize_str(text) if backend.normalizer else text
+        words = backend.pre_tokenizer.pre_tokenize_str("a" + normalized)
+        if not words or len(words[0][0]) == 1:  # nothing glued to the word: a new word
+            return self.tokenizer(normalized, add_special_tokens=False)["input_ids"]
+        glued, end = words[0][0][1:], words[0][1][1] - 1
+        ids, start = [], 0
+        while start < len(glued):
+            for stop in range(len(glued), start, -1):
+                piece = self.vocab.get("##" + glued[start:stop])
+                if piece is not None:
+                    ids.append(piece)
+                    start = stop
+                    break
+            else:  # no ## piece covers it: fall back to the scorer's own split
+                return self.tokenizer(normalized, add_special_tokens=False)["input_ids"]
+        rest = normalized[end:]
+        if rest.strip():
+            ids += self.tokenizer(rest, add_special_tokens=False)["input_ids"]
         return ids
 
 
 class VocabularyBridge:
-    """Generator token id -> scorer piece ids (``pieces [V_gen, P]``, ``-1`` = none)."""
+    """Generator token id -> scorer piece ids (``pieces [V_gen, P]``, ``-1`` = none), and which
+    generator tokens are special (``special [V_gen]``)."""
 
-    def __init__(self, pieces: Tensor, identity: bool = False):
+    def __init__(self, pieces: Tensor, special: Tensor | None = None, identity: bool = False):
         self.pieces = pieces.long()
+        # Without a special mask, tokens that map to nothing are taken as the special ones.
+        self.special = (self.pieces < 0).all(dim=1) if special is None else special.bool()
         self.identity = identity
 
     @property
@@ -94,13 +118,15 @@ class VocabularyBridge:
         gen_vocab, scorer_vocab = generator_tokenizer.get_vocab(), scorer_tokenizer.get_vocab()
         size = max(len(generator_tokenizer), max(gen_vocab.values()) + 1)
         special = set(generator_tokenizer.all_special_ids)
+        special_mask = torch.zeros(size, dtype=torch.bool)
+        special_mask[sorted(special)] = True
         if gen_vocab == scorer_vocab:
             pieces = torch.arange(size)[:, None]
-            pieces[sorted(special)] = -1
-            return cls(pieces, identity=True)
+            pieces[special_mask] = -1
+            return cls(pieces, special_mask, identity=True)
         key = hashlib.sha256(
             json.dumps(
-                [sorted(gen_vocab.items()), sorted(scorer_vocab.items()), sorted(special), "v1"]
+                [sorted(gen_vocab.items()), sorted(scorer_vocab.items()), sorted(special), "v2"]
             ).encode()
         ).hexdigest()[:20]
         path = Path(cache_dir) / f"bridge-{key}.safetensors" if cache_dir else None
@@ -118,7 +144,7 @@ class VocabularyBridge:
         pieces = torch.full((size, width), -1, dtype=torch.long)
         for index, row in enumerate(rows):
             pieces[index, : len(row)] = torch.tensor(row, dtype=torch.long)
-        bridge = cls(pieces)
+        bridge = cls(pieces, special_mask)
         if path is not None:
             bridge.save(path)
         return bridge
@@ -128,7 +154,7 @@ class VocabularyBridge:
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         save_file(
-            {"pieces": self.pieces.contiguous()},
+            {"pieces": self.pieces.contiguous(), "special": self.special.contiguous()},
             str(path),
             metadata={"identity": str(self.identity)},
         )
@@ -138,9 +164,9 @@ class VocabularyBridge:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as handle:
-            pieces = handle.get_tensor("pieces")
+            pieces, special = handle.get_tensor("pieces"), handle.get_tensor("special")
             identity = handle.metadata().get("identity") == "True"
-        return cls(pieces, identity=identity)
+        return cls(pieces, special, identity=identity)
 
     def _mean_over_pieces(self, values: Tensor) -> Tensor:
         """Mean of ``values[piece]`` over each generator token's pieces (0 for none)."""
@@ -164,14 +190,19 @@ class VocabularyBridge:
         return self._mean_over_pieces(scorer_weights)
 
     def fidelity(self) -> dict[str, float]:
-        """Shares of the non-special generator tokens that map to exactly one scorer piece,
-        to several, and to none."""
+        """Shares of the non-special generator tokens that map to exactly one scorer piece, to
+        several, and to none (text the scorer's normaliser drops, e.g. lone bytes)."""
         counts = (self.pieces >= 0).sum(dim=1)
-        mapped = counts[counts > 0] if not self.identity else counts
-        total = max(int((counts > 0).sum()), 1)
+        ordinary = ~self.special
+        total = max(int(ordinary.sum()), 1)
+
+        def share(selected: Tensor) -> float:
+            return float((selected & ordinary).sum()) / total
+
         return {
             "tokens": float(total),
-            "single_piece_share": float((mapped == 1).sum()) / total,
-            "multi_piece_share": float((mapped > 1).sum()) / total,
+            "single_piece_share": share(counts == 1),
+            "multi_piece_share": share(counts > 1),
+            "none_share": share(counts == 0),
             "max_pieces": float(counts.max()),
         }

@@ -97,9 +97,12 @@ def expected_embeddings(distribution: TokenDistribution, table: Tensor) -> Tenso
 
 
 def expected_weights(distribution: TokenDistribution, token_weights: Tensor) -> Tensor:
-    """Expected importance weight ``sum_v p(v) w[v]`` ``[B, L]``, detached (weights are not
-    trained)."""
-    weights = distribution.weights.detach().to(token_weights.dtype)
+    """Expected importance weight ``sum_v p(v) w[v]`` ``[B, L]``.
+
+    Differentiable, so the gradient is that of the score as computed (probability moved onto a
+    special token, which weighs 0, lowers that position's weight)."""
+    weights = distribution.weights
+    token_weights = token_weights.to(weights.dtype)
     if distribution.indices is None:
         return einsum(weights, token_weights, "b l v, v -> b l")
     return (weights * token_weights[distribution.indices]).sum(dim=-1)

@@ -196,9 +196,9 @@ class BERTScoreLoss(nn.Module):
             weights = expected_weights(distribution, token_weights)
         hidden, attention, special = self.encoder.forward_token_embeddings(inputs, candidate_mask)
         # Weights follow the tokens to their packed slots; special tokens weigh 0.
-        packed = torch.zeros(attention.shape, dtype=torch.float32, device=hidden.device)
+        packed = torch.zeros(attention.shape, dtype=weights.dtype, device=hidden.device)
         real = attention & ~special
-        packed[real] = weights.float()[candidate_mask]
+        packed[real] = weights[candidate_mask]
         return hidden, attention, packed
 
     # ------------------------------------------------------------------ references

@@ -7,7 +7,6 @@ embeddings, :func:`bsloss.functional.bert_score` does the math (the same functio
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -15,6 +14,7 @@ from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
 from bsloss import __version__
+from bsloss._warnings import warn_user
 from bsloss.baseline import read_baseline, shipped_baseline_path
 from bsloss.functional import bert_score, idf_table, rescale_with_baseline, table_from_mapping
 from bsloss.functional.idf import uniform_table
@@ -100,7 +100,9 @@ class BERTScorer:
             for i, sentence in enumerate(sentences):
                 if not isinstance(sentence, str):
                     raise TypeError(f"idf[{i}] must be a string, got {type(sentence).__name__}")
-            return idf_table(self.encoder.tokenize(sentences), self.vocab_size, specials)
+            return idf_table(
+                self.encoder.tokenize(sentences, name="idf"), self.vocab_size, specials
+            )
         raise TypeError(f"idf must be a bool, a dict or a list of sentences, got {type(idf)}")
 
     @property
@@ -116,31 +118,51 @@ class BERTScorer:
         return signature + ("-rescaled" if self.rescale else "")
 
     # ----------------------------------------------------------------- embedding
-    @torch.inference_mode()
     def embed(
         self, texts: Sequence[str], progress: bool | None = None
     ) -> dict[str, tuple[Tensor, Tensor]]:
-        """Unique text -> (unit-norm token embeddings ``[L, d]`` float32, token ids ``[L]``).
-
-        Sentences are sorted by token length so a batch holds similar lengths (little padding).
-        """
+        """Unique text -> (unit-norm token embeddings ``[L, d]`` float32, token ids ``[L]``)."""
         unique = list(dict.fromkeys(texts))
-        token_ids = self.encoder.tokenize(unique)
-        order = sorted(range(len(unique)), key=lambda i: len(token_ids[i]), reverse=True)
+        return self._embed_ids(
+            dict(zip(unique, self.encoder.tokenize(unique), strict=True)), progress
+        )
+
+    @torch.inference_mode()
+    def _embed_ids(
+        self, token_ids: dict[str, list[int]], progress: bool | None
+    ) -> dict[str, tuple[Tensor, Tensor]]:
+        """Encode each text's ids once, in batches of similar token lengths (little padding)."""
+        texts = sorted(token_ids, key=lambda text: len(token_ids[text]), reverse=True)
         device = self.encoder.device
         out: dict[str, tuple[Tensor, Tensor]] = {}
-        starts = range(0, len(order), self.batch_size)
+        starts = range(0, len(texts), self.batch_size)
         for start in _progress(starts, len(starts), progress, "bsloss: encoding"):
-            batch = order[start : start + self.batch_size]
-            ids = [torch.tensor(token_ids[i], dtype=torch.long) for i in batch]
+            batch = texts[start : start + self.batch_size]
+            ids = [torch.tensor(token_ids[text], dtype=torch.long) for text in batch]
             lengths = [len(row) for row in ids]
             input_ids = pad_sequence(ids, batch_first=True, padding_value=self.encoder.pad_token_id)
             mask = torch.arange(input_ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]
             hidden = self.encoder(input_ids=input_ids.to(device), attention_mask=mask.to(device))
             hidden = torch.nn.functional.normalize(hidden.float(), dim=-1)
-            for row, i in enumerate(batch):
-                out[unique[i]] = (hidden[row, : lengths[row]], ids[row].to(device))
+            for row, text in enumerate(batch):
+                out[text] = (hidden[row, : lengths[row]], ids[row].to(device))
         return out
+
+    def _tokenize_call(self, cands: list[str], groups: list[list[str]], texts: list[str]):
+        """Token ids of each unique text; one truncation warning naming the user's positions."""
+        unique = list(dict.fromkeys(texts))
+        ids, truncated = self.encoder.tokenize_checked(unique)
+        if truncated:
+            long_texts = {unique[i] for i in truncated}
+            where = [f"cands[{i}]" for i, c in enumerate(cands) if c in long_texts]
+            for i, group in enumerate(groups):
+                for k, ref in enumerate(group):
+                    if ref in long_texts:
+                        where.append(f"refs[{i}]" if len(group) == 1 else f"refs[{i}][{k}]")
+            shown = ", ".join(where[:10]) + (", ..." if len(where) > 10 else "")
+            total = len(cands) + sum(len(g) for g in groups)
+            warn_user(self.encoder.truncation_message(len(where), total, shown))
+        return dict(zip(unique, ids, strict=True))
 
     # ----------------------------------------------------------------- scoring
     def score(
@@ -162,13 +184,14 @@ class BERTScorer:
         if not pair_cands:
             empty = torch.zeros(0)
             return empty, empty.clone(), empty.clone()
+        token_ids = self._tokenize_call(cands, groups, pair_cands + pair_refs)
         table = self._weight_table
         if table is None:  # idf=True: from this call's references, as bert_score.score does
             table = idf_table(
-                self.encoder.tokenize(pair_refs), self.vocab_size, self.encoder.special_token_ids
+                [token_ids[r] for r in pair_refs], self.vocab_size, self.encoder.special_token_ids
             )
         table = table.to(self.encoder.device, torch.float32)
-        embeddings = self.embed(pair_cands + pair_refs, progress=progress)
+        embeddings = self._embed_ids(token_ids, progress)
         pair_scores = self._score_pairs(
             pair_cands, pair_refs, embeddings, table, batch_size or self.batch_size
         )
@@ -224,10 +247,9 @@ class BERTScorer:
                 k = pair - owner.index(i)
                 where.append(str(i) if len(groups[i]) == 1 else f"{i} (reference {k})")
             shown = ", ".join(where[:20]) + (", ..." if len(where) > 20 else "")
-            warnings.warn(
+            warn_user(
                 f"{len(where)} empty or whitespace-only candidate/reference pair(s) "
-                f"score 0: candidate index {shown}",
-                stacklevel=3,
+                f"score 0: candidate index {shown}"
             )
         return empty
 

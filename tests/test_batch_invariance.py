@@ -1,0 +1,81 @@
+"""Scores do not depend on the batch size or on the order of the pairs."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import bsloss
+
+NUM_PAIRS = 300
+TOLERANCE = 1e-6
+
+
+@pytest.fixture(scope="module")
+def pairs(stsb_dev) -> tuple[list[str], list[str]]:
+    rows = stsb_dev[:NUM_PAIRS]
+    assert len(rows) == NUM_PAIRS
+    return [s1 for _, s1, _ in rows], [s2 for _, _, s2 in rows]
+
+
+def stacked(prf) -> torch.Tensor:
+    return torch.stack(prf, dim=-1)
+
+
+def score_with(scorer, cands, refs, batch_size: int, idf: bool) -> torch.Tensor:
+    """P, R, F ``[N, 3]`` with ``batch_size`` for both the encoder and the matching."""
+    variant = bsloss.BERTScorer(encoder=scorer.encoder, idf=idf, batch_size=batch_size)
+    return stacked(variant.score(cands, refs))
+
+
+def score_permuted(scorer, cands, refs, batch_size: int, idf: bool, seed: int) -> torch.Tensor:
+    order = list(range(len(cands)))
+    random.Random(seed).shuffle(order)
+    shuffled = score_with(scorer, [cands[i] for i in order], [refs[i] for i in order],
+                          batch_size, idf)
+    unshuffled = torch.empty_like(shuffled)
+    unshuffled[torch.tensor(order)] = shuffled
+    return unshuffled
+
+
+def assert_same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert got.shape == want.shape == (NUM_PAIRS, 3)
+    assert torch.isfinite(got).all()
+    diff = (got - want).abs().max().item()
+    assert diff <= TOLERANCE, f"{what}: max |diff| over P, R, F = {diff:.3g} > {TOLERANCE}"
+
+
+@pytest.mark.parametrize("idf", [False, True], ids=["no-idf", "idf"])
+def test_batch_size_and_order_invariance(scorer, pairs, idf):
+    cands, refs = pairs
+    reference = score_with(scorer, cands, refs, batch_size=64, idf=idf)
+    assert reference[:, 2].mean() > 0.3  # real scores, not an all-zero degenerate result
+    assert_same(score_with(scorer, cands, refs, 7, idf), reference, "batch_size=7 vs 64")
+    assert_same(score_with(scorer, cands, refs, 1, idf), reference, "batch_size=1 vs 64")
+    for batch_size, seed in ((64, 0), (7, 1)):
+        assert_same(score_permuted(scorer, cands, refs, batch_size, idf, seed), reference,
+                    f"permuted (seed {seed}), batch_size={batch_size} vs 64")
+
+
+def test_matching_batch_size_argument(scorer, pairs):
+    """``score(batch_size=...)`` (pairs per matching batch) does not change the scores either."""
+    cands, refs = pairs
+    reference = stacked(scorer.score(cands, refs))
+    for batch_size in (1, 13, 1000):
+        assert_same(stacked(scorer.score(cands, refs, batch_size=batch_size)), reference,
+                    f"score(batch_size={batch_size})")
+
+
+def test_multi_reference_invariance(scorer, pairs):
+    """Grouped references score the same whatever the batch size and the order of the groups."""
+    cands, refs = pairs
+    cands = cands[:60]
+    groups = [[refs[i], refs[(i + 1) % 60], cands[(i + 2) % 60]][: 1 + i % 3] for i in range(60)]
+    reference = stacked(bsloss.BERTScorer(encoder=scorer.encoder, batch_size=64)
+                        .score(cands, groups))
+    other = stacked(bsloss.BERTScorer(encoder=scorer.encoder, batch_size=5)
+                    .score(cands[::-1], groups[::-1])).flip(0)
+    diff = (other - reference).abs().max().item()
+    assert diff <= TOLERANCE, diff

@@ -1,0 +1,414 @@
+"""The vocabulary bridge with real tokenizers: an MPNet-layout WordPiece vocabulary (MiniLM's,
+shifted by +4), a SentencePiece-style BPE and a byte-level BPE trained on Brown sentences, the
+identity bridge, the fidelity gap to scoring decoded text, and the safetensors cache.
+
+The scorer is the embedded all-MiniLM-L6-v2 (one shared ScorerEncoder).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from _tokenizers import (  # noqa: E402
+    MPNET_SHIFT,
+    brown_lines,
+    encode,
+    mpnet_layout_tokenizer,
+    one_hot,
+    padded,
+    scorer_keeps_whole,
+    stsb_pairs,
+    train_byte_level_bpe,
+    train_sentencepiece_bpe,
+)
+
+import bsloss.bridge  # noqa: E402
+from bsloss import BERTScoreLoss, BERTScorer, VocabularyBridge  # noqa: E402
+from bsloss.bridge import token_convention  # noqa: E402
+from bsloss.scorer.default import embedded_model_path  # noqa: E402
+from bsloss.scorer.encoder import ScorerEncoder  # noqa: E402
+
+TOLERANCE = 1e-5
+
+# Fidelity gap |F_bridge - F_text| on the first 100 STS-B dev pairs, measured (mean, max):
+# SentencePiece BPE 0.253, 0.695; byte-level BPE 0.249, 0.697 (Pearson of F_bridge with F_text
+# 0.57). A 4,000-token vocabulary splits most words differently from MiniLM's WordPiece and gets
+# one scorer position per generator token; MiniLM's token vectors are very sensitive to that
+# ('h', '##at' for 'hat'). Bounds: the measurements plus ~20% (the set-up is deterministic).
+GAP_BOUNDS = {"sentencepiece": (0.30, 0.84), "byte_level": (0.30, 0.84)}
+
+
+# --------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def encoder() -> ScorerEncoder:
+    return ScorerEncoder.from_pretrained(None)
+
+
+@pytest.fixture(scope="module")
+def text_scorer(encoder) -> BERTScorer:
+    return BERTScorer(encoder=encoder)
+
+
+@pytest.fixture(scope="module")
+def stsb100(text_scorer):
+    """The first 100 STS-B dev pairs and BERTScorer's (P, R, F) of them, computed once."""
+    cands, refs = stsb_pairs(100)
+    return cands, refs, text_scorer.score(cands, refs)
+
+
+def first(stsb100, n: int):
+    cands, refs, prf = stsb100
+    return cands[:n], refs[:n], [x[:n] for x in prf]
+
+
+@pytest.fixture(scope="module")
+def mpnet_tok(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mpnet-layout")
+    return mpnet_layout_tokenizer(Path(embedded_model_path()) / "vocab.txt", folder)
+
+
+@pytest.fixture(scope="module")
+def bridge_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("bridge-cache")
+
+
+@pytest.fixture(scope="module")
+def mpnet_bridge(mpnet_tok, encoder, bridge_cache) -> VocabularyBridge:
+    return VocabularyBridge.build(mpnet_tok, encoder, cache_dir=bridge_cache)
+
+
+@pytest.fixture(scope="module")
+def mpnet_ordinary(mpnet_tok) -> torch.Tensor:
+    """Generator ids of the ordinary (non-special) MPNet tokens: MiniLM's 30,522 lines."""
+    ids = torch.arange(len(mpnet_tok))
+    keep = torch.ones(len(mpnet_tok), dtype=torch.bool)
+    keep[mpnet_tok.all_special_ids] = False
+    return ids[keep]
+
+
+@pytest.fixture(scope="module")
+def keeps_whole(encoder) -> torch.Tensor:
+    """``[V_scorer]``: whether MiniLM's own tokenizer can produce each of its pieces from text."""
+    tokens = encoder.tokenizer.convert_ids_to_tokens(list(range(len(encoder.tokenizer))))
+    return torch.tensor([scorer_keeps_whole(encoder.tokenizer, t) for t in tokens])
+
+
+@pytest.fixture(scope="session")
+def brown_training_lines() -> list[str]:
+    return brown_lines(20_000)
+
+
+@pytest.fixture(scope="session", params=["sentencepiece", "byte_level"])
+def trained(request, tmp_path_factory, brown_training_lines):
+    """(convention, tokenizer) trained once per session in a tmp folder (~3 s each)."""
+    folder = tmp_path_factory.mktemp(f"tok-{request.param}")
+    train = train_sentencepiece_bpe if request.param == "sentencepiece" else train_byte_level_bpe
+    return request.param, train(brown_training_lines, folder)
+
+
+@pytest.fixture(scope="module")
+def trained_bridge(trained, encoder) -> VocabularyBridge:
+    return VocabularyBridge.build(trained[1], encoder)
+
+
+def mapped(bridge: VocabularyBridge, index: int) -> list[int]:
+    row = bridge.pieces[index]
+    return row[row >= 0].tolist()
+
+
+def hard_loss_scores(loss: BERTScoreLoss, ids, mask, refs, vocab_size: int, chunk: int = 25):
+    """(P, R, F) of one-hot logits (1e4 at each id), in chunks to bound the [B, L, V] memory."""
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(refs), chunk):
+            part = slice(start, start + chunk)
+            logits = one_hot(ids[part], vocab_size, value=1e4)
+            out.append(loss.score(logits=logits, candidate_mask=mask[part], references=refs[part]))
+    return [torch.cat([o[k] for o in out]).cpu() for k in range(3)]
+
+
+def assert_prf_close(ours, theirs, tolerance=TOLERANCE):
+    for name, a, b in zip("PRF", ours, theirs, strict=True):
+        gap = (a.float() - b.float()).abs().max().item()
+        assert gap <= tolerance, f"{name}: max gap {gap:.2e}"
+
+
+# --------------------------------------------------------------------------- MPNet layout
+def test_mpnet_layout_tokenizer_is_minilm_shifted(mpnet_tok, encoder):
+    """The fixture itself: same word pieces as MiniLM, ids + 4, MPNet's special tokens."""
+    cands, refs = stsb_pairs(50)
+    assert len(mpnet_tok) == len(encoder.tokenizer) + MPNET_SHIFT + 1
+    assert mpnet_tok.convert_ids_to_tokens([0, 1, 2, 3, len(mpnet_tok) - 1]) == [
+        "<s>", "<pad>", "</s>", "<unk>", "<mask>",
+    ]  # fmt: skip
+    assert sorted(mpnet_tok.all_special_ids) == [0, 1, 2, 3, len(mpnet_tok) - 1]
+    for text in cands + refs:
+        ours = mpnet_tok(text, add_special_tokens=False)["input_ids"]
+        theirs = encoder.tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert ours == [i + MPNET_SHIFT for i in theirs], text
+    assert token_convention(mpnet_tok) == "wordpiece"
+
+
+def test_mpnet_layout_special_tokens_map_to_nothing(mpnet_bridge, mpnet_tok):
+    assert not mpnet_bridge.identity
+    assert mpnet_bridge.generator_vocab_size == len(mpnet_tok)
+    for index in mpnet_tok.all_special_ids:
+        assert mapped(mpnet_bridge, index) == [], mpnet_tok.convert_ids_to_tokens(index)
+
+
+def test_mpnet_layout_word_starts_shift_by_4(mpnet_bridge, mpnet_tok, mpnet_ordinary, keeps_whole):
+    """Every ordinary token maps to something; every word-start token that MiniLM's own
+    tokenizer keeps whole maps to exactly the piece ``id - 4``. The exceptions are MiniLM's 994
+    ``[unusedN]`` lines and ``...``: MiniLM's tokenizer splits their text into several pieces,
+    and so does the bridge (it maps the token's text, not its id)."""
+    counts = (mpnet_bridge.pieces >= 0).sum(dim=1)
+    assert (counts[mpnet_ordinary] >= 1).all()
+    tokens = mpnet_tok.convert_ids_to_tokens(mpnet_ordinary.tolist())
+    word_start = torch.tensor([not t.startswith("##") for t in tokens])
+    scorer_ids = mpnet_ordinary - MPNET_SHIFT
+    checked = mpnet_ordinary[word_start & keeps_whole[scorer_ids]]
+    assert len(checked) > 23_000
+    wrong = (counts[checked] != 1) | (mpnet_bridge.pieces[checked, 0] != checked - MPNET_SHIFT)
+    assert not wrong.any(), mpnet_tok.convert_ids_to_tokens(checked[wrong][:10].tolist())
+    split = mpnet_ordinary[word_start & ~keeps_whole[scorer_ids]]
+    names = mpnet_tok.convert_ids_to_tokens(split.tolist())
+    assert len(split) == 995 and "..." in names
+    assert sum(n.startswith("[unused") for n in names) == 994
+    assert (counts[split] > 1).all()
+
+
+def test_mpnet_layout_is_a_shift_permutation(mpnet_bridge, mpnet_tok, mpnet_ordinary, keeps_whole):
+    """Every ordinary token MiniLM's tokenizer can produce (word starts and ``##``
+    continuations) maps to exactly one piece, ``id - 4``: a bijection onto those MiniLM ids."""
+    checked = mpnet_ordinary[keeps_whole[mpnet_ordinary - MPNET_SHIFT]]
+    counts = (mpnet_bridge.pieces[checked] >= 0).sum(dim=1)
+    targets = mpnet_bridge.pieces[checked, 0]
+    wrong = (counts != 1) | (targets != checked - MPNET_SHIFT)
+    assert not wrong.any(), f"{int(wrong.sum())} of {len(checked)} tokens, e.g. " + ", ".join(
+        f"{mpnet_tok.convert_ids_to_tokens(int(i))} -> "
+        f"{mpnet_tok.convert_ids_to_tokens([p + MPNET_SHIFT for p in mapped(mpnet_bridge, i)])}"
+        for i in checked[wrong][:5]
+    )
+    assert sorted(targets.tolist()) == sorted(torch.nonzero(keeps_whole).flatten().tolist())
+
+
+def test_mpnet_layout_fidelity(mpnet_bridge, mpnet_ordinary, mpnet_tok, keeps_whole):
+    """single_piece_share is not 1.0 but (30,522 - 995) / 30,522 = 0.96740: the 994
+    ``[unusedN]`` lines and ``...`` are ordinary tokens of the layout whose text MiniLM's tokenizer
+    splits (they are never produced from text by either tokenizer, so the approximation costs
+    nothing in practice). Every other ordinary token is one piece."""
+    fidelity = mpnet_bridge.fidelity()
+    print(f"\nMPNet layout fidelity: {fidelity}")
+    assert fidelity["tokens"] == len(mpnet_ordinary) == 30_522
+    tokens = mpnet_tok.convert_ids_to_tokens(mpnet_ordinary.tolist())
+    word_start = torch.tensor([not t.startswith("##") for t in tokens])
+    n_split = int((word_start & ~keeps_whole[mpnet_ordinary - MPNET_SHIFT]).sum())
+    assert n_split == 995
+    assert fidelity["single_piece_share"] == pytest.approx((30_522 - n_split) / 30_522, abs=1e-12)
+    assert fidelity["multi_piece_share"] == pytest.approx(n_split / 30_522, abs=1e-12)
+
+
+def test_mpnet_layout_end_to_end_with_exact_shift_bridge(encoder, stsb100, mpnet_tok):
+    """The loss's bridge plumbing: with the exact id - 4 table (what the bridge should build for
+    this layout), one-hot logits over the MPNet vocabulary score like the text."""
+    size = len(mpnet_tok)
+    pieces = torch.arange(size)[:, None] - MPNET_SHIFT
+    pieces[mpnet_tok.all_special_ids] = -1
+    loss = BERTScoreLoss(matching="hard", bridge=VocabularyBridge(pieces), encoder=encoder)
+    cands, refs, expected = first(stsb100, 50)
+    ids, mask = padded(encode(mpnet_tok, cands), encoder.device)
+    assert_prf_close(hard_loss_scores(loss, ids, mask, refs, size), expected)
+
+
+def test_mpnet_layout_end_to_end(encoder, stsb100, mpnet_tok, mpnet_bridge, bridge_cache):
+    """generator_tokenizer=MPNet layout, one-hot logits of 50 STS-B candidates: the same P, R, F
+    as BERTScorer on the text. Fails while 'cougar' = 'co', '##uga', '##r' and 'toddler' =
+    'todd', '##ler' bridge '##uga' to ['##u', '##ga'] and '##ler' to ['##le', '##r']."""
+    loss = BERTScoreLoss(
+        matching="hard",
+        generator_tokenizer=mpnet_tok,
+        bridge_cache_dir=str(bridge_cache),
+        encoder=encoder,
+    )
+    assert torch.equal(loss.bridge.pieces, mpnet_bridge.pieces)
+    cands, refs, expected = first(stsb100, 50)
+    ids, mask = padded(encode(mpnet_tok, cands), encoder.device)
+    assert_prf_close(hard_loss_scores(loss, ids, mask, refs, len(mpnet_tok)), expected)
+
+
+def test_identity_bridge(encoder, stsb100):
+    """The scorer's own tokenizer as the generator's: the identity, special tokens excluded,
+    and the same scores as no bridge at all."""
+    bridge = VocabularyBridge.build(encoder.tokenizer, encoder)
+    assert bridge.identity
+    size = len(encoder.tokenizer)
+    identity = torch.arange(size)
+    identity[encoder.tokenizer.all_special_ids] = -1
+    assert torch.equal(bridge.pieces[:, 0], identity) and bridge.pieces.shape == (size, 1)
+    fidelity = bridge.fidelity()
+    assert fidelity["single_piece_share"] == 1.0 and fidelity["multi_piece_share"] == 0.0
+
+    cands, refs, expected = first(stsb100, 20)
+    ids, mask = padded(encode(encoder.tokenizer, cands), encoder.device)
+    bridged = BERTScoreLoss(matching="hard", generator_tokenizer=encoder.tokenizer, encoder=encoder)
+    assert bridged.bridge is not None and bridged.bridge.identity
+    plain = BERTScoreLoss(matching="hard", encoder=encoder)
+    with torch.no_grad():
+        ours = bridged.score(candidate_ids=ids, candidate_mask=mask, references=refs)
+        theirs = plain.score(candidate_ids=ids, candidate_mask=mask, references=refs)
+    assert_prf_close(ours, theirs, tolerance=1e-6)
+    assert_prf_close([x.cpu() for x in ours], expected)
+
+
+# --------------------------------------------------------------------------- trained BPEs
+WORD_START = {"sentencepiece": "\u2581", "byte_level": "\u0120"}
+
+
+def test_trained_bridge_builds(trained, trained_bridge, encoder):
+    convention, tok = trained
+    assert token_convention(tok) == convention
+    assert not trained_bridge.identity
+    assert trained_bridge.generator_vocab_size == len(tok) == 4000
+    for index in tok.all_special_ids:
+        assert mapped(trained_bridge, index) == []
+    fidelity = trained_bridge.fidelity()
+    for key in ("single_piece_share", "multi_piece_share"):
+        assert 0.0 <= fidelity[key] <= 1.0
+    assert fidelity["single_piece_share"] + fidelity["multi_piece_share"] <= 1.0 + 1e-12
+    assert 1 <= fidelity["max_pieces"] <= trained_bridge.pieces.shape[1]
+    assert (trained_bridge.pieces < len(encoder.tokenizer)).all()
+    print(f"\n{convention} fidelity: {fidelity}")
+
+
+def test_trained_word_boundaries(trained, trained_bridge, encoder):
+    """Word-start tokens map to pieces without '##' first; a continuation's first piece is a
+    '##' piece whenever '##' + that piece exists; a few known tokens map exactly."""
+    convention, tok = trained
+    marker = WORD_START[convention]
+    scorer_vocab = encoder.tokenizer.get_vocab()
+    scorer_tokens = encoder.tokenizer.convert_ids_to_tokens
+    starts = continuations = 0
+    for token, index in tok.get_vocab().items():
+        pieces = scorer_tokens(mapped(trained_bridge, index))
+        if token.startswith(marker) and len(token) > 1:
+            assert pieces and not pieces[0].startswith("##"), (token, pieces)
+            starts += 1
+        elif token.isascii() and token.isalpha():
+            head = pieces[0]
+            assert head.startswith("##") or "##" + head not in scorer_vocab, (token, pieces)
+            continuations += 1
+    assert starts > 1000 and continuations > 500
+    known = {
+        marker + "the": ["the"],
+        marker + "The": ["the"],  # MiniLM is uncased
+        marker + "County": ["county"],
+        "ing": ["##ing"],
+        "ed": ["##ed"],
+        "s": ["##s"],
+    }
+    vocab = tok.get_vocab()
+    for token, expected in known.items():
+        assert scorer_tokens(mapped(trained_bridge, vocab[token])) == expected, token
+
+
+def test_trained_continuations_are_scorer_continuations(trained, trained_bridge, encoder):
+    """An alphabetic continuation token maps to '##' pieces only (MiniLM has one for every
+    letter; e.g. 'ought' of 'br|ought' is not the word 'ought'), and to the single piece '##x'
+    where that exists (e.g. 'ines' -> '##ines', not ['##in', '##es'])."""
+    convention, tok = trained
+    scorer_vocab = encoder.tokenizer.get_vocab()
+    scorer_tokens = encoder.tokenizer.convert_ids_to_tokens
+    word_starts, split = [], []
+    for token, index in tok.get_vocab().items():
+        if not (token.isascii() and token.isalpha()):
+            continue
+        pieces = mapped(trained_bridge, index)
+        if not all(p.startswith("##") for p in scorer_tokens(pieces)):
+            word_starts.append(token)
+        whole = scorer_vocab.get("##" + token.lower())
+        if whole is not None and pieces != [whole]:
+            split.append(token)
+    assert not word_starts, (
+        f"{len(word_starts)} continuations map to word starts: {word_starts[:8]}"
+    )
+    assert not split, f"{len(split)} continuations split, e.g. {split[:8]}"
+
+
+def test_trained_punctuation_starts_a_scorer_word(trained, trained_bridge, encoder):
+    convention, tok = trained
+    vocab, scorer_vocab = tok.get_vocab(), encoder.tokenizer.get_vocab()
+    for token in (".", ",", "?", ")"):
+        assert mapped(trained_bridge, vocab[token]) == [scorer_vocab[token]], token
+
+
+def test_trained_fidelity_counts_unmapped_tokens(trained, trained_bridge):
+    """Some non-special tokens map to nothing: the bare '▁' of the SentencePiece BPE, the
+    lone bytes 0x80-0xff of the byte-level BPE (half a UTF-8 character, decoded to U+FFFD,
+    which BERT's normaliser drops). fidelity() should count them."""
+    _, tok = trained
+    counts = (trained_bridge.pieces >= 0).sum(dim=1)
+    special = set(tok.all_special_ids)
+    non_special = [i for i in range(len(tok)) if i not in special]
+    unmapped = [i for i in non_special if counts[i] == 0]
+    assert unmapped  # the premise
+    fidelity = trained_bridge.fidelity()
+    assert fidelity["tokens"] == len(non_special)
+    mapped_share = fidelity["single_piece_share"] + fidelity["multi_piece_share"]
+    assert mapped_share == pytest.approx(1 - len(unmapped) / len(non_special))
+
+
+def test_trained_fidelity_gap(trained, trained_bridge, encoder, text_scorer, stsb100):
+    """One-hot candidates through the bridge vs. the decoded text through BERTScorer."""
+    convention, tok = trained
+    cands, refs, prf = stsb100
+    rows = encode(tok, cands)
+    ids, mask = padded(rows, encoder.device)
+    loss = BERTScoreLoss(matching="hard", bridge=trained_bridge, encoder=encoder)
+    with torch.no_grad():
+        probs = one_hot(ids, len(tok))
+        f_bridge = loss.score(probs=probs, candidate_mask=mask, references=refs).f1.cpu()
+    texts = [tok.decode(row, skip_special_tokens=True) for row in rows]
+    # BERTScorer strips its inputs: where the decoded text round-trips, its scores are known.
+    same = [t.strip() for t in texts] == [c.strip() for c in cands]
+    f_text = prf[2] if same else text_scorer.score(texts, refs)[2]
+    gap = (f_bridge - f_text).abs()
+    correlation = torch.corrcoef(torch.stack([f_bridge, f_text]))[0, 1].item()
+    fidelity = trained_bridge.fidelity()
+    print(
+        f"\n{convention}: single_piece_share={fidelity['single_piece_share']:.4f} "
+        f"multi_piece_share={fidelity['multi_piece_share']:.4f} "
+        f"mean|F_bridge-F_text|={gap.mean():.4f} max={gap.max():.4f} "
+        f"mean F_bridge={f_bridge.mean():.4f} F_text={f_text.mean():.4f} "
+        f"pearson={correlation:.3f}"
+    )
+    mean_bound, max_bound = GAP_BOUNDS[convention]
+    assert gap.mean().item() < mean_bound and gap.max().item() < max_bound
+    # Still a usable training signal: the bridged scores follow the text scores.
+    assert correlation > 0.4
+
+
+def test_bridge_cache_roundtrip(trained, encoder, tmp_path, monkeypatch):
+    """Building twice with cache_dir: identical pieces, the second from the safetensors file
+    (it is not rewritten, and no token is re-tokenised)."""
+    _, tok = trained
+    built = VocabularyBridge.build(tok, encoder, cache_dir=tmp_path)
+    files = list(tmp_path.glob("bridge-*.safetensors"))
+    assert len(files) == 1
+    stamp = files[0].stat().st_mtime_ns
+
+    def no_tokenising(*args, **kwargs):
+        raise AssertionError("the cached bridge was rebuilt instead of loaded")
+
+    monkeypatch.setattr(bsloss.bridge, "_ScorerPieces", no_tokenising)
+    second = VocabularyBridge.build(tok, encoder, cache_dir=tmp_path)
+    assert torch.equal(built.pieces, second.pieces) and second.identity == built.identity
+    assert files[0].stat().st_mtime_ns == stamp
+    assert list(tmp_path.glob("bridge-*.safetensors")) == files
+    loaded = VocabularyBridge.load(files[0])
+    assert torch.equal(loaded.pieces, built.pieces)
