@@ -25,22 +25,35 @@ import torch
 from einops import einsum
 from torch import Tensor
 
-__all__ = ["TokenDistribution", "token_distribution", "expected_embeddings", "expected_weights"]
+__all__ = ["TokenDistribution", "token_distribution", "expected_embeddings", "expected_inputs"]
 
 
 @dataclass
 class TokenDistribution:
     """Weights over token ids: dense ``[B, L, V]`` (``indices is None``) or sparse ``[B, L, k]``
-    with ``indices [B, L, k]``."""
+    with ``indices [B, L, k]``. The plain dense softmax of logits is kept implicit
+    (``weights is None``, ``logits`` set) so that it is fused with the table product and never
+    stored for the backward pass."""
 
-    weights: Tensor
+    weights: Tensor | None
     indices: Tensor | None = None
+    logits: Tensor | None = None
 
 
 def _check_finite(tensor: Tensor, name: str) -> None:
-    if not torch.isfinite(tensor).all():
-        bad = (~torch.isfinite(tensor)).nonzero()[0].tolist()
-        raise ValueError(f"{name} contains NaN or Inf (first at position {bad})")
+    # One reduction decides the common case; the elementwise scan only runs to name the culprit
+    # (or when a huge finite tensor overflows the sum).
+    if torch.isfinite(tensor.sum()):
+        return
+    bad = ~torch.isfinite(tensor)
+    if bad.any():
+        raise ValueError(
+            f"{name} contains NaN or Inf (first at position {bad.nonzero()[0].tolist()})"
+        )
+
+
+def _math(tensor: Tensor) -> Tensor:
+    return tensor if tensor.dtype == torch.float64 else tensor.float()
 
 
 def token_distribution(
@@ -51,35 +64,44 @@ def token_distribution(
     straight_through: bool = False,
     gumbel_temperature: float | None = None,
 ) -> TokenDistribution:
-    """Normalised token weights from ``logits`` or ``probs`` ``[B, L, V]``."""
+    """Normalised token weights from ``logits`` or ``probs`` ``[B, L, V]``.
+
+    With ``top_k`` the top k are taken on the logits (softmax is monotone) and renormalised by a
+    softmax over those k alone, which equals renormalising the top-k probabilities without ever
+    computing the V-wide softmax.
+    """
     if (logits is None) == (probs is None):
         raise ValueError("pass exactly one of logits or probs")
     source, name = (logits, "logits") if logits is not None else (probs, "probs")
     if source.dim() != 3:
         raise ValueError(f"{name} must be [B, L, V], got shape {list(source.shape)}")
+    if top_k is not None and not 1 <= top_k <= source.shape[-1]:
+        raise ValueError(f"top_k must be in [1, {source.shape[-1]}], got {top_k}")
+    if gumbel_temperature is not None:
+        if logits is None:
+            raise ValueError("gumbel_temperature needs logits, not probs")
+        if not gumbel_temperature > 0:
+            raise ValueError(f"gumbel_temperature must be > 0, got {gumbel_temperature}")
     _check_finite(source, name)
     with torch.autocast(device_type=source.device.type, enabled=False):
         if logits is not None:
-            logits = logits.float() if logits.dtype != torch.float64 else logits
+            scores = _math(logits)
             if gumbel_temperature is not None:
-                if not gumbel_temperature > 0:
-                    raise ValueError(f"gumbel_temperature must be > 0, got {gumbel_temperature}")
-                gumbels = -torch.empty_like(logits).exponential_().log()
-                p = torch.softmax((logits + gumbels) / gumbel_temperature, dim=-1)
-            else:
-                p = torch.softmax(logits, dim=-1)
+                gumbels = -torch.empty_like(scores).exponential_().log()
+                scores = (scores + gumbels) / gumbel_temperature
+            if top_k is None and not straight_through:
+                return TokenDistribution(None, logits=scores)
+            indices = None
+            if top_k is not None:
+                scores, indices = scores.topk(top_k, dim=-1)
+            p = torch.softmax(scores, dim=-1)
         else:
-            p = probs.float() if probs.dtype != torch.float64 else probs
-            if gumbel_temperature is not None:
-                raise ValueError("gumbel_temperature needs logits, not probs")
+            p = _math(probs)
             if (p < 0).any():
                 raise ValueError("probs must be non-negative")
-            p = p / p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
-        indices = None
-        if top_k is not None:
-            if not 1 <= top_k <= p.shape[-1]:
-                raise ValueError(f"top_k must be in [1, {p.shape[-1]}], got {top_k}")
-            p, indices = p.topk(top_k, dim=-1)
+            indices = None
+            if top_k is not None:
+                p, indices = p.topk(top_k, dim=-1)
             p = p / p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
         if straight_through:
             hard = torch.zeros_like(p).scatter_(-1, p.argmax(dim=-1, keepdim=True), 1.0)
@@ -87,22 +109,61 @@ def token_distribution(
     return TokenDistribution(p, indices)
 
 
+class _SoftmaxExpectation(torch.autograd.Function):
+    """``softmax(logits) @ table`` saving only the logits: the ``[B, L, V]`` probabilities are
+    recomputed in the backward pass, whose gradient is
+    ``p * (g E^T - <g, e>)`` (the inner product ``<p, g E^T>`` equals ``<g, e>``)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, table: Tensor) -> Tensor:
+        out = torch.softmax(logits, dim=-1).to(table.dtype) @ table
+        ctx.save_for_backward(logits, table, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        logits, table, out = ctx.saved_tensors
+        grad_logits = grad @ table.T  # [B, L, V]
+        grad_logits -= (grad * out).sum(dim=-1, keepdim=True)
+        grad_logits *= torch.softmax(logits, dim=-1)
+        return grad_logits.to(logits.dtype), None
+
+
+def _expectation(distribution: TokenDistribution, table: Tensor) -> Tensor:
+    """``sum_v p(v) table[v]`` ``[B, L, c]`` for a ``[V, c]`` table (not differentiated)."""
+    table = table.detach()
+    with torch.autocast(device_type=table.device.type, enabled=False):
+        if distribution.weights is None:
+            return _SoftmaxExpectation.apply(
+                distribution.logits, table.to(distribution.logits.dtype)
+            )
+        weights = distribution.weights.to(table.dtype)
+        if distribution.indices is None:
+            return einsum(weights, table, "b l v, v c -> b l c")
+        batch, length, k = weights.shape
+        # k rows gathered and summed per position, without materialising [B, L, k, c].
+        summed = torch.nn.functional.embedding_bag(
+            distribution.indices.reshape(-1, k),
+            table,
+            per_sample_weights=weights.reshape(-1, k),
+            mode="sum",
+        )
+        return summed.reshape(batch, length, -1)
+
+
 def expected_embeddings(distribution: TokenDistribution, table: Tensor) -> Tensor:
     """``sum_v p(v) E[v]``: ``[B, L, d]`` from token weights and an embedding table ``[V, d]``."""
-    weights = distribution.weights.to(table.dtype)
-    if distribution.indices is None:
-        return einsum(weights, table, "b l v, v d -> b l d")
-    rows = table[distribution.indices]  # [B, L, k, d]: k gathered rows instead of all V
-    return einsum(weights, rows, "b l k, b l k d -> b l d")
+    return _expectation(distribution, table)
 
 
-def expected_weights(distribution: TokenDistribution, token_weights: Tensor) -> Tensor:
-    """Expected importance weight ``sum_v p(v) w[v]`` ``[B, L]``.
+def expected_inputs(
+    distribution: TokenDistribution, table: Tensor, token_weights: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Expected input embeddings ``[B, L, d]`` and expected importance weights
+    ``sum_v p(v) w[v]`` ``[B, L]`` in one product with the table ``[E | w]``.
 
-    Differentiable, so the gradient is that of the score as computed (probability moved onto a
-    special token, which weighs 0, lowers that position's weight)."""
-    weights = distribution.weights
-    token_weights = token_weights.to(weights.dtype)
-    if distribution.indices is None:
-        return einsum(weights, token_weights, "b l v, v -> b l")
-    return (weights * token_weights[distribution.indices]).sum(dim=-1)
+    The weights are differentiable too, so the gradient is that of the score as computed
+    (probability moved onto a special token, which weighs 0, lowers that position's weight)."""
+    augmented = torch.cat([table.detach(), token_weights.to(table.dtype)[:, None]], dim=1)
+    out = _expectation(distribution, augmented)
+    return out[..., :-1], out[..., -1]

@@ -17,7 +17,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from bsloss.baseline import read_baseline, shipped_baseline_path
 from bsloss.bridge import VocabularyBridge
-from bsloss.distributions import expected_embeddings, expected_weights, token_distribution
+from bsloss.distributions import expected_inputs, token_distribution
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
 from bsloss.functional.idf import idf_table, table_from_mapping, uniform_table
 from bsloss.functional.matching import check_temperature, get_matching
@@ -114,6 +114,7 @@ class BERTScoreLoss(nn.Module):
             path = baseline_path or shipped_baseline_path(self.encoder.name)
             self.baseline = read_baseline(path, self.encoder.num_layers).float()
         self._reference_cache: dict[str, tuple[Tensor, Tensor]] = {}
+        self._bridge_tables: dict[tuple, tuple[Tensor, Tensor]] = {}
 
     # ------------------------------------------------------------------ candidates
     @property
@@ -127,7 +128,16 @@ class BERTScoreLoss(nn.Module):
         table = self.encoder.input_embeddings.weight
         if self.bridge is None:
             return table, self.scorer_weights
-        return self.bridge.embedding_table(table), self.bridge.weight_table(self.scorer_weights)
+        # The scorer is frozen, so the bridged tables are computed once per device and dtype.
+        key = (table.device, table.dtype)
+        if key not in self._bridge_tables:
+            self._bridge_tables = {
+                key: (
+                    self.bridge.embedding_table(table.detach()),
+                    self.bridge.weight_table(self.scorer_weights),
+                )
+            }
+        return self._bridge_tables[key]
 
     def _check_vocab(self, size: int, name: str) -> None:
         if size != self.generator_vocab_size:
@@ -192,8 +202,7 @@ class BERTScoreLoss(nn.Module):
                 straight_through=self.straight_through,
                 gumbel_temperature=self.gumbel_temperature,
             )
-            inputs = expected_embeddings(distribution, table)
-            weights = expected_weights(distribution, token_weights)
+            inputs, weights = expected_inputs(distribution, table, token_weights)
         hidden, attention, special = self.encoder.forward_token_embeddings(inputs, candidate_mask)
         # Weights follow the tokens to their packed slots; special tokens weigh 0.
         packed = torch.zeros(attention.shape, dtype=weights.dtype, device=hidden.device)

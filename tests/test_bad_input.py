@@ -19,9 +19,32 @@ EMPTY_MESSAGE = "empty or whitespace-only"
 TRUNCATION_MESSAGE = "longer than"
 
 WORDS = (
-    "the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "a", "small",
-    "child", "reads", "an", "old", "book", "about", "distant", "mountains", "and", "quiet",
-    "rivers", "near", "the", "sea",
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "the",
+    "lazy",
+    "dog",
+    "while",
+    "a",
+    "small",
+    "child",
+    "reads",
+    "an",
+    "old",
+    "book",
+    "about",
+    "distant",
+    "mountains",
+    "and",
+    "quiet",
+    "rivers",
+    "near",
+    "the",
+    "sea",
 )
 
 
@@ -100,14 +123,21 @@ def test_empty_call_returns_empty(scorer):
 
 
 # ----------------------------------------------------------------------------- empty text
-GOOD = [("A man is playing a guitar.", "A man plays the guitar."),
-        ("The cat sleeps on the sofa.", "A cat is sleeping on a couch.")]
+GOOD = [
+    ("A man is playing a guitar.", "A man plays the guitar."),
+    ("The cat sleeps on the sofa.", "A cat is sleeping on a couch."),
+]
 
 
 @pytest.mark.parametrize(
     "bad_cand, bad_ref",
-    [("", "Some reference text."), ("   \t\n ", "Some reference text."),
-     ("Some candidate text.", ""), ("Some candidate text.", " \n\t "), ("", "")],
+    [
+        ("", "Some reference text."),
+        ("   \t\n ", "Some reference text."),
+        ("Some candidate text.", ""),
+        ("Some candidate text.", " \n\t "),
+        ("", ""),
+    ],
     ids=["empty-cand", "blank-cand", "empty-ref", "blank-ref", "both-empty"],
 )
 def test_empty_text_scores_zero_with_one_warning(scorer, bad_cand, bad_ref):
@@ -156,8 +186,9 @@ def test_empty_text_scores_zero_with_rescaling(scorer):
 def test_multi_reference_with_one_empty_reference(scorer):
     cand = "A woman is slicing an onion."
     good_refs = ["A woman cuts an onion.", "Someone is chopping vegetables."]
-    (p, r, f), caught = record(scorer.score, [cand, cand],
-                               [[good_refs[0], "", good_refs[1]], ["   ", good_refs[0]]])
+    (p, r, f), caught = record(
+        scorer.score, [cand, cand], [[good_refs[0], "", good_refs[1]], ["   ", good_refs[0]]]
+    )
     empties = bsloss_warnings(caught, EMPTY_MESSAGE)
     assert len(empties) == 1, [str(w.message) for w in empties]
     assert "0 (reference 1)" in str(empties[0].message)
@@ -172,8 +203,9 @@ def test_multi_reference_with_one_empty_reference(scorer):
 
 
 def test_multi_reference_all_empty_scores_zero(scorer):
-    (p, r, f), caught = record(scorer.score, ["A dog runs.", "A cat sits."],
-                               [["", " "], ["A cat is sitting."]])
+    (p, r, f), caught = record(
+        scorer.score, ["A dog runs.", "A cat sits."], [["", " "], ["A cat is sitting."]]
+    )
     assert_exact_zero(p, r, f, 0)
     assert f[1] > 0.1
     assert len(bsloss_warnings(caught, EMPTY_MESSAGE)) == 1
@@ -263,8 +295,10 @@ def test_batch_size_zero():
 # ----------------------------------------------------------------------------- functional
 def random_batch(batch=2, lc=5, lr=4, d=8, seed=0):
     generator = torch.Generator().manual_seed(seed)
-    return (torch.randn(batch, lc, d, generator=generator),
-            torch.randn(batch, lr, d, generator=generator))
+    return (
+        torch.randn(batch, lc, d, generator=generator),
+        torch.randn(batch, lr, d, generator=generator),
+    )
 
 
 def test_functional_candidate_mask_wrong_shape():

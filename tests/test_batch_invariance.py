@@ -33,8 +33,9 @@ def score_with(scorer, cands, refs, batch_size: int, idf: bool) -> torch.Tensor:
 def score_permuted(scorer, cands, refs, batch_size: int, idf: bool, seed: int) -> torch.Tensor:
     order = list(range(len(cands)))
     random.Random(seed).shuffle(order)
-    shuffled = score_with(scorer, [cands[i] for i in order], [refs[i] for i in order],
-                          batch_size, idf)
+    shuffled = score_with(
+        scorer, [cands[i] for i in order], [refs[i] for i in order], batch_size, idf
+    )
     unshuffled = torch.empty_like(shuffled)
     unshuffled[torch.tensor(order)] = shuffled
     return unshuffled
@@ -55,8 +56,11 @@ def test_batch_size_and_order_invariance(scorer, pairs, idf):
     assert_same(score_with(scorer, cands, refs, 7, idf), reference, "batch_size=7 vs 64")
     assert_same(score_with(scorer, cands, refs, 1, idf), reference, "batch_size=1 vs 64")
     for batch_size, seed in ((64, 0), (7, 1)):
-        assert_same(score_permuted(scorer, cands, refs, batch_size, idf, seed), reference,
-                    f"permuted (seed {seed}), batch_size={batch_size} vs 64")
+        assert_same(
+            score_permuted(scorer, cands, refs, batch_size, idf, seed),
+            reference,
+            f"permuted (seed {seed}), batch_size={batch_size} vs 64",
+        )
 
 
 def test_matching_batch_size_argument(scorer, pairs):
@@ -64,8 +68,11 @@ def test_matching_batch_size_argument(scorer, pairs):
     cands, refs = pairs
     reference = stacked(scorer.score(cands, refs))
     for batch_size in (1, 13, 1000):
-        assert_same(stacked(scorer.score(cands, refs, batch_size=batch_size)), reference,
-                    f"score(batch_size={batch_size})")
+        assert_same(
+            stacked(scorer.score(cands, refs, batch_size=batch_size)),
+            reference,
+            f"score(batch_size={batch_size})",
+        )
 
 
 def test_multi_reference_invariance(scorer, pairs):
@@ -73,9 +80,11 @@ def test_multi_reference_invariance(scorer, pairs):
     cands, refs = pairs
     cands = cands[:60]
     groups = [[refs[i], refs[(i + 1) % 60], cands[(i + 2) % 60]][: 1 + i % 3] for i in range(60)]
-    reference = stacked(bsloss.BERTScorer(encoder=scorer.encoder, batch_size=64)
-                        .score(cands, groups))
-    other = stacked(bsloss.BERTScorer(encoder=scorer.encoder, batch_size=5)
-                    .score(cands[::-1], groups[::-1])).flip(0)
+    reference = stacked(
+        bsloss.BERTScorer(encoder=scorer.encoder, batch_size=64).score(cands, groups)
+    )
+    other = stacked(
+        bsloss.BERTScorer(encoder=scorer.encoder, batch_size=5).score(cands[::-1], groups[::-1])
+    ).flip(0)
     diff = (other - reference).abs().max().item()
     assert diff <= TOLERANCE, diff

@@ -30,8 +30,9 @@ def test_gradcheck_every_matching_with_masks_and_weights(matching):
     ref.requires_grad_(True)
 
     def f(c, r):
-        return torch.stack(bert_score(c, r, cand_mask, ref_mask, cand_w, ref_w,
-                                      matching=matching, temperature=0.3))
+        return torch.stack(
+            bert_score(c, r, cand_mask, ref_mask, cand_w, ref_w, matching=matching, temperature=0.3)
+        )
 
     assert torch.autograd.gradcheck(f, (cand, ref), eps=1e-6, atol=1e-5)
 
@@ -42,8 +43,17 @@ def test_gradcheck_sinkhorn_several_iterations_and_centering():
 
     def f(c):
         c = batch_center(c, cand_mask, distributed=False)
-        return bert_score(c, ref, cand_mask, ref_mask, cand_w, ref_w, matching="sinkhorn",
-                          temperature=0.2, sinkhorn_iterations=4).f1
+        return bert_score(
+            c,
+            ref,
+            cand_mask,
+            ref_mask,
+            cand_w,
+            ref_w,
+            matching="sinkhorn",
+            temperature=0.2,
+            sinkhorn_iterations=4,
+        ).f1
 
     assert torch.autograd.gradcheck(f, (cand,), eps=1e-6, atol=1e-5)
 
@@ -54,8 +64,17 @@ def test_soft_matchings_tend_to_hard_as_temperature_goes_to_zero(matching):
     hard = bert_score(cand, ref, cand_mask, ref_mask, cand_w, ref_w, matching="hard")
     gaps = []
     for t in (0.5, 0.05, 1e-3):
-        soft = bert_score(cand, ref, cand_mask, ref_mask, cand_w, ref_w, matching=matching,
-                          temperature=t, self_normalize=False)
+        soft = bert_score(
+            cand,
+            ref,
+            cand_mask,
+            ref_mask,
+            cand_w,
+            ref_w,
+            matching=matching,
+            temperature=t,
+            self_normalize=False,
+        )
         gaps.append(max((a - b).abs().max().item() for a, b in zip(soft, hard, strict=True)))
     assert gaps[-1] < 1e-3
     assert gaps[0] > gaps[-1]
@@ -66,10 +85,12 @@ def test_one_step_sinkhorn_limit_is_column_relative_max_not_hard():
     cand, ref, cand_mask, ref_mask, _, _ = _batch(seed=2)
     cand_mask[:] = True
     ref_mask[:] = True
-    sim = torch.einsum("bid,bjd->bij", torch.nn.functional.normalize(cand, dim=-1),
-                       torch.nn.functional.normalize(ref, dim=-1))
-    p_sk, r_sk = token_scores(cand, ref, cand_mask, ref_mask, matching="sinkhorn",
-                              temperature=1e-4)
+    sim = torch.einsum(
+        "bid,bjd->bij",
+        torch.nn.functional.normalize(cand, dim=-1),
+        torch.nn.functional.normalize(ref, dim=-1),
+    )
+    p_sk, r_sk = token_scores(cand, ref, cand_mask, ref_mask, matching="sinkhorn", temperature=1e-4)
     relative = sim - sim.max(dim=1, keepdim=True).values
     # Several columns may have token i as their best (relative gap 0): the plan splits evenly.
     best = relative >= relative.max(dim=2, keepdim=True).values - 1e-9
@@ -78,8 +99,9 @@ def test_one_step_sinkhorn_limit_is_column_relative_max_not_hard():
     p_hard, _ = token_scores(cand, ref, cand_mask, ref_mask, matching="hard")
     assert (p_sk - p_hard).abs().max() > 1e-2  # the limit differs from hard here
     # For a sentence against itself best matches are mutual, and the limit is the hard score 1.
-    self_p, _ = token_scores(cand, cand, cand_mask, cand_mask, matching="sinkhorn",
-                             temperature=1e-4)
+    self_p, _ = token_scores(
+        cand, cand, cand_mask, cand_mask, matching="sinkhorn", temperature=1e-4
+    )
     assert torch.allclose(self_p, torch.ones_like(self_p), atol=1e-6)
 
 
@@ -114,8 +136,9 @@ def test_empty_sentence_defined_score_and_zero_gradient(matching):
     cand_mask[0] = False
     cand.requires_grad_(True)
     ref.requires_grad_(True)
-    out = bert_score(cand, ref, cand_mask, ref_mask, cand_w, ref_w, matching=matching,
-                     temperature=0.1)
+    out = bert_score(
+        cand, ref, cand_mask, ref_mask, cand_w, ref_w, matching=matching, temperature=0.1
+    )
     assert out.precision[0] == 0 and out.f1[0] == 0
     sum(x.sum() for x in out).backward()
     assert torch.isfinite(cand.grad).all() and torch.isfinite(ref.grad).all()
@@ -135,8 +158,9 @@ def test_numerical_edge_cases_finite(matching, case):
     else:
         cand = cand * 1e4
     cand.requires_grad_(True)
-    out = bert_score(cand, ref, cand_mask, ref_mask, cand_w, ref_w, matching=matching,
-                     temperature=temperature)
+    out = bert_score(
+        cand, ref, cand_mask, ref_mask, cand_w, ref_w, matching=matching, temperature=temperature
+    )
     assert all(torch.isfinite(x).all() for x in out)
     out.f1.sum().backward()
     assert torch.isfinite(cand.grad).all()
@@ -146,8 +170,9 @@ def test_bf16_autocast_math_runs_in_fp32():
     cand, ref, cand_mask, ref_mask, cand_w, ref_w = _batch(seed=6, dtype=torch.float32)
     exact = bert_score(cand, ref, cand_mask, ref_mask, cand_w, ref_w, matching="softmax")
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        mixed = bert_score(cand.bfloat16(), ref.bfloat16(), cand_mask, ref_mask, cand_w, ref_w,
-                           matching="softmax")
+        mixed = bert_score(
+            cand.bfloat16(), ref.bfloat16(), cand_mask, ref_mask, cand_w, ref_w, matching="softmax"
+        )
     assert mixed.f1.dtype == torch.float32
     assert (mixed.f1 - exact.f1).abs().max() < 2e-2
 
@@ -164,13 +189,14 @@ def test_batch_center_subtracts_mean_of_real_tokens():
 
 def test_logsumexp_bounds_and_sinkhorn_marginal():
     cand, ref, cand_mask, ref_mask, _, _ = _batch(seed=7)
-    sim = torch.einsum("bid,bjd->bij", torch.nn.functional.normalize(cand, dim=-1),
-                       torch.nn.functional.normalize(ref, dim=-1))
+    sim = torch.einsum(
+        "bid,bjd->bij",
+        torch.nn.functional.normalize(cand, dim=-1),
+        torch.nn.functional.normalize(ref, dim=-1),
+    )
     p_hard, _ = token_scores(cand, ref, cand_mask, ref_mask, matching="hard")
-    p_lse, _ = token_scores(cand, ref, cand_mask, ref_mask, matching="logsumexp",
-                            temperature=0.1)
-    p_soft, _ = token_scores(cand, ref, cand_mask, ref_mask, matching="softmax",
-                             temperature=0.1)
+    p_lse, _ = token_scores(cand, ref, cand_mask, ref_mask, matching="logsumexp", temperature=0.1)
+    p_soft, _ = token_scores(cand, ref, cand_mask, ref_mask, matching="softmax", temperature=0.1)
     real = cand_mask & ref_mask.any(1, keepdim=True)
     assert torch.all(p_lse[real] >= p_hard[real] - 1e-12)
     assert torch.all(p_lse[real] <= p_hard[real] + 0.1 * torch.log(torch.tensor(4.0)) + 1e-12)

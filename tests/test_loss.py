@@ -1,4 +1,4 @@
-"""BERTScoreLoss through the real embedded scorer: exactness, gradients, checkpointing, bad input."""
+"""BERTScoreLoss through the real embedded scorer: exactness, gradients, checkpointing, errors."""
 
 from __future__ import annotations
 
@@ -59,9 +59,11 @@ def test_soft_at_small_temperature_close_to_hard(encoder, pairs, matching):
     cands, refs = pairs
     logits, mask = one_hot_logits(encoder, cands)
     hard = BERTScoreLoss(encoder=encoder, matching="hard").score(
-        logits=logits, candidate_mask=mask, references=refs)
+        logits=logits, candidate_mask=mask, references=refs
+    )
     soft = BERTScoreLoss(encoder=encoder, matching=matching, temperature=1e-3).score(
-        logits=logits, candidate_mask=mask, references=refs)
+        logits=logits, candidate_mask=mask, references=refs
+    )
     assert (soft.f1 - hard.f1).abs().max() <= 1e-3
 
 
@@ -75,7 +77,8 @@ def test_straight_through_forward_is_hard_score_of_argmax_tokens(encoder, pairs)
     st = loss.score(logits=logits, candidate_mask=mask, references=refs)
     argmax = logits.detach().argmax(-1)
     decoded = BERTScoreLoss(encoder=encoder, matching="hard").score(
-        candidate_ids=argmax, candidate_mask=mask, references=refs)
+        candidate_ids=argmax, candidate_mask=mask, references=refs
+    )
     assert (st.f1.detach() - decoded.f1).abs().max() <= 1e-6
     st.f1.sum().backward()
     assert logits.grad is not None and logits.grad.abs().sum() > 0
@@ -83,8 +86,9 @@ def test_straight_through_forward_is_hard_score_of_argmax_tokens(encoder, pairs)
 
 def test_finite_difference_through_real_scorer_float64(encoder):
     enc64 = copy.deepcopy(encoder).double()
-    loss = BERTScoreLoss(encoder=enc64, matching="softmax", temperature=0.1, top_k=None,
-                         gradient_checkpointing=True)
+    loss = BERTScoreLoss(
+        encoder=enc64, matching="softmax", temperature=0.1, top_k=None, gradient_checkpointing=True
+    )
     torch.manual_seed(1)
     vocab = enc64.input_embeddings.num_embeddings
     logits = torch.randn(1, 3, vocab, dtype=torch.float64) * 2
@@ -114,8 +118,13 @@ def test_checkpointing_same_loss_and_gradients(encoder, pairs, top_k):
     logits = (logits + torch.randn_like(logits)).requires_grad_(True)
     results = []
     for checkpointing in (False, True):
-        loss = BERTScoreLoss(encoder=encoder, matching="softmax", temperature=0.05,
-                             top_k=top_k, gradient_checkpointing=checkpointing)
+        loss = BERTScoreLoss(
+            encoder=encoder,
+            matching="softmax",
+            temperature=0.05,
+            top_k=top_k,
+            gradient_checkpointing=checkpointing,
+        )
         value = loss(logits=logits, candidate_mask=mask, references=refs[:4])
         (grad,) = torch.autograd.grad(value, logits)
         results.append((value.detach(), grad))
@@ -128,9 +137,13 @@ def test_scorer_stays_frozen(encoder, pairs):
     cands, refs = pairs
     logits, mask = one_hot_logits(encoder, cands[:2], value=2.0)
     logits.requires_grad_(True)
-    BERTScoreLoss(encoder=encoder)(logits=logits, candidate_mask=mask, references=refs[:2]).backward()
+    BERTScoreLoss(encoder=encoder)(
+        logits=logits, candidate_mask=mask, references=refs[:2]
+    ).backward()
     assert all(p.grad is None and not p.requires_grad for p in encoder.parameters())
     assert not encoder.training
+    loss.train()  # a generator's .train() must not switch the scorer's dropout on
+    assert not encoder.training and not encoder.model.training
 
 
 @pytest.mark.parametrize("matching", ["hard", "softmax", "logsumexp", "sinkhorn"])
@@ -142,11 +155,16 @@ def test_edge_cases_finite(encoder, pairs, matching):
     logits.requires_grad_(True)
     loss = BERTScoreLoss(encoder=encoder, matching=matching, temperature=1e-4)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        value = loss(logits=logits, candidate_mask=mask, references=refs[:3], )
+        value = loss(
+            logits=logits,
+            candidate_mask=mask,
+            references=refs[:3],
+        )
     value.backward()
     assert torch.isfinite(value) and torch.isfinite(logits.grad).all()
     per_sample = BERTScoreLoss(encoder=encoder, matching=matching, reduction="none")(
-        logits=logits.detach(), candidate_mask=mask, references=refs[:3])
+        logits=logits.detach(), candidate_mask=mask, references=refs[:3]
+    )
     assert per_sample[2] == 1.0  # empty candidate: score 0
 
 

@@ -16,8 +16,9 @@ TOLERANCE = 1e-5
 
 
 def _reference_scorer(**kwargs):
-    return bert_score.BERTScorer(model_type=embedded_model_path(), num_layers=6, batch_size=1,
-                                 **kwargs)
+    return bert_score.BERTScorer(
+        model_type=embedded_model_path(), num_layers=6, batch_size=1, **kwargs
+    )
 
 
 def _assert_equal(ours, theirs):
@@ -49,8 +50,9 @@ def test_idf_from_references(pairs):
 def test_rescaled(pairs):
     cands, refs = pairs
     baseline = str(shipped_baseline_path(DEFAULT_MODEL_NAME))
-    theirs = _reference_scorer(rescale_with_baseline=True, lang="en",
-                               baseline_path=baseline).score(cands, refs, batch_size=1)
+    theirs = _reference_scorer(rescale_with_baseline=True, lang="en", baseline_path=baseline).score(
+        cands, refs, batch_size=1
+    )
     ours = bsloss.BERTScorer(num_layers=6, rescale_with_baseline=True).score(cands, refs)
     _assert_equal(ours, theirs)
 
@@ -59,8 +61,10 @@ def test_multiple_references(pairs):
     cands, refs = pairs
     n = len(cands)
     # Two or three references per candidate: its own, an unrelated one, sometimes a third.
-    groups = [[refs[i], cands[(i + 1) % n]] + ([refs[(i + 7) % n]] if i % 3 == 0 else [])
-              for i in range(n)]
+    groups = [
+        [refs[i], cands[(i + 1) % n]] + ([refs[(i + 7) % n]] if i % 3 == 0 else [])
+        for i in range(n)
+    ]
     theirs = _reference_scorer().score(cands, groups, batch_size=1)
     ours = bsloss.BERTScorer(num_layers=6).score(cands, groups)
     _assert_equal(ours, theirs)

@@ -10,15 +10,53 @@ from hypothesis import strategies as st
 from bsloss.functional import MATCHINGS, bert_score
 
 VOCAB = (
-    "the", "a", "an", "man", "woman", "child", "dog", "cat", "car", "house", "tree", "river",
-    "city", "music", "book", "water", "is", "are", "was", "runs", "plays", "eats", "sleeps",
-    "reads", "walks", "sits", "big", "small", "old", "new", "red", "green", "quickly", "slowly",
-    "on", "in", "under", "with", "and", "but", "not",
+    "the",
+    "a",
+    "an",
+    "man",
+    "woman",
+    "child",
+    "dog",
+    "cat",
+    "car",
+    "house",
+    "tree",
+    "river",
+    "city",
+    "music",
+    "book",
+    "water",
+    "is",
+    "are",
+    "was",
+    "runs",
+    "plays",
+    "eats",
+    "sleeps",
+    "reads",
+    "walks",
+    "sits",
+    "big",
+    "small",
+    "old",
+    "new",
+    "red",
+    "green",
+    "quickly",
+    "slowly",
+    "on",
+    "in",
+    "under",
+    "with",
+    "and",
+    "but",
+    "not",
 )
 PUNCTUATION = (".", ",", "!", "?", ";", "'s", "-")
 
-FAST = settings(max_examples=25, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAST = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @st.composite
@@ -57,8 +95,13 @@ def test_precision_is_swapped_recall(scorer, pairs):
 
 
 @FAST
-@given(pairs=st.lists(st.tuples(sentences(), st.lists(sentences(), min_size=1, max_size=3)),
-                      min_size=1, max_size=5))
+@given(
+    pairs=st.lists(
+        st.tuples(sentences(), st.lists(sentences(), min_size=1, max_size=3)),
+        min_size=1,
+        max_size=5,
+    )
+)
 def test_scores_in_range(scorer, pairs):
     cands = [c for c, _ in pairs]
     refs = [group for _, group in pairs]
@@ -102,8 +145,16 @@ def test_functional_outputs_finite(data, temperature):
     cands, refs, cand_mask, ref_mask, cand_w, ref_w = data
     assert set(MATCHINGS) >= {"hard", "softmax", "logsumexp", "sinkhorn"}
     for matching in ("hard", "softmax", "logsumexp", "sinkhorn"):
-        prf = bert_score(cands, refs, cand_mask, ref_mask, cand_w, ref_w,
-                         matching=matching, temperature=temperature)
+        prf = bert_score(
+            cands,
+            refs,
+            cand_mask,
+            ref_mask,
+            cand_w,
+            ref_w,
+            matching=matching,
+            temperature=temperature,
+        )
         for name, value in zip(("precision", "recall", "f1"), prf, strict=True):
             assert value.shape == (cands.shape[0],)
             assert torch.isfinite(value).all(), (matching, name, value)
