@@ -137,9 +137,8 @@ def test_scorer_stays_frozen(encoder, pairs):
     cands, refs = pairs
     logits, mask = one_hot_logits(encoder, cands[:2], value=2.0)
     logits.requires_grad_(True)
-    BERTScoreLoss(encoder=encoder)(
-        logits=logits, candidate_mask=mask, references=refs[:2]
-    ).backward()
+    loss = BERTScoreLoss(encoder=encoder)
+    loss(logits=logits, candidate_mask=mask, references=refs[:2]).backward()
     assert all(p.grad is None and not p.requires_grad for p in encoder.parameters())
     assert not encoder.training
     loss.train()  # a generator's .train() must not switch the scorer's dropout on
