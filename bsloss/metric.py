@@ -17,7 +17,7 @@ from bsloss import __version__
 from bsloss._warnings import warn_user
 from bsloss.baseline import read_baseline, shipped_baseline_path
 from bsloss.functional import bert_score, idf_table, rescale_with_baseline, table_from_mapping
-from bsloss.functional.idf import uniform_table
+from bsloss.functional.idf import document_frequency, idf_from_frequency, uniform_table
 from bsloss.inputs import flatten_groups, validate_pairs
 from bsloss.scorer.encoder import ScorerEncoder
 
@@ -49,6 +49,11 @@ class BERTScorer:
         baseline_path: a bert_score-format baseline file; default: the one shipped for ``model``.
         batch_size: sentences per encoder batch and pairs per matching batch.
         device: default CUDA when available, else CPU.
+        autocast_dtype: fast mode: run the encoder under ``torch.autocast`` in this dtype
+            (``torch.bfloat16``; ``torch.float16`` on GPU). Matching and reductions stay float32.
+            ``None`` (default): exact float32.
+        chunk_size: pairs scored per chunk. Embeddings live only for one chunk, so memory is
+            bounded by the chunk, not by the corpus; unique sentences are encoded once per chunk.
     """
 
     def __init__(
@@ -61,12 +66,23 @@ class BERTScorer:
         batch_size: int = 64,
         device: str | torch.device | None = None,
         *,
+        autocast_dtype: torch.dtype | None = None,
+        chunk_size: int = 8192,
         encoder: ScorerEncoder | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if autocast_dtype not in (None, torch.bfloat16, torch.float16):
+            raise ValueError(
+                f"autocast_dtype must be None, torch.bfloat16 or torch.float16, "
+                f"got {autocast_dtype}"
+            )
         self.encoder = encoder or ScorerEncoder.from_pretrained(model, num_layers, device)
         self.batch_size = batch_size
+        self.autocast_dtype = autocast_dtype
+        self.chunk_size = chunk_size
         self.rescale = rescale_with_baseline
         self.baseline: Tensor | None = None
         if rescale_with_baseline:
@@ -115,7 +131,10 @@ class BERTScorer:
             f"{self.encoder.name}_L{self.encoder.num_layers}_{idf}_bsloss={__version__}"
             f"(torch={torch.__version__},transformers={transformers.__version__})"
         )
-        return signature + ("-rescaled" if self.rescale else "")
+        signature += "-rescaled" if self.rescale else ""
+        if self.autocast_dtype is not None:
+            signature += f"-autocast={str(self.autocast_dtype).removeprefix('torch.')}"
+        return signature
 
     # ----------------------------------------------------------------- embedding
     def embed(
@@ -142,27 +161,37 @@ class BERTScorer:
             lengths = [len(row) for row in ids]
             input_ids = pad_sequence(ids, batch_first=True, padding_value=self.encoder.pad_token_id)
             mask = torch.arange(input_ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]
-            hidden = self.encoder(input_ids=input_ids.to(device), attention_mask=mask.to(device))
+            with torch.autocast(
+                device.type,
+                dtype=self.autocast_dtype or torch.bfloat16,
+                enabled=self.autocast_dtype is not None,
+            ):
+                hidden = self.encoder(
+                    input_ids=input_ids.to(device), attention_mask=mask.to(device)
+                )
             hidden = torch.nn.functional.normalize(hidden.float(), dim=-1)
             for row, text in enumerate(batch):
                 out[text] = (hidden[row, : lengths[row]], ids[row].to(device))
         return out
 
-    def _tokenize_call(self, cands: list[str], groups: list[list[str]], texts: list[str]):
-        """Token ids of each unique text; one truncation warning naming the user's positions."""
-        unique = list(dict.fromkeys(texts))
-        ids, truncated = self.encoder.tokenize_checked(unique)
-        if truncated:
-            long_texts = {unique[i] for i in truncated}
-            where = [f"cands[{i}]" for i, c in enumerate(cands) if c in long_texts]
-            for i, group in enumerate(groups):
-                for k, ref in enumerate(group):
-                    if ref in long_texts:
-                        where.append(f"refs[{i}]" if len(group) == 1 else f"refs[{i}][{k}]")
-            shown = ", ".join(where[:10]) + (", ..." if len(where) > 10 else "")
-            total = len(cands) + sum(len(g) for g in groups)
-            warn_user(self.encoder.truncation_message(len(where), total, shown))
-        return dict(zip(unique, ids, strict=True))
+    def _warn_truncated(self, long_texts: set[str], cands, groups) -> None:
+        where = [f"cands[{i}]" for i, c in enumerate(cands) if c in long_texts]
+        for i, group in enumerate(groups):
+            for k, ref in enumerate(group):
+                if ref in long_texts:
+                    where.append(f"refs[{i}]" if len(group) == 1 else f"refs[{i}][{k}]")
+        shown = ", ".join(where[:10]) + (", ..." if len(where) > 10 else "")
+        total = len(cands) + sum(len(g) for g in groups)
+        warn_user(self.encoder.truncation_message(len(where), total, shown))
+
+    def _idf_from_references(self, pair_refs: list[str]) -> Tensor:
+        """idf=True: weights from this call's references (as ``bert_score.score`` does),
+        counted chunk by chunk."""
+        frequency = torch.zeros(self.vocab_size, dtype=torch.float64)
+        for start in range(0, len(pair_refs), self.chunk_size):
+            ids, _ = self.encoder.tokenize_checked(pair_refs[start : start + self.chunk_size])
+            frequency += document_frequency(ids, self.vocab_size)
+        return idf_from_frequency(frequency, len(pair_refs), self.encoder.special_token_ids)
 
     # ----------------------------------------------------------------- scoring
     def score(
@@ -184,17 +213,28 @@ class BERTScorer:
         if not pair_cands:
             empty = torch.zeros(0)
             return empty, empty.clone(), empty.clone()
-        token_ids = self._tokenize_call(cands, groups, pair_cands + pair_refs)
         table = self._weight_table
-        if table is None:  # idf=True: from this call's references, as bert_score.score does
-            table = idf_table(
-                [token_ids[r] for r in pair_refs], self.vocab_size, self.encoder.special_token_ids
-            )
+        if table is None:
+            table = self._idf_from_references(pair_refs)
         table = table.to(self.encoder.device, torch.float32)
-        embeddings = self._embed_ids(token_ids, progress)
-        pair_scores = self._score_pairs(
-            pair_cands, pair_refs, embeddings, table, batch_size or self.batch_size
-        )
+        pair_scores = torch.empty(len(pair_cands), 3)
+        long_texts: set[str] = set()
+        for start in range(0, len(pair_cands), self.chunk_size):
+            chunk = slice(start, start + self.chunk_size)
+            unique = list(dict.fromkeys(pair_cands[chunk] + pair_refs[chunk]))
+            ids, truncated = self.encoder.tokenize_checked(unique)
+            long_texts.update(unique[i] for i in truncated)
+            embeddings = self._embed_ids(dict(zip(unique, ids, strict=True)), progress)
+            pair_scores[chunk] = self._score_pairs(
+                pair_cands[chunk],
+                pair_refs[chunk],
+                embeddings,
+                table,
+                batch_size or self.batch_size,
+            )
+            del embeddings
+        if long_texts:
+            self._warn_truncated(long_texts, cands, groups)
         if self.baseline is not None:
             pair_scores = rescale_with_baseline(pair_scores, self.baseline.float())
         empty = self._empty_pairs(pair_cands, pair_refs, owner, groups)

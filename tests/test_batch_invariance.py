@@ -88,3 +88,24 @@ def test_multi_reference_invariance(scorer, pairs):
     ).flip(0)
     diff = (other - reference).abs().max().item()
     assert diff <= TOLERANCE, diff
+
+
+@pytest.mark.parametrize("idf", [False, True], ids=["no-idf", "idf"])
+def test_streaming_chunks_do_not_change_scores(scorer, pairs, idf):
+    """Scoring in chunks (memory bounded by the chunk) gives the scores of one big chunk."""
+    cands, refs = pairs
+    whole = stacked(bsloss.BERTScorer(encoder=scorer.encoder, idf=idf).score(cands, refs))
+    chunked = stacked(
+        bsloss.BERTScorer(encoder=scorer.encoder, idf=idf, chunk_size=37).score(cands, refs)
+    )
+    assert (whole - chunked).abs().max().item() <= TOLERANCE
+
+
+def test_fast_mode_close_to_exact(scorer, pairs):
+    cands, refs = pairs
+    exact = bsloss.BERTScorer(encoder=scorer.encoder).score(cands, refs)[2]
+    fast = bsloss.BERTScorer(encoder=scorer.encoder, autocast_dtype=torch.bfloat16)
+    f = fast.score(cands, refs)[2]
+    assert (f - exact).abs().max().item() <= 0.01
+    assert torch.corrcoef(torch.stack([f, exact]))[0, 1] >= 0.999
+    assert "autocast=bfloat16" in fast.hash

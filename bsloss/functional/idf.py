@@ -18,18 +18,29 @@ from torch import Tensor
 __all__ = ["idf_table", "uniform_table", "table_from_mapping"]
 
 
+def document_frequency(documents: Sequence[Sequence[int]], vocab_size: int) -> Tensor:
+    """``[V]`` number of documents each token id occurs in (once per document)."""
+    frequency = torch.zeros(vocab_size, dtype=torch.float64)
+    for ids in documents:
+        frequency[torch.as_tensor(sorted(set(ids)), dtype=torch.long)] += 1
+    return frequency
+
+
+def idf_from_frequency(
+    frequency: Tensor, num_docs: int, special_token_ids: Iterable[int] = ()
+) -> Tensor:
+    """``log((M + 1) / (df + 1))`` per token id; special tokens 0."""
+    table = torch.log((num_docs + 1) / (frequency + 1))
+    table[list(special_token_ids)] = 0.0
+    return table
+
+
 def idf_table(
     documents: Sequence[Sequence[int]], vocab_size: int, special_token_ids: Iterable[int] = ()
 ) -> Tensor:
     """``[V]`` idf weights from token-id sentences; unseen ids get ``log(M + 1)``."""
-    num_docs = len(documents)
-    document_frequency = torch.zeros(vocab_size, dtype=torch.float64)
-    for ids in documents:
-        unique = torch.as_tensor(sorted(set(ids)), dtype=torch.long)
-        document_frequency[unique] += 1
-    table = torch.log((num_docs + 1) / (document_frequency + 1))
-    table[list(special_token_ids)] = 0.0
-    return table
+    frequency = document_frequency(documents, vocab_size)
+    return idf_from_frequency(frequency, len(documents), special_token_ids)
 
 
 def uniform_table(vocab_size: int, special_token_ids: Iterable[int] = ()) -> Tensor:
