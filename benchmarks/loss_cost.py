@@ -1,0 +1,741 @@
+"""Cost of bsloss.BERTScoreLoss on CPU: gradient checkpointing and top-k distributions.
+
+What is measured
+----------------
+``BERTScoreLoss`` on the embedded scorer (all-MiniLM-L6-v2, layer 6, hidden 384, vocabulary
+V = 30,522), ``matching="softmax"``, ``temperature=0.05``, F1 target, on CPU. Candidates are
+random normal logits ``[B, L, V]`` (``requires_grad=True``, seed 0, every position a real token);
+references are the first B ``sentence2`` of STS-B dev (``../shared/data/stsb-dev.tsv``, read by
+``benchmarks/_data.py``). Sizes B×L = 16×64 and 64×128. Three configurations:
+
+* ``ckpt dense``: ``gradient_checkpointing=True``, ``top_k=None`` (the defaults);
+* ``no-ckpt dense``: ``gradient_checkpointing=False``, ``top_k=None``;
+* ``ckpt top_k=32``: ``gradient_checkpointing=True``, ``top_k=32``.
+
+Method
+------
+For each size, one fresh worker process per configuration (``--worker``, the same script) builds
+the loss, encodes and caches its B references (so no measurement includes reference encoding) and
+warms up with one forward+backward at B×8. The workers stay alive side by side; the parent sends
+each a command in turn, so the configurations alternate within every repetition and only one
+computes at a time.
+
+* Memory (the first command to each worker, one forward+backward, in a fresh process):
+
+  - *saved activations*: the bytes of the distinct storages that autograd saves for backward
+    during the forward pass (a ``torch.autograd.graph.saved_tensors_hooks`` pack hook,
+    deduplicated by storage pointer; the scorer's parameters and buffers and the input logits
+    excluded), plus the layer inputs that ``torch.utils.checkpoint`` keeps for recomputation
+    (counted by wrapping the ``checkpoint`` function bsloss calls; the checkpoint's own pack hook
+    hides everything saved inside a checkpointed layer). Split into tensors with a
+    vocabulary-sized dimension (the distribution over V) and the rest (scorer and matching);
+  - *peak allocated*: the peak, over forward+backward, of the bytes allocated by PyTorch's CPU
+    allocator since the pass began (``torch.profiler`` with ``profile_memory=True``, the
+    ``Total Allocated`` of its memory events); *retained* is the same at the end of the forward
+    pass. Both include the gradient of the logits (B·L·V·4 bytes) that backward returns;
+  - *peak RSS Δ*: the process's peak resident set size during the pass minus its RSS just before
+    (the high-water mark is reset through ``/proc/self/clear_refs``; where that is not allowed,
+    ``ru_maxrss`` of the fresh process is used instead). It includes the logits gradient and
+    anything outside PyTorch's allocator (BLAS workspaces, allocator slack).
+
+* Time: ``--repeats`` (default 5) plain forward+backward passes per configuration at 16×64 and
+  ``--large-repeats`` (default 1: at 64×128 a pass costs ~4-8× as much, ~30 s on two cores,
+  and the whole run takes ~9 minutes) at 64×128, alternating, timed with ``time.perf_counter``;
+  the tables give medians. The memory pass runs under the profiler and is not counted (its wall
+  time is in the JSON).
+
+The distribution→embedding step (``bsloss.distributions.token_distribution`` +
+``expected_embeddings`` against the scorer's input-embedding table, forward+backward with a fixed
+random output gradient) is timed on its own in the parent process, dense against ``top_k=32``, at
+the same sizes and repetitions (one warm-up each at B×8), alternating; the first repetition also
+counts its saved tensors. A third, reference row (*not* bsloss code,
+``reference_topk_embeddings``) computes the same expected embeddings with nothing V-sized beyond
+the top-k itself: ``topk`` of the logits and a softmax over the k values (renormalised top-k
+probabilities do not depend on the full softmax's denominator), ``embedding_bag`` with
+per-sample weights, and a finiteness check by ``aminmax``; it shows what the step can cost.
+
+Goals (from the issue): gradient checkpointing at least halves the peak activation memory at no
+more than 1.4× the time; ``top_k=32`` cuts the cost of the distribution→embedding step at least
+10× at V≈30k. The report prints the measured ratios next to them with PASS/FAIL.
+
+Reproduce (from the repository root; the data folder is ``../shared/data`` or
+``$BSLOSS_DATA_DIR``)::
+
+    HF_HUB_OFFLINE=1 python benchmarks/loss_cost.py --out /tmp/loss_cost.md \\
+        --json /tmp/loss_cost.json
+
+``--quick`` (1 repetition, 16×64 only) is a smoke test of about two minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import shlex  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from datetime import datetime, timezone  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+MB = 1e6
+MATCHING, TEMPERATURE, TOP_K = "softmax", 0.05, 32
+SIZES = ((16, 64), (64, 128))
+WARMUP_LENGTH = 8
+CONFIGS: dict[str, dict] = {
+    "ckpt dense": {"gradient_checkpointing": True, "top_k": None},
+    "no-ckpt dense": {"gradient_checkpointing": False, "top_k": None},
+    f"ckpt top_k={TOP_K}": {"gradient_checkpointing": True, "top_k": TOP_K},
+}
+CKPT, NOCKPT, TOPK = CONFIGS
+GOAL_CKPT_MEMORY, GOAL_CKPT_TIME, GOAL_TOPK_SPEEDUP = 0.5, 1.4, 10.0
+RESULT_PREFIX = "@@RESULT "
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- memory meters
+def _proc_status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def current_rss_bytes() -> int:
+    kb = _proc_status_kb("VmRSS")
+    if kb is None:  # no /proc: the peak is the best we have
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's RSS high-water mark (Linux >= 4.0); False where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss_bytes(reset_worked: bool) -> int:
+    kb = _proc_status_kb("VmHWM") if reset_worked else None
+    if kb is None:
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb * 1024
+
+
+class SavedTensorMeter:
+    """Distinct storages saved for backward (pack hook) plus tensors held by checkpoint."""
+
+    def __init__(self, exclude: Sequence[torch.Tensor], vocab: int):
+        self.exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        self.vocab = vocab
+        self.storages: dict[int, dict] = {}
+
+    def add(self, tensor: torch.Tensor, source: str) -> None:
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu":
+            return
+        storage = tensor.untyped_storage()
+        ptr = storage.data_ptr()
+        if ptr == 0 or ptr in self.exclude or ptr in self.storages:
+            return
+        self.storages[ptr] = {
+            "bytes": storage.nbytes(),
+            "vocab_dim": self.vocab in tensor.shape,
+            "shape": list(tensor.shape),
+            "dtype": str(tensor.dtype).replace("torch.", ""),
+            "source": source,
+        }
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.add(tensor, "autograd")
+        return tensor
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Count during the forward pass: saved tensors and checkpointed layers' inputs."""
+        import bsloss.scorer.checkpointing as ckpt_module
+
+        original = ckpt_module.checkpoint
+
+        def counting_checkpoint(function, *args, **kwargs):
+            for value in (*args, *kwargs.values()):
+                self.add(value, "checkpoint input")
+            return original(function, *args, **kwargs)
+
+        ckpt_module.checkpoint = counting_checkpoint
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+                yield self
+        finally:
+            ckpt_module.checkpoint = original
+
+    def summary(self) -> dict:
+        rows = list(self.storages.values())
+        total = sum(r["bytes"] for r in rows)
+        vocab = sum(r["bytes"] for r in rows if r["vocab_dim"])
+        ckpt = sum(r["bytes"] for r in rows if r["source"] == "checkpoint input")
+        largest = sorted(rows, key=lambda r: -r["bytes"])[:8]
+        return {
+            "saved_mb": total / MB,
+            "saved_vocab_mb": vocab / MB,
+            "saved_other_mb": (total - vocab) / MB,
+            "checkpoint_inputs_mb": ckpt / MB,
+            "saved_count": len(rows),
+            "largest_saved": largest,
+        }
+
+
+def allocator_profile(prof, backward_marker: str) -> dict:
+    """Peak and end-of-forward 'Total Allocated' (CPU) from the profiler's memory events."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text(encoding="utf-8"))["traceEvents"]
+    starts = [e["ts"] for e in events if e.get("name") == backward_marker]
+    backward_start = min(starts) if starts else float("inf")
+    memory = sorted(
+        (
+            e
+            for e in events
+            if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0
+        ),
+        key=lambda e: e["ts"],
+    )
+    # 'Total Allocated' counts what is allocated while profiling, cumulated over the process's
+    # profiling sessions: measure from the total just before the pass's first allocation.
+    base = memory[0]["args"]["Total Allocated"] - memory[0]["args"]["Bytes"] if memory else 0
+    totals = [(e["ts"], e["args"]["Total Allocated"] - base) for e in memory]
+    forward = [total for ts, total in totals if ts < backward_start]
+    return {
+        "peak_alloc_mb": max((t for _, t in totals), default=0) / MB,
+        "forward_peak_alloc_mb": max(forward, default=0) / MB,
+        "retained_alloc_mb": (forward[-1] if forward else 0) / MB,
+        "memory_events": len(totals),
+    }
+
+
+# ----------------------------------------------------------------------------- worker
+def _make_logits(batch: int, length: int, vocab: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, length, vocab, generator=generator).requires_grad_(True)
+
+
+def worker(batch: int, length: int, config: str) -> int:
+    """Serve commands on stdin ('memory', 'time', 'quit'); answer JSON lines on stdout."""
+    from _data import load_stsb_dev
+
+    from bsloss import BERTScoreLoss
+
+    torch.manual_seed(0)
+    loss = BERTScoreLoss(
+        matching=MATCHING, temperature=TEMPERATURE, device="cpu", **CONFIGS[config]
+    )
+    vocab = loss.encoder.input_embeddings.num_embeddings
+    _, references = load_stsb_dev(batch)
+    if len(references) != batch:
+        raise SystemExit(f"STS-B dev has only {len(references)} sentences")
+    loss.encode_references(references)  # cached: the measured passes do not encode references
+    warm = _make_logits(batch, WARMUP_LENGTH, vocab, seed=1)
+    loss(logits=warm, references=references).backward()
+    del warm
+    logits = _make_logits(batch, length, vocab, seed=0)
+    exclude = [*loss.parameters(), *loss.buffers(), logits]
+
+    def one_pass() -> tuple[float, float]:
+        start = time.perf_counter()
+        value = loss(logits=logits, references=references)
+        middle = time.perf_counter()
+        value.backward()
+        end = time.perf_counter()
+        return middle - start, end - middle
+
+    def answer(payload: dict) -> None:
+        print(RESULT_PREFIX + json.dumps(payload), flush=True)
+
+    answer({"ready": True, "vocab": vocab})
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "quit":
+            break
+        logits.grad = None
+        gc.collect()
+        if command == "time":
+            forward_s, backward_s = one_pass()
+            answer(
+                {
+                    "forward_s": forward_s,
+                    "backward_s": backward_s,
+                    "total_s": forward_s + backward_s,
+                }
+            )
+        elif command == "memory":
+            from torch.profiler import ProfilerActivity, profile, record_function
+
+            meter = SavedTensorMeter(exclude, vocab)
+            rss_before = current_rss_bytes()
+            reset_worked = reset_peak_rss()
+            start = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                with meter.recording():
+                    value = loss(logits=logits, references=references)
+                with record_function("loss_cost_backward"):
+                    value.backward()
+            instrumented_s = time.perf_counter() - start
+            rss_peak = peak_rss_bytes(reset_worked)
+            del value
+            answer(
+                {
+                    **meter.summary(),
+                    **allocator_profile(prof, "loss_cost_backward"),
+                    "rss_before_mb": rss_before / MB,
+                    "peak_rss_delta_mb": (rss_peak - rss_before) / MB,
+                    "rss_method": "VmHWM after clear_refs" if reset_worked else "ru_maxrss",
+                    "logits_grad_mb": logits.numel() * logits.element_size() / MB,
+                    "instrumented_pass_s": instrumented_s,
+                }
+            )
+        else:
+            answer({"error": f"unknown command {command!r}"})
+    return 0
+
+
+class Worker:
+    def __init__(self, batch: int, length: int, config: str):
+        self.config = config
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "--batch",
+            str(batch),
+            "--length",
+            str(length),
+            "--config",
+            config,
+        ]
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
+        self.ready: dict | None = None
+
+    def wait_ready(self) -> dict:
+        if self.ready is None:
+            self.ready = self._read()
+        return self.ready
+
+    def _read(self) -> dict:
+        for line in self.process.stdout:
+            if line.startswith(RESULT_PREFIX):
+                payload = json.loads(line[len(RESULT_PREFIX) :])
+                if "error" in payload:
+                    raise RuntimeError(f"worker {self.config}: {payload['error']}")
+                return payload
+        raise RuntimeError(f"worker {self.config} exited with {self.process.wait()}")
+
+    def ask(self, command: str) -> dict:
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(BrokenPipeError):
+                self.process.stdin.write("quit\n")
+                self.process.stdin.flush()
+        self.process.wait(timeout=60)
+
+
+def measure_loss(batch: int, length: int, repeats: int) -> dict:
+    label = f"{batch}×{length}"
+    log(f"[loss {label}] starting {len(CONFIGS)} workers (model load, reference cache, warm-up)")
+    workers: list[Worker] = []
+    try:
+        for config in CONFIGS:  # they load side by side; nothing is measured until all are ready
+            workers.append(Worker(batch, length, config))
+        for w in workers:
+            w.wait_ready()
+        results: dict[str, dict] = {}
+        for w in workers:
+            memory = w.ask("memory")
+            results[w.config] = {"memory": memory, "times": []}
+            log(
+                f"[loss {label}] {w.config}: saved {memory['saved_mb']:.0f} MB, peak alloc "
+                f"{memory['peak_alloc_mb']:.0f} MB, peak RSS Δ {memory['peak_rss_delta_mb']:.0f} "
+                "MB"
+            )
+        for r in range(repeats):
+            for w in workers:
+                sample = w.ask("time")
+                results[w.config]["times"].append(sample)
+                log(
+                    f"[loss {label}] repeat {r + 1}/{repeats} {w.config}: "
+                    f"{sample['total_s']:.2f} s (fwd {sample['forward_s']:.2f}, "
+                    f"bwd {sample['backward_s']:.2f})"
+                )
+    finally:
+        for w in workers:
+            w.close()
+    for data in results.values():
+        for key in ("total_s", "forward_s", "backward_s"):
+            data[f"median_{key}"] = statistics.median(t[key] for t in data["times"])
+    return results
+
+
+# ----------------------------------------------------------------------------- step benchmark
+def reference_topk_embeddings(logits: torch.Tensor, table: torch.Tensor, k: int) -> torch.Tensor:
+    """Reference (not bsloss): the same expected embeddings as ``top_k=k``, computing nothing
+    V-sized but the top-k itself. A finiteness check by ``aminmax`` (NaN propagates, ±inf
+    shows), ``topk`` of the logits, softmax over the k values (renormalised top-k probabilities
+    do not depend on the full softmax's denominator) and ``embedding_bag`` with per-sample
+    weights (its backward does not keep the gathered rows)."""
+    low, high = torch.aminmax(logits.detach())
+    if not bool(torch.isfinite(low) & torch.isfinite(high)):
+        raise ValueError("logits contains NaN or Inf")
+    values, indices = logits.float().topk(k, dim=-1)
+    weights = torch.softmax(values, dim=-1).to(table.dtype)
+    batch, length, _ = logits.shape
+    flat = torch.nn.functional.embedding_bag(
+        indices.reshape(-1, k), table, per_sample_weights=weights.reshape(-1, k), mode="sum"
+    )
+    return flat.view(batch, length, -1)
+
+
+def measure_step(batch: int, length: int, repeats: int, table: torch.Tensor) -> dict:
+    from bsloss.distributions import expected_embeddings, token_distribution
+
+    vocab, hidden = table.shape
+    reference = f"top_k={TOP_K} reference (not bsloss): topk of logits + embedding_bag"
+    variants: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "dense": lambda x: expected_embeddings(token_distribution(x), table),
+        f"top_k={TOP_K}": lambda x: expected_embeddings(token_distribution(x, top_k=TOP_K), table),
+        reference: lambda x: reference_topk_embeddings(x, table, TOP_K),
+    }
+    label = f"{batch}×{length}"
+    generator = torch.Generator().manual_seed(2)
+    warm_logits = _make_logits(batch, WARMUP_LENGTH, vocab, seed=1)
+    warm_grad = torch.randn(batch, WARMUP_LENGTH, hidden, generator=generator)
+    for run in variants.values():
+        run(warm_logits).backward(warm_grad)
+    del warm_logits, warm_grad
+    logits = _make_logits(batch, length, vocab, seed=0)
+    grad = torch.randn(batch, length, hidden, generator=generator)
+    results: dict[str, dict] = {name: {"times": []} for name in variants}
+    outputs: dict[str, torch.Tensor] = {}
+    for r in range(repeats):
+        for name, run in variants.items():
+            logits.grad = None
+            gc.collect()
+            # The first repetition also counts the saved tensors (a pack hook: a Python call per
+            # saved tensor, a handful here) and keeps the output for the agreement check.
+            meter = SavedTensorMeter([table, logits], vocab)
+            recording = meter.recording() if r == 0 else contextlib.nullcontext()
+            start = time.perf_counter()
+            with recording:
+                out = run(logits)
+            middle = time.perf_counter()
+            out.backward(grad)
+            end = time.perf_counter()
+            if r == 0:
+                outputs[name] = out.detach()
+                results[name]["saved_mb"] = meter.summary()["saved_mb"]
+            del out
+            sample = {
+                "forward_s": middle - start,
+                "backward_s": end - middle,
+                "total_s": end - start,
+            }
+            results[name]["times"].append(sample)
+            log(f"[step {label}] repeat {r + 1}/{repeats} {name}: {sample['total_s'] * 1e3:.0f} ms")
+    names = list(variants)
+    for data in results.values():
+        for key in ("total_s", "forward_s", "backward_s"):
+            data[f"median_{key}"] = statistics.median(t[key] for t in data["times"])
+    dense = results[names[0]]["median_total_s"]
+    for name in names:
+        results[name]["speedup_vs_dense"] = dense / results[name]["median_total_s"]
+    results[reference]["max_abs_diff_vs_bsloss_top_k"] = (
+        (outputs[reference] - outputs[names[1]]).abs().max().item()
+    )
+    return results
+
+
+# ----------------------------------------------------------------------------- report
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def command_line() -> str:
+    prefix = "HF_HUB_OFFLINE=1 " if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
+    python = "python" if os.path.basename(sys.executable).startswith("python") else sys.executable
+    return prefix + shlex.join([python, *sys.argv])
+
+
+def git_state() -> str:
+    """The commit measured, and the bsloss files that differ from it (uncommitted edits)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "bsloss"],
+            cwd=root,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split("\n")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    changed = [line[3:] for line in dirty if line.strip()]
+    return commit + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def goals(loss: dict, step: dict) -> list[dict]:
+    rows = []
+    for size, res in loss.items():
+        on, off = res[CKPT], res[NOCKPT]
+        time_ratio = on["median_total_s"] / off["median_total_s"]
+        rows.append(
+            {
+                "goal": "checkpointing: time ≤ 1.4× no-checkpointing",
+                "size": size,
+                "measure": "median fwd+bwd time, ckpt / no-ckpt",
+                "ratio": time_ratio,
+                "target": f"≤ {GOAL_CKPT_TIME}",
+                "pass": time_ratio <= GOAL_CKPT_TIME,
+            }
+        )
+        for key, what in (
+            ("saved_mb", "saved activations (total)"),
+            ("saved_other_mb", "saved activations without V-sized tensors"),
+            ("peak_alloc_mb", "peak allocated"),
+            ("peak_rss_delta_mb", "peak RSS Δ"),
+        ):
+            ratio = on["memory"][key] / off["memory"][key]
+            rows.append(
+                {
+                    "goal": "checkpointing: ≤ 0.5× activation memory",
+                    "size": size,
+                    "measure": f"{what}, ckpt / no-ckpt",
+                    "ratio": ratio,
+                    "target": f"≤ {GOAL_CKPT_MEMORY}",
+                    "pass": ratio <= GOAL_CKPT_MEMORY,
+                }
+            )
+    for size, res in step.items():
+        speedup = res[f"top_k={TOP_K}"]["speedup_vs_dense"]
+        rows.append(
+            {
+                "goal": f"top_k={TOP_K}: distribution→embedding step ≥ 10× cheaper",
+                "size": size,
+                "measure": "median fwd+bwd time, dense / top_k",
+                "ratio": speedup,
+                "target": f"≥ {GOAL_TOPK_SPEEDUP:g}",
+                "pass": speedup >= GOAL_TOPK_SPEEDUP,
+            }
+        )
+    return rows
+
+
+def render(meta: dict, loss: dict, step: dict, goal_rows: list[dict]) -> str:
+    lines = ["# BERTScoreLoss cost on CPU: gradient checkpointing and top-k", ""]
+    lines += [
+        f"- command: `{meta['command']}`",
+        f"- date (UTC): {meta['date']}",
+        f"- CPU: {meta['cpu']} ({meta['logical_cpus']} logical CPUs, shared with other "
+        f"processes); torch threads: {meta['torch_threads']} (torch default)",
+        f"- versions: python {meta['python']}, torch {meta['torch']}, transformers "
+        f"{meta['transformers']}, bsloss {meta['bsloss']} (git {meta['git']})",
+        f"- loss: embedded all-MiniLM-L6-v2 (layer 6, V = {meta['vocab']:,}), "
+        f"matching={MATCHING!r}, temperature={TEMPERATURE}, F1; candidates: random normal "
+        "logits [B, L, V]; references: the first B STS-B dev sentence2 (cached)",
+        f"- time: median of {meta['repeats']} (16×64) / {meta['large_repeats']} (64×128) "
+        "alternating forward+backward passes per configuration, after a B×8 warm-up",
+        "- memory: one forward+backward in a fresh process per configuration "
+        "(see the module docstring)",
+        "",
+    ]
+    lines += [
+        "## Loss forward+backward",
+        "",
+        "| B×L | configuration | fwd+bwd s | fwd s | bwd s | saved activations MB "
+        "(V-sized · rest) | retained after fwd MB | peak allocated MB | peak RSS Δ MB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for size, res in loss.items():
+        for config, data in res.items():
+            m = data["memory"]
+            lines.append(
+                f"| {size} | {config} | {data['median_total_s']:.2f} "
+                f"| {data['median_forward_s']:.2f} | {data['median_backward_s']:.2f} "
+                f"| {m['saved_mb']:.0f} ({m['saved_vocab_mb']:.0f} · {m['saved_other_mb']:.0f}) "
+                f"| {m['retained_alloc_mb']:.0f} | {m['peak_alloc_mb']:.0f} "
+                f"| {m['peak_rss_delta_mb']:.0f} |"
+            )
+    first = next(iter(loss.values()))[CKPT]["memory"]
+    lines += [
+        "",
+        "Saved activations: storages autograd keeps for backward plus the layer inputs "
+        "checkpointing keeps, deduplicated (V-sized: tensors with a dimension of size V). "
+        "Retained / peak allocated: PyTorch CPU allocator, relative to the start of the "
+        "pass; they and the peak RSS Δ include the logits' gradient "
+        f"({first['logits_grad_mb']:.0f} MB at {next(iter(loss))}; 8× that at 64×128). "
+        f"RSS method: {first['rss_method']}.",
+        "",
+    ]
+    lines += [
+        "## Distribution→embedding step (token_distribution + expected_embeddings)",
+        "",
+        "| B×L | variant | fwd+bwd ms | fwd ms | bwd ms | saved MB | dense / variant |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for size, res in step.items():
+        for name, data in res.items():
+            lines.append(
+                f"| {size} | {name} | {data['median_total_s'] * 1e3:.0f} "
+                f"| {data['median_forward_s'] * 1e3:.0f} | {data['median_backward_s'] * 1e3:.0f} "
+                f"| {data['saved_mb']:.1f} | {data['speedup_vs_dense']:.2f}× |"
+            )
+    diffs = [
+        res[name]["max_abs_diff_vs_bsloss_top_k"]
+        for res in step.values()
+        for name in res
+        if "reference" in name
+    ]
+    lines += [
+        "",
+        "The reference row is not bsloss code (see `reference_topk_embeddings`); its "
+        f"output matches bsloss's top_k={TOP_K} to {max(diffs):.1e} (max abs diff).",
+        "",
+    ]
+    lines += [
+        "## Goals",
+        "",
+        "| goal | B×L | measure | ratio | target | result |",
+        "|---|---|---|---:|---|---|",
+    ]
+    for row in goal_rows:
+        lines.append(
+            f"| {row['goal']} | {row['size']} | {row['measure']} | {row['ratio']:.2f} "
+            f"| {row['target']} | {_verdict(row['pass'])} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- main
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed repetitions at 16×64 (default 5; 1 with --quick)",
+    )
+    parser.add_argument(
+        "--large-repeats", type=int, default=1, help="timed repetitions at 64×128 (default 1)"
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke test: 1 repetition, 16×64")
+    parser.add_argument("--out", metavar="FILE.md", help="also write the markdown report here")
+    parser.add_argument("--json", metavar="FILE", help="write machine-readable results here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--config", choices=list(CONFIGS), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 5
+    if args.repeats < 1 or args.large_repeats < 1:
+        parser.error("--repeats and --large-repeats must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # for _data
+    if args.worker:
+        return worker(args.batch, args.length, args.config)
+    import transformers
+
+    import bsloss
+    from bsloss.scorer.encoder import ScorerEncoder
+
+    started = time.perf_counter()
+    git = git_state()  # before measuring: other people may edit the tree meanwhile
+    sizes = SIZES[:1] if args.quick else SIZES
+    repeats = {SIZES[0]: args.repeats, SIZES[1]: 1 if args.quick else args.large_repeats}
+    table = ScorerEncoder.from_pretrained(None, device="cpu").input_embeddings.weight.detach()
+    loss = {f"{b}×{n}": measure_loss(b, n, repeats[(b, n)]) for b, n in sizes}
+    log("distribution→embedding step ...")
+    step = {f"{b}×{n}": measure_step(b, n, repeats[(b, n)], table) for b, n in sizes}
+    meta = {
+        "command": command_line(),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "bsloss": bsloss.__version__,
+        "git": git,
+        "vocab": int(table.shape[0]),
+        "repeats": repeats[SIZES[0]],
+        "large_repeats": repeats[SIZES[1]],
+        "quick": args.quick,
+    }
+    goal_rows = goals(loss, step)
+    report = render(meta, loss, step, goal_rows)
+    meta["runtime_s"] = time.perf_counter() - started
+    print(report)
+    log(f"total runtime {meta['runtime_s']:.0f} s")
+    if args.out:
+        Path(args.out).write_text(report + "\n", encoding="utf-8")
+    if args.json:
+        payload = {"meta": meta, "loss": loss, "step": step, "goals": goal_rows}
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
