@@ -25,7 +25,13 @@ import torch
 from einops import einsum
 from torch import Tensor
 
-__all__ = ["TokenDistribution", "token_distribution", "expected_embeddings", "expected_inputs"]
+__all__ = [
+    "TokenDistribution",
+    "token_distribution",
+    "expected_embeddings",
+    "expected_inputs",
+    "augment_table",
+]
 
 
 @dataclass
@@ -156,14 +162,16 @@ def expected_embeddings(distribution: TokenDistribution, table: Tensor) -> Tenso
     return _expectation(distribution, table)
 
 
-def expected_inputs(
-    distribution: TokenDistribution, table: Tensor, token_weights: Tensor
-) -> tuple[Tensor, Tensor]:
+def augment_table(table: Tensor, token_weights: Tensor) -> Tensor:
+    """``[V, d + 1]`` table ``[E | w]``: one product gives embeddings and importance weights."""
+    return torch.cat([table.detach(), token_weights.detach().to(table.dtype)[:, None]], dim=1)
+
+
+def expected_inputs(distribution: TokenDistribution, augmented: Tensor) -> tuple[Tensor, Tensor]:
     """Expected input embeddings ``[B, L, d]`` and expected importance weights
-    ``sum_v p(v) w[v]`` ``[B, L]`` in one product with the table ``[E | w]``.
+    ``sum_v p(v) w[v]`` ``[B, L]`` from an :func:`augment_table` ``[E | w]``.
 
     The weights are differentiable too, so the gradient is that of the score as computed
     (probability moved onto a special token, which weighs 0, lowers that position's weight)."""
-    augmented = torch.cat([table.detach(), token_weights.to(table.dtype)[:, None]], dim=1)
     out = _expectation(distribution, augmented)
     return out[..., :-1], out[..., -1]

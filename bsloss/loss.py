@@ -17,7 +17,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 from bsloss.baseline import read_baseline, shipped_baseline_path
 from bsloss.bridge import VocabularyBridge
-from bsloss.distributions import expected_inputs, token_distribution
+from bsloss.distributions import augment_table, expected_inputs, token_distribution
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
 from bsloss.functional.idf import idf_table, table_from_mapping, uniform_table
 from bsloss.functional.matching import check_temperature, get_matching
@@ -114,7 +114,7 @@ class BERTScoreLoss(nn.Module):
             path = baseline_path or shipped_baseline_path(self.encoder.name)
             self.baseline = read_baseline(path, self.encoder.num_layers).float()
         self._reference_cache: dict[str, tuple[Tensor, Tensor]] = {}
-        self._bridge_tables: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._generator_tables: dict[tuple, Tensor] = {}
 
     # ------------------------------------------------------------------ candidates
     @property
@@ -123,21 +123,21 @@ class BERTScoreLoss(nn.Module):
             return self.bridge.generator_vocab_size
         return self.encoder.input_embeddings.num_embeddings
 
-    def _generator_tables(self) -> tuple[Tensor, Tensor]:
-        """Input-embedding table ``[V_gen, d]`` and importance weights ``[V_gen]``."""
+    def _generator_table(self) -> Tensor:
+        """``[V_gen, d + 1]``: input embeddings and importance weights of the generator's tokens
+        (through the bridge when vocabularies differ). The scorer is frozen, so it is built once
+        per device and dtype."""
         table = self.encoder.input_embeddings.weight
-        if self.bridge is None:
-            return table, self.scorer_weights
-        # The scorer is frozen, so the bridged tables are computed once per device and dtype.
         key = (table.device, table.dtype)
-        if key not in self._bridge_tables:
-            self._bridge_tables = {
-                key: (
+        if key not in self._generator_tables:
+            weights = self.scorer_weights
+            if self.bridge is not None:
+                table, weights = (
                     self.bridge.embedding_table(table.detach()),
-                    self.bridge.weight_table(self.scorer_weights),
+                    self.bridge.weight_table(weights),
                 )
-            }
-        return self._bridge_tables[key]
+            self._generator_tables = {key: augment_table(table, weights)}
+        return self._generator_tables[key]
 
     def _check_vocab(self, size: int, name: str) -> None:
         if size != self.generator_vocab_size:
@@ -180,7 +180,7 @@ class BERTScoreLoss(nn.Module):
                 )
             weights = candidate_mask.to(torch.float32)
             return embeddings, candidate_mask, weights
-        table, token_weights = self._generator_tables()
+        table = self._generator_table()
         if candidate_ids is not None:
             if candidate_ids.dim() != 2:
                 raise ValueError(f"candidate_ids must be [B, L], got {list(candidate_ids.shape)}")
@@ -191,7 +191,8 @@ class BERTScoreLoss(nn.Module):
                     f"{(bad & candidate_mask).nonzero()[0].tolist()}"
                 )
             ids = candidate_ids.clamp(0, table.shape[0] - 1)
-            inputs, weights = table[ids], token_weights[ids]
+            rows = table[ids]
+            inputs, weights = rows[..., :-1], rows[..., -1]
         else:
             name = "logits" if logits is not None else "probs"
             self._check_vocab(source.shape[-1], name)
@@ -202,7 +203,7 @@ class BERTScoreLoss(nn.Module):
                 straight_through=self.straight_through,
                 gumbel_temperature=self.gumbel_temperature,
             )
-            inputs, weights = expected_inputs(distribution, table, token_weights)
+            inputs, weights = expected_inputs(distribution, table)
         hidden, attention, special = self.encoder.forward_token_embeddings(inputs, candidate_mask)
         # Weights follow the tokens to their packed slots; special tokens weigh 0.
         packed = torch.zeros(attention.shape, dtype=weights.dtype, device=hidden.device)

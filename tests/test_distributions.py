@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bsloss.distributions import expected_inputs, token_distribution
+from bsloss.distributions import augment_table, expected_inputs, token_distribution
 
 
 def _table(vocab=11, dim=5, seed=0):
@@ -22,7 +22,9 @@ def test_gradcheck_expected_inputs_from_logits(options):
     logits = torch.randn(2, 3, 11, dtype=torch.float64, requires_grad=True)
 
     def f(x):
-        emb, w = expected_inputs(token_distribution(logits=x, **options), table, weights)
+        emb, w = expected_inputs(
+            token_distribution(logits=x, **options), augment_table(table, weights)
+        )
         return emb, w
 
     assert torch.autograd.gradcheck(f, (logits,), eps=1e-6, atol=1e-6)
@@ -32,7 +34,9 @@ def test_gradcheck_expected_inputs_from_probs():
     table, weights = _table()
     probs = torch.rand(2, 3, 11, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda p: expected_inputs(token_distribution(probs=p, top_k=5), table, weights),
+        lambda p: expected_inputs(
+            token_distribution(probs=p, top_k=5), augment_table(table, weights)
+        ),
         (probs,),
         eps=1e-6,
         atol=1e-6,
@@ -42,10 +46,12 @@ def test_gradcheck_expected_inputs_from_probs():
 def test_dense_equals_explicit_softmax_product_and_full_top_k():
     table, weights = _table(seed=1)
     logits = torch.randn(2, 3, 11, dtype=torch.float64)
-    emb, w = expected_inputs(token_distribution(logits=logits), table, weights)
+    emb, w = expected_inputs(token_distribution(logits=logits), augment_table(table, weights))
     p = torch.softmax(logits, dim=-1)
     assert torch.allclose(emb, p @ table) and torch.allclose(w, p @ weights)
-    emb_k, _ = expected_inputs(token_distribution(logits=logits, top_k=11), table, weights)
+    emb_k, _ = expected_inputs(
+        token_distribution(logits=logits, top_k=11), augment_table(table, weights)
+    )
     assert torch.allclose(emb, emb_k)
 
 
@@ -53,13 +59,13 @@ def test_straight_through_forward_is_argmax_row_backward_is_softmax_gradient():
     table, weights = _table(seed=2)
     logits = torch.randn(2, 3, 11, dtype=torch.float64, requires_grad=True)
     emb, _ = expected_inputs(
-        token_distribution(logits=logits, straight_through=True), table, weights
+        token_distribution(logits=logits, straight_through=True), augment_table(table, weights)
     )
     assert torch.equal(emb, table[logits.detach().argmax(-1)])
     direction = torch.randn_like(emb)
     (emb * direction).sum().backward()
     soft = logits.detach().clone().requires_grad_(True)
-    soft_emb, _ = expected_inputs(token_distribution(logits=soft), table, weights)
+    soft_emb, _ = expected_inputs(token_distribution(logits=soft), augment_table(table, weights))
     (soft_emb * direction).sum().backward()
     assert torch.allclose(logits.grad, soft.grad)
 
@@ -67,7 +73,9 @@ def test_straight_through_forward_is_argmax_row_backward_is_softmax_gradient():
 def test_top_k_equals_renormalised_top_k_probabilities():
     table, weights = _table(seed=3)
     logits = torch.randn(2, 3, 11, dtype=torch.float64)
-    emb, _ = expected_inputs(token_distribution(logits=logits, top_k=3), table, weights)
+    emb, _ = expected_inputs(
+        token_distribution(logits=logits, top_k=3), augment_table(table, weights)
+    )
     p = torch.softmax(logits, dim=-1)
     values, idx = p.topk(3, dim=-1)
     expected = torch.einsum("blk,blkd->bld", values / values.sum(-1, keepdim=True), table[idx])
