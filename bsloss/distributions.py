@@ -111,7 +111,7 @@ def token_distribution(
             p = p / p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
         if straight_through:
             hard = torch.zeros_like(p).scatter_(-1, p.argmax(dim=-1, keepdim=True), 1.0)
-            p = hard + p - p.detach()
+            p = hard + (p - p.detach())  # exactly the one-hot forward
     return TokenDistribution(p, indices)
 
 
