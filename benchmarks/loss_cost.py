@@ -80,7 +80,6 @@ import gc  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import resource  # noqa: E402
-import shlex  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -91,6 +90,7 @@ from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+from _env import command_line, cpu_model  # noqa: E402
 
 MB = 1e6
 MATCHING, TEMPERATURE, TOP_K = "softmax", 0.05, 32
@@ -483,23 +483,6 @@ def measure_step(batch: int, length: int, repeats: int, table: torch.Tensor) -> 
 
 
 # ----------------------------------------------------------------------------- report
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def command_line() -> str:
-    prefix = "HF_HUB_OFFLINE=1 " if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
-    python = "python" if os.path.basename(sys.executable).startswith("python") else sys.executable
-    return prefix + shlex.join([python, *sys.argv])
-
-
 def git_state() -> str:
     """The commit measured, and the bsloss files that differ from it (uncommitted edits)."""
     root = Path(__file__).resolve().parents[1]

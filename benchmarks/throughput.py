@@ -51,7 +51,6 @@ import gc  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import shlex  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -63,6 +62,7 @@ from importlib.metadata import PackageNotFoundError, version  # noqa: E402
 
 import torch  # noqa: E402
 from _data import load_stsb_dev, load_xsum  # noqa: E402
+from _env import command_line, cpu_model  # noqa: E402
 
 import bsloss  # noqa: E402
 from bsloss.scorer.default import embedded_model_path  # noqa: E402
@@ -81,23 +81,6 @@ def _package_version(name: str) -> str:
         return version(name)
     except PackageNotFoundError:
         return "not installed"
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def command_line() -> str:
-    prefix = "HF_HUB_OFFLINE=1 " if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
-    python = "python" if os.path.basename(sys.executable).startswith("python") else sys.executable
-    return prefix + shlex.join([python, *sys.argv])
 
 
 def fast_mode_available() -> bool:
@@ -121,8 +104,9 @@ def _timed(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
-def benchmark(systems: Sequence[System], name: str, cands: list[str], refs: list[str],
-              repeats: int) -> None:
+def benchmark(
+    systems: Sequence[System], name: str, cands: list[str], refs: list[str], repeats: int
+) -> None:
     """One untimed warm-up call of each system (on the first ``WARMUP_PAIRS`` pairs), then
     ``repeats`` alternating timed rounds over all pairs. The F1 of the first round is kept."""
     for system in systems:
@@ -134,20 +118,27 @@ def benchmark(systems: Sequence[System], name: str, cands: list[str], refs: list
             seconds, f1 = _timed(lambda s=system: s.run(cands, refs))
             system.times[name].append(seconds)
             system.first_f.setdefault(name, f1)
-            print(f"  [{name}] repeat {r + 1}/{repeats} {system.label}: {seconds:.3f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  [{name}] repeat {r + 1}/{repeats} {system.label}: {seconds:.3f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def token_stats(scorer: bsloss.BERTScorer, texts: list[str]) -> dict[str, float]:
     """Mean token count (with special tokens, before truncation) and number truncated."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ids = scorer.encoder.tokenizer([t.strip() for t in texts], add_special_tokens=True,
-                                       truncation=False, verbose=False)["input_ids"]
+        ids = scorer.encoder.tokenizer(
+            [t.strip() for t in texts], add_special_tokens=True, truncation=False, verbose=False
+        )["input_ids"]
     lengths = [len(row) for row in ids]
     limit = scorer.encoder.max_length
-    return {"mean_tokens": statistics.fmean(lengths), "max_tokens": max(lengths),
-            "truncated": sum(n > limit for n in lengths)}
+    return {
+        "mean_tokens": statistics.fmean(lengths),
+        "max_tokens": max(lengths),
+        "truncated": sum(n > limit for n in lengths),
+    }
 
 
 # ----------------------------------------------------------------------------- report
@@ -157,82 +148,126 @@ def _fmt_ratio(x: float) -> str:
 
 def render(meta: dict, results: dict) -> str:
     lines = ["# bsloss vs bert_score throughput", ""]
-    lines += [f"- command: `{meta['command']}`",
-              f"- date (UTC): {meta['date']}",
-              f"- CPU: {meta['cpu']} ({meta['logical_cpus']} logical CPUs); "
-              f"torch threads: {meta['torch_threads']}"
-              + (" (set by --threads)" if meta["threads_arg"] else " (torch default)"),
-              f"- device: {meta['device']}",
-              f"- versions: python {meta['python']}, torch {meta['torch']}, transformers "
-              f"{meta['transformers']}, bert_score {meta['bert_score']}, bsloss {meta['bsloss']}",
-              f"- model: {meta['model']} (layer {NUM_LAYERS}), no idf, no rescaling; "
-              f"batch_size {BATCH_SIZE} for both",
-              f"- method: model load not timed; one untimed warm-up call each "
-              f"({WARMUP_PAIRS} pairs), then "
-              f"{meta['repeats']} alternating repetition(s); median of perf_counter seconds per "
-              "call over the whole dataset", ""]
+    lines += [
+        f"- command: `{meta['command']}`",
+        f"- date (UTC): {meta['date']}",
+        f"- CPU: {meta['cpu']} ({meta['logical_cpus']} logical CPUs); "
+        f"torch threads: {meta['torch_threads']}"
+        + (" (set by --threads)" if meta["threads_arg"] else " (torch default)"),
+        f"- device: {meta['device']}",
+        f"- versions: python {meta['python']}, torch {meta['torch']}, transformers "
+        f"{meta['transformers']}, bert_score {meta['bert_score']}, bsloss {meta['bsloss']}",
+        f"- model: {meta['model']} (layer {NUM_LAYERS}), no idf, no rescaling; "
+        f"batch_size {BATCH_SIZE} for both",
+        f"- method: model load not timed; one untimed warm-up call each "
+        f"({WARMUP_PAIRS} pairs), then "
+        f"{meta['repeats']} alternating repetition(s); median of perf_counter seconds per "
+        "call over the whole dataset",
+        "",
+    ]
     if meta.get("fast_note"):
         lines += [f"- note: {meta['fast_note']}", ""]
 
-    lines += ["## Throughput", "",
-              "| dataset | pairs | tokens/text (cand · ref) | system | median s | pairs/s "
-              "| vs bert_score |",
-              "|---|---:|---|---|---:|---:|---:|"]
+    lines += [
+        "## Throughput",
+        "",
+        "| dataset | pairs | tokens/text (cand · ref) | system | median s | pairs/s "
+        "| vs bert_score |",
+        "|---|---:|---|---|---:|---:|---:|",
+    ]
     for name, data in results["datasets"].items():
-        tokens = (f"{data['cand_tokens']['mean_tokens']:.0f} · "
-                  f"{data['ref_tokens']['mean_tokens']:.0f}")
+        tokens = (
+            f"{data['cand_tokens']['mean_tokens']:.0f} · {data['ref_tokens']['mean_tokens']:.0f}"
+        )
         if data["ref_tokens"]["truncated"]:
             tokens += f" ({data['ref_tokens']['truncated']} refs truncated)"
         for system in data["systems"]:
             lines.append(
                 f"| {name} | {data['pairs']} | {tokens} | {system['label']} "
                 f"| {system['median_s']:.3f} | {system['pairs_per_s']:.1f} "
-                f"| {_fmt_ratio(system['vs_bert_score'])} |")
+                f"| {_fmt_ratio(system['vs_bert_score'])} |"
+            )
     lines.append("")
-    lines.append("`vs bert_score` = pairs/s of the system ÷ pairs/s of bert_score "
-                 "(> 1: faster than bert_score).")
+    lines.append(
+        "`vs bert_score` = pairs/s of the system ÷ pairs/s of bert_score "
+        "(> 1: faster than bert_score)."
+    )
     lines.append("")
 
     agree = results["agreement"]
-    lines += [f"## Agreement on STS-B ({agree['pairs']} pairs, F1, not timed)", "",
-              "| comparison | max abs diff | pairs with abs diff > 1e-4 |",
-              "|---|---:|---:|"]
+    lines += [
+        f"## Agreement on STS-B ({agree['pairs']} pairs, F1, not timed)",
+        "",
+        "| comparison | max abs diff | pairs with abs diff > 1e-4 |",
+        "|---|---:|---:|",
+    ]
     for row in agree["rows"]:
         lines.append(f"| {row['label']} | {row['max_abs_diff']:.2e} | {row['over_threshold']} |")
     lines.append("")
     if "fast" in agree:
         fast = agree["fast"]
-        lines += ["| fast mode vs exact | value |", "|---|---:|",
-                  f"| max abs diff F | {fast['max_abs_diff']:.2e} |",
-                  f"| Pearson(F_fast, F_exact) | {fast['pearson']:.6f} |", ""]
+        lines += [
+            "| fast mode vs exact | value |",
+            "|---|---:|",
+            f"| max abs diff F | {fast['max_abs_diff']:.2e} |",
+            f"| Pearson(F_fast, F_exact) | {fast['pearson']:.6f} |",
+            "",
+        ]
     return "\n".join(lines)
 
 
 def _agreement(label: str, ours: torch.Tensor, theirs: torch.Tensor) -> dict:
     diff = (ours.double() - theirs.double()).abs()
-    return {"label": label, "max_abs_diff": diff.max().item(),
-            "over_threshold": int((diff > DIFF_THRESHOLD).sum().item())}
+    return {
+        "label": label,
+        "max_abs_diff": diff.max().item(),
+        "over_threshold": int((diff > DIFF_THRESHOLD).sum().item()),
+    }
 
 
 # ----------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="timed repetitions per dataset (default 5; 1 with --quick)")
-    parser.add_argument("--stsb-pairs", type=int, default=None,
-                        help="use only the first N STS-B dev pairs (default all 1,500)")
-    parser.add_argument("--xsum-pairs", type=int, default=None,
-                        help="the first N XSum pairs (default 200; 20 with --quick)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch.set_num_threads(N) (default: leave torch's default)")
-    parser.add_argument("--device", default=None,
-                        help="device for both scorers (default: cuda if available, else cpu)")
-    parser.add_argument("--mode", choices=["exact", "fast", "both"], default="exact",
-                        help="bsloss modes to time: exact (default), fast (bf16 autocast, when "
-                             "available) or both")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: 1 repeat, 200 STS-B pairs, 20 XSum pairs")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed repetitions per dataset (default 5; 1 with --quick)",
+    )
+    parser.add_argument(
+        "--stsb-pairs",
+        type=int,
+        default=None,
+        help="use only the first N STS-B dev pairs (default all 1,500)",
+    )
+    parser.add_argument(
+        "--xsum-pairs",
+        type=int,
+        default=None,
+        help="the first N XSum pairs (default 200; 20 with --quick)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads(N) (default: leave torch's default)",
+    )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="device for both scorers (default: cuda if available, else cpu)",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=["exact", "fast", "both"],
+        default="exact",
+        help="bsloss modes to time: exact (default), fast (bf16 autocast, when available) or both",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: 1 repeat, 200 STS-B pairs, 20 XSum pairs"
+    )
     parser.add_argument("--out", metavar="FILE.md", help="also write the markdown report here")
     parser.add_argument("--json", metavar="FILE", help="write machine-readable results here")
     args = parser.parse_args(argv)
@@ -266,8 +301,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     want_fast = args.mode in ("fast", "both")
     fast_note = None
     if want_fast and not fast_mode_available():
-        fast_note = ("fast mode is not available yet (bsloss.BERTScorer has no `autocast_dtype` "
-                     "parameter); skipped")
+        fast_note = (
+            "fast mode is not available yet (bsloss.BERTScorer has no `autocast_dtype` "
+            "parameter); skipped"
+        )
         print(fast_note, file=sys.stderr)
         want_fast = False
 
@@ -276,23 +313,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("loading scorers ...", file=sys.stderr, flush=True)
     model_path = embedded_model_path()
     ours = bsloss.BERTScorer(num_layers=NUM_LAYERS, batch_size=BATCH_SIZE, device=device)
-    theirs = bert_score.BERTScorer(model_type=model_path, num_layers=NUM_LAYERS,
-                                   batch_size=BATCH_SIZE, device=device)
+    theirs = bert_score.BERTScorer(
+        model_type=model_path, num_layers=NUM_LAYERS, batch_size=BATCH_SIZE, device=device
+    )
     fast = None
     if want_fast:
-        fast = bsloss.BERTScorer(num_layers=NUM_LAYERS, batch_size=BATCH_SIZE, device=device,
-                                 autocast_dtype=torch.bfloat16)
+        fast = bsloss.BERTScorer(
+            num_layers=NUM_LAYERS,
+            batch_size=BATCH_SIZE,
+            device=device,
+            autocast_dtype=torch.bfloat16,
+        )
 
     systems: list[System] = []
     if want_exact:
-        systems.append(System("bsloss", f"bsloss {bsloss.__version__} exact",
-                              lambda c, r: sync(ours.score(c, r, progress=False)[2])))
+        systems.append(
+            System(
+                "bsloss",
+                f"bsloss {bsloss.__version__} exact",
+                lambda c, r: sync(ours.score(c, r, progress=False)[2]),
+            )
+        )
     bert_score_version = _package_version("bert-score")
-    systems.append(System("bert_score", f"bert_score {bert_score_version}",
-                          lambda c, r: sync(theirs.score(c, r, batch_size=BATCH_SIZE)[2])))
+    systems.append(
+        System(
+            "bert_score",
+            f"bert_score {bert_score_version}",
+            lambda c, r: sync(theirs.score(c, r, batch_size=BATCH_SIZE)[2]),
+        )
+    )
     if fast is not None:
-        systems.append(System("bsloss_fast", f"bsloss {bsloss.__version__} fast (bf16)",
-                              lambda c, r: sync(fast.score(c, r, progress=False)[2])))
+        systems.append(
+            System(
+                "bsloss_fast",
+                f"bsloss {bsloss.__version__} fast (bf16)",
+                lambda c, r: sync(fast.score(c, r, progress=False)[2]),
+            )
+        )
 
     datasets = {
         "STS-B dev": load_stsb_dev(args.stsb_pairs),
@@ -333,35 +390,50 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cand_tokens": cand_tokens,
             "ref_tokens": ref_tokens,
             "systems": [
-                {"key": s.key, "label": s.label, "times_s": s.times[name],
-                 "median_s": statistics.median(s.times[name]), "pairs_per_s": rate[s.key],
-                 "vs_bert_score": rate[s.key] / rate["bert_score"]}
+                {
+                    "key": s.key,
+                    "label": s.label,
+                    "times_s": s.times[name],
+                    "median_s": statistics.median(s.times[name]),
+                    "pairs_per_s": rate[s.key],
+                    "vs_bert_score": rate[s.key] / rate["bert_score"],
+                }
                 for s in systems
             ],
         }
         if want_exact:
             results["datasets"][name]["ratio_bsloss_over_bert_score"] = (
-                rate["bsloss"] / rate["bert_score"])
+                rate["bsloss"] / rate["bert_score"]
+            )
 
     # Agreement on STS-B, not timed: reuse the first round's F1; run bert_score once at bs=1.
     stsb_cands, stsb_refs = datasets["STS-B dev"]
     print("agreement: bert_score at batch_size=1 (untimed) ...", file=sys.stderr, flush=True)
     f_theirs_1 = theirs.score(stsb_cands, stsb_refs, batch_size=1)[2]
     by_key = {s.key: s for s in systems}
-    f_exact = (by_key["bsloss"].first_f["STS-B dev"] if want_exact
-               else ours.score(stsb_cands, stsb_refs, progress=False)[2])
+    f_exact = (
+        by_key["bsloss"].first_f["STS-B dev"]
+        if want_exact
+        else ours.score(stsb_cands, stsb_refs, progress=False)[2]
+    )
     f_theirs_64 = by_key["bert_score"].first_f["STS-B dev"]
-    agreement: dict = {"pairs": len(stsb_cands), "rows": [
-        _agreement("bsloss exact vs bert_score batch_size=1", f_exact, f_theirs_1),
-        _agreement(f"bsloss exact vs bert_score batch_size={BATCH_SIZE}", f_exact, f_theirs_64),
-        _agreement(f"bert_score batch_size=1 vs batch_size={BATCH_SIZE}", f_theirs_1,
-                   f_theirs_64),
-    ]}
+    agreement: dict = {
+        "pairs": len(stsb_cands),
+        "rows": [
+            _agreement("bsloss exact vs bert_score batch_size=1", f_exact, f_theirs_1),
+            _agreement(f"bsloss exact vs bert_score batch_size={BATCH_SIZE}", f_exact, f_theirs_64),
+            _agreement(
+                f"bert_score batch_size=1 vs batch_size={BATCH_SIZE}", f_theirs_1, f_theirs_64
+            ),
+        ],
+    }
     if fast is not None:
         f_fast = by_key["bsloss_fast"].first_f["STS-B dev"].double().cpu()
         pearson = torch.corrcoef(torch.stack([f_fast, f_exact.double().cpu()]))[0, 1].item()
-        agreement["fast"] = {"max_abs_diff": (f_fast - f_exact.double()).abs().max().item(),
-                             "pearson": pearson}
+        agreement["fast"] = {
+            "max_abs_diff": (f_fast - f_exact.double()).abs().max().item(),
+            "pearson": pearson,
+        }
         agreement["rows"].append(_agreement("bsloss fast vs bsloss exact", f_fast, f_exact))
     results["agreement"] = agreement
 
