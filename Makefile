@@ -9,7 +9,7 @@ setup:
 
 # The test command (README): set-up, lint, then the whole suite.
 test: setup
-	$(PYTHON) -m ruff check bsloss tests benchmarks recipes
+	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q
 
 # The main job (README): set-up, then BERTScore of the shipped example files.
