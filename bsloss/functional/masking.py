@@ -7,9 +7,10 @@ is shorter than the longest sentence of the batch).
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-__all__ = ["pair_mask", "check_mask"]
+__all__ = ["pair_mask", "check_mask", "masked_logits", "where_partnered"]
 
 
 def pair_mask(candidate_mask: Tensor, reference_mask: Tensor) -> Tensor:
@@ -25,3 +26,19 @@ def check_mask(mask: Tensor, like: Tensor, name: str, embeddings_name: str) -> T
             f"got {list(mask.shape)}"
         )
     return mask.bool()
+
+
+def masked_logits(logits: Tensor, valid: Tensor, dim: int) -> tuple[Tensor, Tensor]:
+    """``logits`` with padded cells at ``-inf`` along ``dim``, and which rows have a real cell.
+
+    A row without any real cell (an empty partner sentence) gets finite dummy logits so that a
+    softmax or logsumexp over it stays defined; :func:`where_partnered` then zeroes its score.
+    """
+    has_partner = valid.any(dim=dim, keepdim=True)
+    logits = logits.masked_fill(~valid, float("-inf")).masked_fill(~has_partner, 0.0)
+    return logits, has_partner
+
+
+def where_partnered(score: Tensor, has_partner: Tensor, dim: int) -> Tensor:
+    """``score`` where the row had a real cell, else 0 (with zero gradient)."""
+    return torch.where(has_partner.squeeze(dim), score, torch.zeros_like(score))

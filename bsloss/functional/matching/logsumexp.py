@@ -16,17 +16,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bsloss.functional.masking import pair_mask
+from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
 
 __all__ = ["logsumexp_match"]
 
 
 def _smooth_max(sim: Tensor, valid: Tensor, temperature: float, dim: int) -> Tensor:
-    has_partner = valid.any(dim=dim, keepdim=True)
-    logits = (sim / temperature).masked_fill(~valid, float("-inf"))
-    logits = logits.masked_fill(~has_partner, 0.0)
-    score = temperature * torch.logsumexp(logits, dim=dim)
-    return torch.where(has_partner.squeeze(dim), score, torch.zeros_like(score))
+    logits, has_partner = masked_logits(sim / temperature, valid, dim)
+    return where_partnered(temperature * torch.logsumexp(logits, dim=dim), has_partner, dim)
 
 
 def logsumexp_match(

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bsloss.functional.masking import pair_mask
+from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
 
 __all__ = ["sinkhorn_match", "sinkhorn_log_plan"]
 
@@ -76,11 +76,10 @@ def sinkhorn_log_plan(
 
 
 def _conditional_expectation(sim: Tensor, log_plan: Tensor, valid: Tensor, dim: int) -> Tensor:
-    has_partner = valid.any(dim=dim, keepdim=True)
-    logits = log_plan.masked_fill(~has_partner, 0.0)
+    logits, has_partner = masked_logits(log_plan, valid, dim)
     weights = torch.softmax(logits, dim=dim)
     score = (weights * sim.masked_fill(~valid, 0.0)).sum(dim=dim)
-    return torch.where(has_partner.squeeze(dim), score, torch.zeros_like(score))
+    return where_partnered(score, has_partner, dim)
 
 
 def sinkhorn_match(

@@ -14,19 +14,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from bsloss.functional.masking import pair_mask
+from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
 
 __all__ = ["softmax_match"]
 
 
 def _soft_average(sim: Tensor, valid: Tensor, temperature: float, dim: int) -> Tensor:
-    has_partner = valid.any(dim=dim, keepdim=True)
-    # Rows without a real cell get finite dummy logits so softmax stays defined; they score 0.
-    logits = (sim / temperature).masked_fill(~valid, float("-inf"))
-    logits = logits.masked_fill(~has_partner, 0.0)
+    logits, has_partner = masked_logits(sim / temperature, valid, dim)
     weights = torch.softmax(logits, dim=dim)
     score = (weights * sim.masked_fill(~valid, 0.0)).sum(dim=dim)
-    return torch.where(has_partner.squeeze(dim), score, torch.zeros_like(score))
+    return where_partnered(score, has_partner, dim)
 
 
 def softmax_match(
