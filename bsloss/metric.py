@@ -52,6 +52,9 @@ class BERTScorer:
         autocast_dtype: fast mode: run the encoder under ``torch.autocast`` in this dtype
             (``torch.bfloat16``; ``torch.float16`` on GPU). Matching and reductions stay float32.
             ``None`` (default): exact float32.
+        long_inputs: ``"truncate"`` (as bert_score, with a warning) texts longer than the
+            model's maximum, or ``"window"``: encode them whole with overlapping windows
+            (:meth:`~bsloss.scorer.encoder.ScorerEncoder.embed_windows`).
         chunk_size: pairs scored per chunk. Embeddings live only for one chunk, so memory is
             bounded by the chunk, not by the corpus; unique sentences are encoded once per chunk.
     """
@@ -68,8 +71,12 @@ class BERTScorer:
         *,
         autocast_dtype: torch.dtype | None = None,
         chunk_size: int = 8192,
+        long_inputs: str = "truncate",
         encoder: ScorerEncoder | None = None,
     ):
+        if long_inputs not in ("truncate", "window"):
+            raise ValueError(f"long_inputs must be 'truncate' or 'window', got {long_inputs!r}")
+        self.long_inputs = long_inputs
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if chunk_size < 1:
@@ -146,14 +153,32 @@ class BERTScorer:
             dict(zip(unique, self.encoder.tokenize(unique), strict=True)), progress
         )
 
+    def _autocast(self):
+        return torch.autocast(
+            self.encoder.device.type,
+            dtype=self.autocast_dtype or torch.bfloat16,
+            enabled=self.autocast_dtype is not None,
+        )
+
     @torch.inference_mode()
     def _embed_ids(
         self, token_ids: dict[str, list[int]], progress: bool | None
     ) -> dict[str, tuple[Tensor, Tensor]]:
-        """Encode each text's ids once, in batches of similar token lengths (little padding)."""
-        texts = sorted(token_ids, key=lambda text: len(token_ids[text]), reverse=True)
+        """Encode each text's ids once, in batches of similar token lengths (little padding);
+        texts longer than the model's maximum (``long_inputs="window"``) in overlapping windows."""
         device = self.encoder.device
         out: dict[str, tuple[Tensor, Tensor]] = {}
+        limit = self.encoder.max_length
+        for text in [t for t in token_ids if len(token_ids[t]) > limit]:
+            with self._autocast():
+                hidden = self.encoder.embed_windows(token_ids[text])
+            ids = torch.tensor(token_ids[text], dtype=torch.long, device=device)
+            out[text] = (torch.nn.functional.normalize(hidden.float(), dim=-1), ids)
+        texts = sorted(
+            (t for t in token_ids if t not in out),
+            key=lambda text: len(token_ids[text]),
+            reverse=True,
+        )
         starts = range(0, len(texts), self.batch_size)
         for start in _progress(starts, len(starts), progress, "bsloss: encoding"):
             batch = texts[start : start + self.batch_size]
@@ -161,11 +186,7 @@ class BERTScorer:
             lengths = [len(row) for row in ids]
             input_ids = pad_sequence(ids, batch_first=True, padding_value=self.encoder.pad_token_id)
             mask = torch.arange(input_ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]
-            with torch.autocast(
-                device.type,
-                dtype=self.autocast_dtype or torch.bfloat16,
-                enabled=self.autocast_dtype is not None,
-            ):
+            with self._autocast():
                 hidden = self.encoder(
                     input_ids=input_ids.to(device), attention_mask=mask.to(device)
                 )
@@ -189,7 +210,10 @@ class BERTScorer:
         counted chunk by chunk."""
         frequency = torch.zeros(self.vocab_size, dtype=torch.float64)
         for start in range(0, len(pair_refs), self.chunk_size):
-            ids, _ = self.encoder.tokenize_checked(pair_refs[start : start + self.chunk_size])
+            ids, _ = self.encoder.tokenize_checked(
+                pair_refs[start : start + self.chunk_size],
+                truncate=self.long_inputs == "truncate",
+            )
             frequency += document_frequency(ids, self.vocab_size)
         return idf_from_frequency(frequency, len(pair_refs), self.encoder.special_token_ids)
 
@@ -222,8 +246,10 @@ class BERTScorer:
         for start in range(0, len(pair_cands), self.chunk_size):
             chunk = slice(start, start + self.chunk_size)
             unique = list(dict.fromkeys(pair_cands[chunk] + pair_refs[chunk]))
-            ids, truncated = self.encoder.tokenize_checked(unique)
-            long_texts.update(unique[i] for i in truncated)
+            window = self.long_inputs == "window"
+            ids, truncated = self.encoder.tokenize_checked(unique, truncate=not window)
+            if not window:
+                long_texts.update(unique[i] for i in truncated)
             embeddings = self._embed_ids(dict(zip(unique, ids, strict=True)), progress)
             pair_scores[chunk] = self._score_pairs(
                 pair_cands[chunk],

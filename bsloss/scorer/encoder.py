@@ -152,9 +152,12 @@ class ScorerEncoder(nn.Module):
         pad = self.tokenizer.pad_token_id
         return 0 if pad is None else int(pad)
 
-    def tokenize_checked(self, texts: Sequence[str]) -> tuple[list[list[int]], list[int]]:
-        """Token ids with special tokens, truncated to ``max_length``, and the indices of the
-        texts that were truncated (the caller warns, naming its own positions)."""
+    def tokenize_checked(
+        self, texts: Sequence[str], truncate: bool = True
+    ) -> tuple[list[list[int]], list[int]]:
+        """Token ids with special tokens, and the indices of the texts longer than
+        ``max_length``: truncated there (the caller warns, naming its own positions), or kept
+        whole with ``truncate=False`` (for :meth:`embed_windows`)."""
         prepared = [text.strip() for text in texts]
         if self.prefix_space:
             prepared = [" " + text if text else text for text in prepared]
@@ -162,7 +165,7 @@ class ScorerEncoder(nn.Module):
             "input_ids"
         ]
         too_long = [i for i, row in enumerate(ids) if len(row) > self.max_length]
-        if too_long:
+        if too_long and truncate:
             shortened = self.tokenizer(
                 [prepared[i] for i in too_long],
                 add_special_tokens=True,
@@ -176,8 +179,8 @@ class ScorerEncoder(nn.Module):
     def truncation_message(self, count: int, total: int, where: str) -> str:
         return (
             f"{count} of {total} inputs are longer than {self.name}'s maximum of "
-            f"{self.max_length} tokens and were truncated ({where}); split long texts, or use a "
-            "scorer with a longer maximum length."
+            f"{self.max_length} tokens and were truncated ({where}); pass long_inputs='window' "
+            "to score them whole with overlapping windows."
         )
 
     def tokenize(self, texts: Sequence[str], name: str = "texts") -> list[list[int]]:
@@ -240,6 +243,34 @@ class ScorerEncoder(nn.Module):
         attention = positions < (suffix_start + n_suffix)[:, None]
         hidden = self(inputs_embeds=inputs, attention_mask=attention.long())
         return hidden, attention, special
+
+    def embed_windows(self, ids: Sequence[int], overlap: float = 0.5) -> Tensor:
+        """Hidden states ``[len(ids), d]`` of a token sequence longer than ``max_length``.
+
+        The content between the special tokens is cut into windows of ``max_length`` tokens
+        (special tokens included) that overlap by ``overlap``; each window is encoded with the
+        scorer's own special tokens, and every content token takes its vector from the window in
+        which it lies farthest from an edge (the most context on both sides). The prefix special
+        tokens come from the first window, the suffix ones from the last.
+        """
+        n_prefix, n_suffix = len(self.prefix_ids), len(self.suffix_ids)
+        content = list(ids[n_prefix : len(ids) - n_suffix])
+        width = self.max_length - n_prefix - n_suffix
+        stride = max(1, int(width * (1 - overlap)))
+        starts = list(range(0, max(len(content) - width, 0) + 1, stride))
+        if starts[-1] + width < len(content):
+            starts.append(len(content) - width)
+        windows = [self.prefix_ids + content[a : a + width] + self.suffix_ids for a in starts]
+        input_ids = torch.tensor(windows, device=self.device)  # all windows have the full width
+        hidden = self(input_ids=input_ids, attention_mask=torch.ones_like(input_ids))
+        position = torch.arange(len(content), device=self.device)
+        start = torch.tensor(starts, device=self.device)
+        offset = position[None, :] - start[:, None]  # [windows, tokens]
+        inside = (offset >= 0) & (offset < width)
+        margin = torch.minimum(offset, width - 1 - offset).masked_fill(~inside, -1)
+        best = margin.argmax(dim=0)  # the window where each token is most central
+        rows = hidden[best, n_prefix + offset[best, position]]
+        return torch.cat([hidden[0, :n_prefix], rows, hidden[-1, hidden.shape[1] - n_suffix :]])
 
     def describe(self) -> str:
         return f"{self.name} (layer {self.num_layers})"
