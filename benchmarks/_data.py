@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["data_dir", "load_stsb_dev", "load_xsum"]
+__all__ = ["data_dir", "load_stsb", "load_stsb_dev", "load_xsum"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,6 +46,21 @@ def load_stsb_dev(limit: int | None = None) -> tuple[list[str], list[str]]:
             cands.append(row[1])
             refs.append(row[2])
     return cands, refs
+
+
+def load_stsb(split: str) -> tuple[list[float], list[str], list[str]]:
+    """STS-B ``split`` ("train" or "dev") as (human scores 0-5, sentence1, sentence2)."""
+    path = _require(data_dir() / f"stsb-{split}.tsv")
+    scores, first, second = [], [], []
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
+        next(rows)
+        for row in rows:
+            if len(row) >= 3:
+                scores.append(float(row[0]))
+                first.append(row[1])
+                second.append(row[2])
+    return scores, first, second
 
 
 def load_xsum(limit: int | None = 200) -> tuple[list[str], list[str]]:
