@@ -121,6 +121,14 @@ def test_hard_gradient_flows_only_through_argmax_cells():
                 assert grad[b, i, argmax[b, i]] == 1
 
 
+def test_pair_with_an_empty_reference_scores_zero():
+    cand, ref, cand_mask, ref_mask, cand_w, ref_w = _batch(seed=8, dtype=torch.float32)
+    ref_w[2] = 0.0  # only special tokens: matchable, but no weight
+    out = bert_score(cand, ref, cand_mask, ref_mask, cand_w, ref_w)
+    assert out.precision[2] == 0 and out.recall[2] == 0 and out.f1[2] == 0
+    assert out.precision[0] != 0
+
+
 def test_padded_cells_never_enter_the_max():
     # All real similarities negative: bert_score's `sim * mask` would give 0 from padded cells.
     cand = torch.tensor([[[1.0, 0.0]]])
@@ -139,7 +147,7 @@ def test_empty_sentence_defined_score_and_zero_gradient(matching):
     out = bert_score(
         cand, ref, cand_mask, ref_mask, cand_w, ref_w, matching=matching, temperature=0.1
     )
-    assert out.precision[0] == 0 and out.f1[0] == 0
+    assert out.precision[0] == 0 and out.recall[0] == 0 and out.f1[0] == 0
     sum(x.sum() for x in out).backward()
     assert torch.isfinite(cand.grad).all() and torch.isfinite(ref.grad).all()
     assert (cand.grad[0] == 0).all()

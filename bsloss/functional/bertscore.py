@@ -73,6 +73,10 @@ def _prf(
     )
     precision = weighted_mean(cand_scores, candidate_weights)
     recall = weighted_mean(ref_scores, reference_weights)
+    # As bert_score: a pair with an empty side (no weight: only special tokens) scores 0.
+    empty = (candidate_weights.sum(dim=-1) == 0) | (reference_weights.sum(dim=-1) == 0)
+    precision = torch.where(empty, torch.zeros_like(precision), precision)
+    recall = torch.where(empty, torch.zeros_like(recall), recall)
     return PRF(precision, recall, f_measure(precision, recall))
 
 
@@ -117,8 +121,8 @@ def bert_score(
         normalized: the embeddings are already unit-norm.
 
     Returns:
-        :class:`PRF` of ``[B]`` tensors in float32 (float64 for float64 inputs). A sentence
-        without weight (empty) scores 0 with zero gradient.
+        :class:`PRF` of ``[B]`` tensors in float32 (float64 for float64 inputs). A pair in which
+        either sentence has no weight (empty: only special tokens) scores 0 with zero gradient.
     """
     if candidates.dim() != 3 or references.dim() != 3:
         raise ValueError(
