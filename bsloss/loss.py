@@ -9,7 +9,7 @@ the references.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -19,11 +19,11 @@ from bsloss.baseline import read_baseline, shipped_baseline_path
 from bsloss.bridge import VocabularyBridge
 from bsloss.distributions import augment_table, expected_inputs, token_distribution
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
-from bsloss.functional.idf import idf_table, table_from_mapping, uniform_table
 from bsloss.functional.matching import check_temperature, get_matching
 from bsloss.inputs import flatten_groups
 from bsloss.scorer.checkpointing import set_gradient_checkpointing
 from bsloss.scorer.encoder import ScorerEncoder
+from bsloss.scorer.weights import IdfSpec, weight_table
 
 __all__ = ["BERTScoreLoss"]
 
@@ -62,7 +62,7 @@ class BERTScoreLoss(nn.Module):
         temperature: float = 0.05,
         sinkhorn_iterations: int = 1,
         target: str = "f1",
-        idf: bool | Sequence[str] | Mapping[int, float] = False,
+        idf: IdfSpec = False,
         center: bool = False,
         rescale_with_baseline: bool = False,
         baseline_path: str | None = None,
@@ -98,16 +98,13 @@ class BERTScoreLoss(nn.Module):
                 generator_tokenizer, self.encoder, cache_dir=bridge_cache_dir
             )
         self.bridge = bridge
+        if idf is True:
+            raise ValueError(
+                "idf=True (from each call's references) is for BERTScorer; pass the "
+                "reference corpus as idf=[...] to fix the loss's weights"
+            )
         vocab = self.encoder.input_embeddings.num_embeddings
-        specials = self.encoder.special_token_ids
-        if idf is False:
-            weights = uniform_table(vocab, specials)
-        elif isinstance(idf, Mapping):
-            weights = table_from_mapping(idf, vocab, specials)
-        elif isinstance(idf, Sequence) and not isinstance(idf, str):
-            weights = idf_table(self.encoder.tokenize(list(idf)), vocab, specials)
-        else:
-            raise TypeError("idf must be False, a list of sentences or a {token_id: weight} dict")
+        weights = weight_table(self.encoder, idf, vocab)
         self.register_buffer("scorer_weights", weights.float(), persistent=False)
         self.baseline: Tensor | None = None
         if rescale_with_baseline:

@@ -7,7 +7,7 @@ embeddings, :func:`bsloss.functional.bert_score` does the math (the same functio
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -16,14 +16,13 @@ from torch.nn.utils.rnn import pad_sequence
 from bsloss import __version__
 from bsloss._warnings import warn_user
 from bsloss.baseline import read_baseline, shipped_baseline_path
-from bsloss.functional import bert_score, idf_table, rescale_with_baseline, table_from_mapping
-from bsloss.functional.idf import document_frequency, idf_from_frequency, uniform_table
+from bsloss.functional import bert_score, rescale_with_baseline
+from bsloss.functional.idf import document_frequency, idf_from_frequency
 from bsloss.inputs import flatten_groups, validate_pairs
 from bsloss.scorer.encoder import ScorerEncoder
+from bsloss.scorer.weights import IdfSpec, weight_table
 
 __all__ = ["BERTScorer", "score"]
-
-IdfSpec = bool | Mapping[int, float] | Sequence[str]
 
 
 def _progress(iterable, total: int, enabled: bool | None, desc: str):
@@ -102,31 +101,12 @@ class BERTScorer:
                 )
             self.baseline = read_baseline(path, self.encoder.num_layers)
         self.idf = idf
-        self._weight_table = self._make_weight_table(idf)
+        self._weight_table = weight_table(self.encoder, idf, self.vocab_size)
 
     # ----------------------------------------------------------------- weights
     @property
     def vocab_size(self) -> int:
         return max(len(self.encoder.tokenizer), self.encoder.input_embeddings.num_embeddings)
-
-    def _make_weight_table(self, idf: IdfSpec) -> Tensor | None:
-        """``[V]`` token weights, or ``None`` when they depend on each call's references."""
-        specials = self.encoder.special_token_ids
-        if idf is False:
-            return uniform_table(self.vocab_size, specials)
-        if idf is True:
-            return None
-        if isinstance(idf, Mapping):
-            return table_from_mapping(idf, self.vocab_size, specials)
-        if isinstance(idf, Sequence) and not isinstance(idf, str):
-            sentences = list(idf)
-            for i, sentence in enumerate(sentences):
-                if not isinstance(sentence, str):
-                    raise TypeError(f"idf[{i}] must be a string, got {type(sentence).__name__}")
-            return idf_table(
-                self.encoder.tokenize(sentences, name="idf"), self.vocab_size, specials
-            )
-        raise TypeError(f"idf must be a bool, a dict or a list of sentences, got {type(idf)}")
 
     @property
     def hash(self) -> str:
