@@ -82,6 +82,22 @@ def _baseline(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot(args: argparse.Namespace) -> int:
+    from bsloss import BERTScorer
+    from bsloss.plot import plot_example
+
+    scorer = BERTScorer(model=args.model, num_layers=args.num_layers, device=args.device)
+    plot_example(
+        args.candidate,
+        args.reference,
+        scorer=scorer,
+        fname=args.output,
+        temperature=args.temperature,
+    )
+    print(f"wrote {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bsloss", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -117,6 +133,20 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--per-line", action="store_true", help="print P, R, F of every line")
     common(score)
     score.set_defaults(run=_score)
+
+    plot = sub.add_parser("plot", help="similarity heatmap of one pair, matches marked")
+    plot.add_argument("-c", "--candidate", required=True, help="candidate text")
+    plot.add_argument("-r", "--reference", required=True, help="reference text")
+    plot.add_argument("-o", "--output", required=True, type=Path, help="image file (.png, .pdf)")
+    plot.add_argument("--num-layers", type=int, default=None)
+    plot.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="shade the soft matching plan softmax(s/T) instead of s",
+    )
+    common(plot)
+    plot.set_defaults(run=_plot)
 
     baseline = sub.add_parser("baseline", help="compute a rescaling baseline for any model")
     baseline.add_argument("--corpus", required=True, help="text file, one sentence per line")

@@ -1,0 +1,82 @@
+"""Similarity heatmap of one candidate/reference pair, with each token's match marked
+(like bert_score's ``plot_example``). Needs matplotlib (``pip install bsloss[plot]``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from bsloss.functional.similarity import cosine_similarity
+from bsloss.metric import BERTScorer
+
+__all__ = ["pair_similarity", "plot_example"]
+
+
+@torch.inference_mode()
+def pair_similarity(scorer: BERTScorer, candidate: str, reference: str):
+    """Cosine similarities ``[Lc, Lr]`` of one pair (special tokens dropped), and the tokens."""
+    embedded = scorer.embed([candidate, reference])
+    (cand, cand_ids), (ref, ref_ids) = embedded[candidate], embedded[reference]
+    keep_c = ~torch.isin(cand_ids, torch.tensor(scorer.encoder.special_token_ids))
+    keep_r = ~torch.isin(ref_ids, torch.tensor(scorer.encoder.special_token_ids))
+    sim = cosine_similarity(cand[keep_c][None], ref[keep_r][None], normalized=True)[0]
+    tokens = scorer.encoder.tokenizer.convert_ids_to_tokens
+    return sim.cpu(), tokens(cand_ids[keep_c].tolist()), tokens(ref_ids[keep_r].tolist())
+
+
+def plot_example(
+    candidate: str,
+    reference: str,
+    scorer: BERTScorer | None = None,
+    fname: str | Path | None = None,
+    temperature: float | None = None,
+    ax=None,
+):
+    """Heatmap of the token similarities; a dot marks each candidate token's best reference
+    token (precision), a ring each reference token's best candidate token (recall). With
+    ``temperature``, the cell shading is the row softmax ``softmax_j(s_ij / T)`` instead (the
+    soft matching plan). Special tokens are not drawn, so a mark is the best match among the
+    words shown. Returns the matplotlib figure (saved to ``fname`` if given)."""
+    try:
+        import matplotlib
+
+        if fname is not None:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise ImportError("plot_example needs matplotlib: pip install 'bsloss[plot]'") from error
+    scorer = scorer or BERTScorer()
+    sim, cand_tokens, ref_tokens = pair_similarity(scorer, candidate, reference)
+    shown: Tensor = sim if temperature is None else torch.softmax(sim / temperature, dim=1)
+    if ax is None:
+        width = max(4.0, 0.45 * len(ref_tokens) + 2)
+        height = max(3.0, 0.45 * len(cand_tokens) + 1.5)
+        fig, ax = plt.subplots(figsize=(width, height))
+    else:
+        fig = ax.figure
+    image = ax.imshow(shown.numpy(), cmap="Blues", vmin=0 if temperature else None)
+    rows = torch.arange(len(cand_tokens))
+    ax.scatter(sim.argmax(dim=1).numpy(), rows.numpy(), s=18, c="crimson", label="P match")
+    ax.scatter(
+        torch.arange(len(ref_tokens)).numpy(),
+        sim.argmax(dim=0).numpy(),
+        s=90,
+        facecolors="none",
+        edgecolors="orange",
+        label="R match",
+    )
+    ax.set_xticks(range(len(ref_tokens)), ref_tokens, rotation=60, ha="right")
+    ax.set_yticks(range(len(cand_tokens)), cand_tokens)
+    ax.set_xlabel("reference")
+    ax.set_ylabel("candidate")
+    p, r, f = (x.item() for x in scorer.score([candidate], [reference]))
+    kind = "cosine similarity" if temperature is None else f"softmax plan, T={temperature}"
+    ax.set_title(f"{kind}   P={p:.3f} R={r:.3f} F={f:.3f}", fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.legend(loc="upper right", fontsize=7, framealpha=0.8)
+    fig.tight_layout()
+    if fname is not None:
+        fig.savefig(fname, dpi=120)
+    return fig
