@@ -70,7 +70,7 @@ def test_multiple_references(pairs):
     _assert_equal(ours, theirs)
     # The max is taken independently for P, R and F: not all three from one reference.
     single = bsloss.BERTScorer(num_layers=6).score(cands, refs)
-    assert torch.all(ours[2] >= single[2] - 1e-7)
+    assert torch.all(ours[2] >= single[2] - 1e-6)  # batch composition moves scores by <1e-6
 
 
 def test_bert_score_batch_artifact_is_not_reproduced(pairs):
