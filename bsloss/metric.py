@@ -159,9 +159,9 @@ class BERTScorer:
             key=lambda text: len(token_ids[text]),
             reverse=True,
         )
-        starts = range(0, len(texts), self.batch_size)
-        for start in _progress(starts, len(starts), progress, "bsloss: encoding"):
-            batch = texts[start : start + self.batch_size]
+        batches = self._token_budget_batches([len(token_ids[t]) for t in texts])
+        for start, stop in _progress(batches, len(batches), progress, "bsloss: encoding"):
+            batch = texts[start:stop]
             ids = [torch.tensor(token_ids[text], dtype=torch.long) for text in batch]
             lengths = [len(row) for row in ids]
             input_ids = pad_sequence(ids, batch_first=True, padding_value=self.encoder.pad_token_id)
@@ -174,6 +174,25 @@ class BERTScorer:
             for row, text in enumerate(batch):
                 out[text] = (hidden[row, : lengths[row]], ids[row].to(device))
         return out
+
+    def _token_budget_batches(self, lengths: list[int]) -> list[tuple[int, int]]:
+        """``(start, stop)`` of consecutive batches of length-sorted texts: at most
+        ``batch_size`` texts and at most ``batch_size * 128`` padded tokens each, so that a batch
+        of long texts (whose attention grows with the square of the length) is smaller and the
+        peak memory does not depend on how long the longest texts of a corpus are."""
+        budget = self.batch_size * 128
+        batches, start = [], 0
+        while start < len(lengths):
+            stop = start + 1
+            while (
+                stop < len(lengths)
+                and stop - start < self.batch_size
+                and (stop - start + 1) * max(lengths[start], lengths[stop]) <= budget
+            ):
+                stop += 1
+            batches.append((start, stop))
+            start = stop
+        return batches
 
     def _warn_truncated(self, long_texts: set[str], cands, groups) -> None:
         where = [f"cands[{i}]" for i, c in enumerate(cands) if c in long_texts]
