@@ -89,8 +89,8 @@ def pad(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     return padded, torch.arange(padded.shape[1])[None] < lengths[:, None]
 
 
-def score_split(encoder, split: str, layers: int) -> list[dict]:
-    human, first, second = load_stsb(split)
+def score_split(encoder, split: str, layers: int, limit: int | None = None) -> list[dict]:
+    human, first, second = (column[:limit] for column in load_stsb(split))
     hidden1, ids1 = encode_all_layers(encoder, first)
     hidden2, ids2 = encode_all_layers(encoder, second)
     vocab = encoder.input_embeddings.num_embeddings
@@ -188,12 +188,13 @@ def main() -> None:
     parser.add_argument("--out-csv", type=Path, default=Path("benchmarks/results/correlation.csv"))
     parser.add_argument("--out-md", type=Path, default=Path("benchmarks/results/correlation.md"))
     parser.add_argument("--splits", nargs="+", default=["train", "dev"])
+    parser.add_argument("--limit", type=int, default=None, help="first N pairs of each split")
     args = parser.parse_args()
     torch.manual_seed(0)
     started = time.perf_counter()
     encoder = ScorerEncoder.from_pretrained(None, device="cpu")
     layers = encoder.num_layers
-    rows = [row for split in args.splits for row in score_split(encoder, split, layers)]
+    rows = [row for split in args.splits for row in score_split(encoder, split, layers, args.limit)]
     args.out_csv.parent.mkdir(parents=True, exist_ok=True)
     with open(args.out_csv, "w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
