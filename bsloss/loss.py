@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pad_sequence
 
 from bsloss.baseline import read_baseline, shipped_baseline_path
 from bsloss.bridge import VocabularyBridge
@@ -21,6 +20,7 @@ from bsloss.distributions import augment_table, expected_inputs, token_distribut
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
 from bsloss.functional.matching import check_temperature, get_matching
 from bsloss.inputs import flatten_groups
+from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.checkpointing import set_gradient_checkpointing
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.weights import IdfSpec, weight_table
@@ -214,23 +214,13 @@ class BERTScoreLoss(nn.Module):
         """Hidden states of reference texts, computed once per text and cached."""
         missing = [t for t in dict.fromkeys(texts) if t not in self._reference_cache]
         if missing:
-            token_ids = self.encoder.tokenize(missing)
+            token_ids = self.encoder.tokenize(missing, name="references")
+            hidden = self.encoder.embed_token_ids(token_ids, batch_size=64)
             device = self.encoder.device
-            for start in range(0, len(missing), 64):
-                chunk = token_ids[start : start + 64]
-                ids = pad_sequence(
-                    [torch.tensor(r) for r in chunk],
-                    batch_first=True,
-                    padding_value=self.encoder.pad_token_id,
-                ).to(device)
-                lengths = torch.tensor([len(r) for r in chunk], device=device)
-                mask = torch.arange(ids.shape[1], device=device)[None] < lengths[:, None]
-                hidden = self.encoder(input_ids=ids, attention_mask=mask.long()).float()
-                for row, text in enumerate(missing[start : start + 64]):
-                    n = int(lengths[row])
-                    self._reference_cache[text] = (hidden[row, :n], ids[row, :n])
-        rows = [self._reference_cache[t] for t in texts]
-        return self._pad_references(rows)
+            for text, ids, h in zip(missing, token_ids, hidden, strict=True):
+                # clone: a row must not keep its whole padded batch alive in the cache
+                self._reference_cache[text] = (h.float().clone(), torch.tensor(ids, device=device))
+        return pad_embedded([self._reference_cache[t] for t in texts], self.scorer_weights)
 
     @torch.no_grad()
     def encode_reference_ids(self, reference_ids: Tensor, reference_mask: Tensor | None):
@@ -244,13 +234,6 @@ class BERTScoreLoss(nn.Module):
         hidden = self.encoder(input_ids=reference_ids, attention_mask=reference_mask.long()).float()
         mask = reference_mask.bool()
         return hidden, mask, self.scorer_weights[reference_ids] * mask
-
-    def _pad_references(self, rows):
-        hidden = pad_sequence([h for h, _ in rows], batch_first=True)
-        ids = pad_sequence([i for _, i in rows], batch_first=True)
-        lengths = torch.tensor([len(i) for _, i in rows], device=hidden.device)
-        mask = torch.arange(hidden.shape[1], device=hidden.device)[None] < lengths[:, None]
-        return hidden, mask, self.scorer_weights[ids] * mask
 
     # ------------------------------------------------------------------ scoring
     def score(

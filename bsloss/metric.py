@@ -6,12 +6,10 @@ embeddings, :func:`bsloss.functional.bert_score` does the math (the same functio
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from torch.nn.utils.rnn import pad_sequence
 
 from bsloss import __version__
 from bsloss._warnings import warn_user
@@ -19,20 +17,11 @@ from bsloss.baseline import read_baseline, shipped_baseline_path
 from bsloss.functional import bert_score, rescale_with_baseline
 from bsloss.functional.idf import document_frequency, idf_from_frequency
 from bsloss.inputs import flatten_groups, validate_pairs
+from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.weights import IdfSpec, weight_table
 
 __all__ = ["BERTScorer", "score"]
-
-
-def _progress(iterable, total: int, enabled: bool | None, desc: str):
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled:
-        return iterable
-    from tqdm.auto import tqdm  # a dependency of transformers
-
-    return tqdm(iterable, total=total, desc=desc, leave=False)
 
 
 class BERTScorer:
@@ -144,55 +133,20 @@ class BERTScorer:
     def _embed_ids(
         self, token_ids: dict[str, list[int]], progress: bool | None
     ) -> dict[str, tuple[Tensor, Tensor]]:
-        """Encode each text's ids once, in batches of similar token lengths (little padding);
-        texts longer than the model's maximum (``long_inputs="window"``) in overlapping windows."""
+        """Each text's unit-norm token embeddings (float32) and ids, encoded once."""
+        texts = list(token_ids)
+        with self._autocast():
+            hidden = self.encoder.embed_token_ids(
+                [token_ids[t] for t in texts], self.batch_size, progress
+            )
         device = self.encoder.device
-        out: dict[str, tuple[Tensor, Tensor]] = {}
-        limit = self.encoder.max_length
-        for text in [t for t in token_ids if len(token_ids[t]) > limit]:
-            with self._autocast():
-                hidden = self.encoder.embed_windows(token_ids[text])
-            ids = torch.tensor(token_ids[text], dtype=torch.long, device=device)
-            out[text] = (torch.nn.functional.normalize(hidden.float(), dim=-1), ids)
-        texts = sorted(
-            (t for t in token_ids if t not in out),
-            key=lambda text: len(token_ids[text]),
-            reverse=True,
-        )
-        batches = self._token_budget_batches([len(token_ids[t]) for t in texts])
-        for start, stop in _progress(batches, len(batches), progress, "bsloss: encoding"):
-            batch = texts[start:stop]
-            ids = [torch.tensor(token_ids[text], dtype=torch.long) for text in batch]
-            lengths = [len(row) for row in ids]
-            input_ids = pad_sequence(ids, batch_first=True, padding_value=self.encoder.pad_token_id)
-            mask = torch.arange(input_ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]
-            with self._autocast():
-                hidden = self.encoder(
-                    input_ids=input_ids.to(device), attention_mask=mask.to(device)
-                )
-            hidden = torch.nn.functional.normalize(hidden.float(), dim=-1)
-            for row, text in enumerate(batch):
-                out[text] = (hidden[row, : lengths[row]], ids[row].to(device))
-        return out
-
-    def _token_budget_batches(self, lengths: list[int]) -> list[tuple[int, int]]:
-        """``(start, stop)`` of consecutive batches of length-sorted texts: at most
-        ``batch_size`` texts and at most ``batch_size * 128`` padded tokens each, so that a batch
-        of long texts (whose attention grows with the square of the length) is smaller and the
-        peak memory does not depend on how long the longest texts of a corpus are."""
-        budget = self.batch_size * 128
-        batches, start = [], 0
-        while start < len(lengths):
-            stop = start + 1
-            while (
-                stop < len(lengths)
-                and stop - start < self.batch_size
-                and (stop - start + 1) * max(lengths[start], lengths[stop]) <= budget
-            ):
-                stop += 1
-            batches.append((start, stop))
-            start = stop
-        return batches
+        return {
+            text: (
+                torch.nn.functional.normalize(h.float(), dim=-1),
+                torch.tensor(token_ids[text], dtype=torch.long, device=device),
+            )
+            for text, h in zip(texts, hidden, strict=True)
+        }
 
     def _warn_truncated(self, long_texts: set[str], cands, groups) -> None:
         where = [f"cands[{i}]" for i, c in enumerate(cands) if c in long_texts]
@@ -274,10 +228,12 @@ class BERTScorer:
         scores = torch.empty(len(pair_cands), 3)
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
-            cand_emb, cand_mask, cand_w = self._pad(
+            cand_emb, cand_mask, cand_w = pad_embedded(
                 [embeddings[pair_cands[i]] for i in batch], table
             )
-            ref_emb, ref_mask, ref_w = self._pad([embeddings[pair_refs[i]] for i in batch], table)
+            ref_emb, ref_mask, ref_w = pad_embedded(
+                [embeddings[pair_refs[i]] for i in batch], table
+            )
             prf = bert_score(
                 cand_emb,
                 ref_emb,
@@ -290,14 +246,6 @@ class BERTScorer:
             )
             scores[batch] = torch.stack(prf, dim=-1).float().cpu()
         return scores
-
-    @staticmethod
-    def _pad(items: list[tuple[Tensor, Tensor]], table: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        emb = pad_sequence([e for e, _ in items], batch_first=True)
-        lengths = torch.tensor([len(ids) for _, ids in items], device=emb.device)
-        mask = torch.arange(emb.shape[1], device=emb.device)[None, :] < lengths[:, None]
-        ids = pad_sequence([ids for _, ids in items], batch_first=True)
-        return emb, mask, table[ids] * mask
 
     @staticmethod
     def _empty_pairs(pair_cands, pair_refs, owner, groups) -> Tensor:

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils.rnn import pad_sequence
 
 from bsloss._warnings import warn_user
+from bsloss.scorer.batching import progress_bar, token_budget_batches
 from bsloss.scorer.default import DEFAULT_MODEL_NAME, embedded_model_path
 from bsloss.scorer.layers import default_num_layers, freeze, num_hidden_layers, truncate_layers
 
@@ -243,6 +245,37 @@ class ScorerEncoder(nn.Module):
         attention = positions < (suffix_start + n_suffix)[:, None]
         hidden = self(inputs_embeds=inputs, attention_mask=attention.long())
         return hidden, attention, special
+
+    def embed_token_ids(
+        self, token_ids: Sequence[Sequence[int]], batch_size: int, progress: bool | None = None
+    ) -> list[Tensor]:
+        """Hidden states ``[L_i, d]`` of each id sequence, in input order.
+
+        Sequences are encoded longest first in token-budget batches (little padding, bounded
+        memory); a sequence longer than ``max_length`` is encoded with :meth:`embed_windows`.
+        """
+        out: list[Tensor | None] = [None] * len(token_ids)
+        for i, ids in enumerate(token_ids):
+            if len(ids) > self.max_length:
+                out[i] = self.embed_windows(ids)
+        order = sorted(
+            (i for i in range(len(token_ids)) if out[i] is None),
+            key=lambda i: len(token_ids[i]),
+            reverse=True,
+        )
+        lengths = [len(token_ids[i]) for i in order]
+        batches = token_budget_batches(lengths, batch_size)
+        for start, stop in progress_bar(batches, len(batches), progress, "bsloss: encoding"):
+            rows = [torch.tensor(token_ids[i], dtype=torch.long) for i in order[start:stop]]
+            input_ids = pad_sequence(rows, batch_first=True, padding_value=self.pad_token_id)
+            mask = (
+                torch.arange(input_ids.shape[1])[None, :]
+                < torch.tensor(lengths[start:stop])[:, None]
+            )
+            hidden = self(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device))
+            for row, i in enumerate(order[start:stop]):
+                out[i] = hidden[row, : lengths[start + row]]
+        return out
 
     def embed_windows(self, ids: Sequence[int], overlap: float = 0.5) -> Tensor:
         """Hidden states ``[len(ids), d]`` of a token sequence longer than ``max_length``.
