@@ -137,15 +137,16 @@ class BERTScoreLoss(nn.Module):
         return self._generator_tables[key]
 
     def _check_vocab(self, size: int, name: str) -> None:
-        if size != self.generator_vocab_size:
-            where = "the vocabulary bridge" if self.bridge is not None else "the scorer"
-            raise ValueError(
-                f"{name} has a vocabulary of {size} entries but {where} expects "
-                f"{self.generator_vocab_size}; pass generator_tokenizer=... to build a bridge"
-                if self.bridge is None
-                else f"{name} has a vocabulary of {size} entries but {where} expects "
-                f"{self.generator_vocab_size}"
-            )
+        if size == self.generator_vocab_size:
+            return
+        if self.bridge is None:
+            where, hint = "the scorer", "; pass generator_tokenizer=... to build a bridge"
+        else:
+            where, hint = "the vocabulary bridge", ""
+        raise ValueError(
+            f"{name} has a vocabulary of {size} entries but {where} expects "
+            f"{self.generator_vocab_size}{hint}"
+        )
 
     def encode_candidates(
         self,
