@@ -45,6 +45,9 @@ class BERTScorer:
             (:meth:`~bsloss.scorer.encoder.ScorerEncoder.embed_windows`).
         chunk_size: pairs scored per chunk. Embeddings live only for one chunk, so memory is
             bounded by the chunk, not by the corpus; unique sentences are encoded once per chunk.
+        reference_cache_size: keep the embeddings of up to this many reference texts across
+            :meth:`score` calls (oldest evicted first), for a validation set or an RL reward that
+            scores new candidates against the same references again and again. ``0``: no cache.
     """
 
     def __init__(
@@ -61,6 +64,7 @@ class BERTScorer:
         chunk_size: int = 8192,
         long_inputs: str = "truncate",
         encoder: ScorerEncoder | None = None,
+        reference_cache_size: int = 0,
     ):
         if long_inputs not in ("truncate", "window"):
             raise ValueError(f"long_inputs must be 'truncate' or 'window', got {long_inputs!r}")
@@ -69,6 +73,12 @@ class BERTScorer:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if reference_cache_size < 0:
+            raise ValueError(f"reference_cache_size must be >= 0, got {reference_cache_size}")
+        self.reference_cache_size = reference_cache_size
+        # text -> (embeddings, ids); insertion order is the eviction order
+        self._reference_cache: dict[str, tuple[Tensor, Tensor]] = {}
+        self._truncated_references: set[str] = set()
         if autocast_dtype not in (None, torch.bfloat16, torch.float16):
             raise ValueError(
                 f"autocast_dtype must be None, torch.bfloat16 or torch.float16, "
@@ -199,11 +209,15 @@ class BERTScorer:
         for start in range(0, len(pair_cands), self.chunk_size):
             chunk = slice(start, start + self.chunk_size)
             unique = list(dict.fromkeys(pair_cands[chunk] + pair_refs[chunk]))
+            embeddings = {t: self._reference_cache[t] for t in unique if t in self._reference_cache}
+            long_texts.update(t for t in embeddings if t in self._truncated_references)
+            missing = [t for t in unique if t not in embeddings]
             window = self.long_inputs == "window"
-            ids, truncated = self.encoder.tokenize_checked(unique, truncate=not window)
+            ids, truncated = self.encoder.tokenize_checked(missing, truncate=not window)
             if not window:
-                long_texts.update(unique[i] for i in truncated)
-            embeddings = self._embed_ids(dict(zip(unique, ids, strict=True)), progress)
+                long_texts.update(missing[i] for i in truncated)
+            embeddings.update(self._embed_ids(dict(zip(missing, ids, strict=True)), progress))
+            self._cache_references(pair_refs[chunk], embeddings, long_texts)
             pair_scores[chunk] = self._score_pairs(
                 pair_cands[chunk],
                 pair_refs[chunk],
@@ -218,6 +232,24 @@ class BERTScorer:
             pair_scores = rescale_with_baseline(pair_scores, self.baseline.float())
         empty = self._empty_pairs(pair_cands, pair_refs, owner, groups)
         return self._group_max(pair_scores, empty, owner, len(cands))
+
+    def _cache_references(self, refs: list[str], embeddings: dict, long_texts: set[str]) -> None:
+        if not self.reference_cache_size:
+            return
+        for text in dict.fromkeys(refs):
+            if text in self._reference_cache:
+                continue
+            self._reference_cache[text] = embeddings[text]
+            if text in long_texts:
+                self._truncated_references.add(text)
+            if len(self._reference_cache) > self.reference_cache_size:
+                oldest = next(iter(self._reference_cache))
+                del self._reference_cache[oldest]
+                self._truncated_references.discard(oldest)
+
+    def clear_reference_cache(self) -> None:
+        self._reference_cache.clear()
+        self._truncated_references.clear()
 
     def _score_pairs(self, pair_cands, pair_refs, embeddings, table, batch_size) -> Tensor:
         """``[num_pairs, 3]`` raw P, R, F, in batches of pairs of similar lengths."""

@@ -1,0 +1,134 @@
+"""BERTScore as a reward for reinforcement learning.
+
+:class:`BERTScoreReward` is a callable with the reward-function signature of Hugging Face TRL
+(``GRPOTrainer(reward_funcs=...)``, also ``RLOOTrainer``)::
+
+    reward(prompts=[...], completions=[...], **dataset_columns) -> list[float]
+
+Completions are strings (standard format) or lists of chat messages (conversational format:
+the ``content`` of the last message is scored). The references come from the dataset column named
+by ``reference_column``; each is one string or a list of strings (the best one counts, as in
+:meth:`bsloss.BERTScorer.score`). The score is the exact, hard-matching BERTScore of
+:class:`~bsloss.BERTScorer`, whose reference embeddings are cached across calls: a reward is asked
+for the same references over and over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from bsloss.metric import BERTScorer
+
+__all__ = ["BERTScoreReward"]
+
+_TARGETS = {"f1": 2, "precision": 0, "recall": 1}
+# keyword arguments TRL passes besides the dataset columns
+_TRAINER_KEYWORDS = {"completion_ids", "trainer_state", "log_extra", "log_metric", "environments"}
+
+
+def completion_text(completion: Any, index: int) -> str:
+    """The text of one completion: a string, or the ``content`` of the last chat message."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict) and "content" in completion:
+        return _content(completion["content"], index)
+    if isinstance(completion, Sequence) and completion:
+        last = completion[-1]
+        if isinstance(last, dict) and "content" in last:
+            return _content(last["content"], index)
+    raise TypeError(
+        f"completions[{index}] must be a string or a list of chat messages "
+        f"({{'role': ..., 'content': ...}}), got {type(completion).__name__}"
+    )
+
+
+def _content(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    # multimodal messages: content is a list of {"type": "text", "text": ...} parts
+    if isinstance(content, list):
+        parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        return " ".join(parts)
+    raise TypeError(
+        f"completions[{index}]: message content must be a string, got {type(content).__name__}"
+    )
+
+
+class BERTScoreReward:
+    """Hard-matching BERTScore of each completion against its reference(s), as a reward.
+
+    Args:
+        model, num_layers, idf, rescale_with_baseline, baseline_path, batch_size, device,
+            autocast_dtype: as for :class:`~bsloss.BERTScorer` (or pass ``scorer``).
+        reference_column: the dataset column that holds the reference(s).
+        target: ``"f1"``, ``"precision"`` or ``"recall"``.
+        reference_cache_size: reference texts whose embeddings are kept across calls.
+        scorer: an existing :class:`~bsloss.BERTScorer` to use.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        num_layers: int | None = None,
+        *,
+        reference_column: str = "reference",
+        target: str = "f1",
+        idf: Any = False,
+        rescale_with_baseline: bool = False,
+        baseline_path: str | None = None,
+        batch_size: int = 64,
+        device: Any = None,
+        autocast_dtype: Any = None,
+        reference_cache_size: int = 100_000,
+        scorer: BERTScorer | None = None,
+    ):
+        if target not in _TARGETS:
+            raise ValueError(f"target must be one of {tuple(_TARGETS)}, got {target!r}")
+        if idf is True:
+            raise ValueError(
+                "idf=True would weigh each call by its own references; pass the reference "
+                "corpus as idf=[...] for a reward that is stable across calls"
+            )
+        self.scorer = scorer or BERTScorer(
+            model,
+            num_layers,
+            idf=idf,
+            rescale_with_baseline=rescale_with_baseline,
+            baseline_path=baseline_path,
+            batch_size=batch_size,
+            device=device,
+            autocast_dtype=autocast_dtype,
+            reference_cache_size=reference_cache_size,
+        )
+        if scorer is not None and not scorer.reference_cache_size:
+            scorer.reference_cache_size = reference_cache_size
+        self.reference_column = reference_column
+        self.target = target
+        # trainers log each reward function under its __name__
+        self.__name__ = f"bertscore_{target}"
+
+    def __call__(
+        self,
+        prompts: Sequence[Any] | None = None,
+        completions: Sequence[Any] | None = None,
+        **columns: Any,
+    ) -> list[float]:
+        if completions is None:
+            raise TypeError("BERTScoreReward needs completions=[...]")
+        if self.reference_column not in columns:
+            given = sorted(k for k in columns if k not in _TRAINER_KEYWORDS)
+            raise KeyError(
+                f"no reference column {self.reference_column!r} among the dataset columns "
+                f"passed to the reward ({given}); set reference_column= to the column that holds "
+                "the references"
+            )
+        references = list(columns[self.reference_column])
+        if len(references) != len(completions):
+            raise ValueError(
+                f"{len(completions)} completions but {len(references)} references in column "
+                f"{self.reference_column!r}"
+            )
+        texts = [completion_text(c, i) for i, c in enumerate(completions)]
+        scores = self.scorer.score(texts, references, progress=False)
+        return scores[_TARGETS[self.target]].tolist()

@@ -1,0 +1,128 @@
+"""BERTScoreReward: TRL's reward-function call, formats, reference cache, and a GRPO smoke run."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import bsloss
+from bsloss.reward import BERTScoreReward
+
+CANDS = ["A man is playing a guitar.", "The cat sleeps on the mat.", "Stocks fell sharply today."]
+REFS = ["A man plays the guitar.", "A cat is sleeping on a rug.", "Markets dropped on Tuesday."]
+
+
+@pytest.fixture(scope="module")
+def reward(scorer) -> BERTScoreReward:
+    return BERTScoreReward(scorer=bsloss.BERTScorer(encoder=scorer.encoder))
+
+
+def test_reward_is_bertscorer_f(reward, scorer):
+    expected = scorer.score(CANDS, REFS)[2].tolist()
+    got = reward(prompts=["p"] * 3, completions=CANDS, reference=REFS)
+    assert isinstance(got, list) and all(isinstance(x, float) for x in got)
+    assert got == pytest.approx(expected, abs=1e-6)
+    assert len(set(got)) == 3
+
+
+def test_conversational_completions_and_reference_lists(reward):
+    plain = reward(completions=CANDS, reference=REFS)
+    chat = [[{"role": "assistant", "content": c}] for c in CANDS]
+    assert reward(prompts=[[{"role": "user", "content": "q"}]] * 3, completions=chat,
+                  reference=REFS) == pytest.approx(plain, abs=1e-6)
+    # a list of references per completion: the best one counts
+    multi = reward(completions=CANDS, reference=[[r, "Unrelated words here."] for r in REFS])
+    assert multi == pytest.approx(plain, abs=1e-6)
+
+
+def test_reference_column_and_target(scorer):
+    reward = BERTScoreReward(
+        scorer=bsloss.BERTScorer(encoder=scorer.encoder), reference_column="summary",
+        target="precision",
+    )
+    assert reward.__name__ == "bertscore_precision"
+    got = reward(completions=CANDS, summary=REFS, trainer_state=None)
+    assert got == pytest.approx(scorer.score(CANDS, REFS)[0].tolist(), abs=1e-6)
+    with pytest.raises(KeyError, match="'summary'.*\\['reference'\\]"):
+        reward(completions=CANDS, reference=REFS, completion_ids=[[1]] * 3)
+    with pytest.raises(TypeError, match=r"completions\[1\]"):
+        reward(completions=["ok", 3, "x"], summary=REFS)
+    with pytest.raises(ValueError, match="3 completions but 2 references"):
+        reward(completions=CANDS, summary=REFS[:2])
+
+
+def test_reference_embeddings_are_cached_across_calls(scorer, monkeypatch):
+    reward = BERTScoreReward(scorer=bsloss.BERTScorer(encoder=scorer.encoder))
+    first = reward(completions=CANDS, reference=REFS)
+    encoded: list[int] = []
+    original = scorer.encoder.embed_token_ids
+
+    def counting(token_ids, *args, **kwargs):
+        encoded.append(len(token_ids))
+        return original(token_ids, *args, **kwargs)
+
+    monkeypatch.setattr(scorer.encoder, "embed_token_ids", counting)
+    second = reward(completions=list(reversed(CANDS)), reference=REFS)
+    assert sum(encoded) == len(CANDS)  # only the new candidate texts
+    assert second[1] == pytest.approx(first[1], abs=1e-6)  # same middle pair
+    assert len(reward.scorer._reference_cache) == len(REFS)
+
+
+def test_reference_cache_evicts_oldest(scorer):
+    cached = bsloss.BERTScorer(encoder=scorer.encoder, reference_cache_size=2)
+    cached.score(CANDS, REFS)
+    assert list(cached._reference_cache) == REFS[1:]
+    with pytest.raises(ValueError, match="reference_cache_size"):
+        bsloss.BERTScorer(encoder=scorer.encoder, reference_cache_size=-1)
+
+
+def test_idf_true_is_refused(scorer):
+    with pytest.raises(ValueError, match="idf=True"):
+        BERTScoreReward(idf=True, scorer=bsloss.BERTScorer(encoder=scorer.encoder))
+
+
+def test_trl_grpo_two_steps(reward, scorer, tmp_path):
+    """The reward plugged as-is into TRL's GRPOTrainer for two optimisation steps of a tiny
+    randomly initialised causal LM that uses the embedded scorer's tokenizer."""
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = copy.deepcopy(scorer.encoder.tokenizer)
+    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"  # a BERT tokenizer has neither
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=len(tokenizer), n_positions=64, n_embd=32, n_layer=1, n_head=2,
+            bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
+    calls: list[int] = []
+
+    def recorded(**kwargs):
+        rewards = reward(**kwargs)
+        calls.append(len(rewards))
+        return rewards
+
+    recorded.__name__ = reward.__name__
+    data = datasets.Dataset.from_dict(
+        {"prompt": ["Summarize: the cat sat.", "Summarize: a dog ran."] * 2,
+         "reference": ["The cat sat.", "A dog ran."] * 2}
+    )
+    config = trl.GRPOConfig(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, num_generations=2,
+        max_completion_length=6, learning_rate=1e-3, logging_steps=1, report_to=[],
+        use_cpu=True, save_strategy="no", bf16=False,
+    )
+    trainer = trl.GRPOTrainer(
+        model=model, reward_funcs=recorded, args=config, train_dataset=data,
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    assert calls and all(n == 2 for n in calls)
+    logged = [entry for entry in trainer.state.log_history if "reward" in entry]
+    assert len(logged) == 2
+    assert all(0.0 <= entry["reward"] <= 1.0 for entry in logged)
