@@ -11,4 +11,11 @@ from bsloss.loss import BERTScoreLoss  # noqa: E402
 from bsloss.metric import BERTScorer, score  # noqa: E402
 from bsloss.reward import BERTScoreReward  # noqa: E402
 
-__all__ = ["BERTScorer", "BERTScoreLoss", "BERTScoreReward", "VocabularyBridge", "score", "__version__"]
+__all__ = [
+    "BERTScorer",
+    "BERTScoreLoss",
+    "BERTScoreReward",
+    "VocabularyBridge",
+    "score",
+    "__version__",
+]

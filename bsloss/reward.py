@@ -48,7 +48,9 @@ def _content(content: Any, index: int) -> str:
         return content
     # multimodal messages: content is a list of {"type": "text", "text": ...} parts
     if isinstance(content, list):
-        parts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+        parts = [
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        ]
         return " ".join(parts)
     raise TypeError(
         f"completions[{index}]: message content must be a string, got {type(content).__name__}"

@@ -30,8 +30,9 @@ def test_reward_is_bertscorer_f(reward, scorer):
 def test_conversational_completions_and_reference_lists(reward):
     plain = reward(completions=CANDS, reference=REFS)
     chat = [[{"role": "assistant", "content": c}] for c in CANDS]
-    assert reward(prompts=[[{"role": "user", "content": "q"}]] * 3, completions=chat,
-                  reference=REFS) == pytest.approx(plain, abs=1e-6)
+    assert reward(
+        prompts=[[{"role": "user", "content": "q"}]] * 3, completions=chat, reference=REFS
+    ) == pytest.approx(plain, abs=1e-6)
     # a list of references per completion: the best one counts
     multi = reward(completions=CANDS, reference=[[r, "Unrelated words here."] for r in REFS])
     assert multi == pytest.approx(plain, abs=1e-6)
@@ -39,7 +40,8 @@ def test_conversational_completions_and_reference_lists(reward):
 
 def test_reference_column_and_target(scorer):
     reward = BERTScoreReward(
-        scorer=bsloss.BERTScorer(encoder=scorer.encoder), reference_column="summary",
+        scorer=bsloss.BERTScorer(encoder=scorer.encoder),
+        reference_column="summary",
         target="precision",
     )
     assert reward.__name__ == "bertscore_precision"
@@ -95,8 +97,13 @@ def test_trl_grpo_two_steps(reward, scorer, tmp_path):
     torch.manual_seed(0)
     model = GPT2LMHeadModel(
         GPT2Config(
-            vocab_size=len(tokenizer), n_positions=64, n_embd=32, n_layer=1, n_head=2,
-            bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+            vocab_size=len(tokenizer),
+            n_positions=64,
+            n_embd=32,
+            n_layer=1,
+            n_head=2,
+            bos_token_id=tokenizer.cls_token_id,
+            eos_token_id=tokenizer.sep_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
     )
@@ -109,16 +116,29 @@ def test_trl_grpo_two_steps(reward, scorer, tmp_path):
 
     recorded.__name__ = reward.__name__
     data = datasets.Dataset.from_dict(
-        {"prompt": ["Summarize: the cat sat.", "Summarize: a dog ran."] * 2,
-         "reference": ["The cat sat.", "A dog ran."] * 2}
+        {
+            "prompt": ["Summarize: the cat sat.", "Summarize: a dog ran."] * 2,
+            "reference": ["The cat sat.", "A dog ran."] * 2,
+        }
     )
     config = trl.GRPOConfig(
-        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, num_generations=2,
-        max_completion_length=6, learning_rate=1e-3, logging_steps=1, report_to=[],
-        use_cpu=True, save_strategy="no", bf16=False,
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=6,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        bf16=False,
     )
     trainer = trl.GRPOTrainer(
-        model=model, reward_funcs=recorded, args=config, train_dataset=data,
+        model=model,
+        reward_funcs=recorded,
+        args=config,
+        train_dataset=data,
         processing_class=tokenizer,
     )
     trainer.train()
