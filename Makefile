@@ -17,4 +17,4 @@ demo: setup
 	$(PYTHON) -m bsloss score -c bsloss/examples/candidates.txt -r bsloss/examples/references.txt --rescale --per-line
 
 bench: setup
-	$(PYTHON) benchmarks/speed_vs_bert_score.py
+	$(PYTHON) benchmarks/throughput.py --mode both --repeats 3

@@ -1,0 +1,504 @@
+"""Plumbing shared by the recipes: configs, data, generator models, evaluation, logging and
+checkpoints. The BERTScore parts are bsloss's own (``BERTScoreLoss``, ``BERTScorer``,
+``BERTScoreReward``); nothing here re-implements them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+RECIPES = Path(__file__).resolve().parent
+SPLITS = ("train", "validation", "test")
+
+
+# ----------------------------------------------------------------------------- config
+def base_arguments(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", type=Path, required=True, help="YAML file in recipes/configs/")
+    parser.add_argument("--output_dir", type=Path, required=True)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config entry, e.g. --set loss.weight=0.5 (VALUE is parsed as YAML)",
+    )
+    parser.add_argument("--init_from", type=Path, help="start from this saved generator folder")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument("--mixed_precision", choices=["no", "bf16", "fp16"], default=None)
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="run on the CPU even with a GPU; several CPU processes (gloo): "
+        "accelerate launch --multi_gpu --num_processes N <recipe> --cpu",
+    )
+    parser.add_argument(
+        "--stop_after",
+        type=int,
+        default=None,
+        help="stop after this many steps of this invocation, as an interruption would",
+    )
+    return parser
+
+
+def load_config(path: Path, overrides: list[str]) -> dict:
+    config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        node = config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                raise KeyError(f"--set {key}: no config section {part!r}")
+            node = node[part]
+        if leaf not in node:
+            raise KeyError(f"--set {key}: unknown key {leaf!r} (known: {sorted(node)})")
+        node[leaf] = yaml.safe_load(value)
+    if config.get("task") not in ("summarization", "translation"):
+        raise ValueError(f"config task must be summarization or translation: {config.get('task')}")
+    return config
+
+
+# ----------------------------------------------------------------------------- data
+@dataclass
+class Example:
+    source: str
+    target: str
+
+
+def _resolve(path: str) -> Path:
+    candidate = Path(path)
+    return candidate if candidate.is_absolute() or candidate.exists() else RECIPES.parent / path
+
+
+def load_splits(spec: dict) -> dict[str, list[Example]]:
+    """Train/validation/test examples from a local JSONL/TSV with a split column, or from a
+    Hugging Face ``datasets`` name (needs internet)."""
+    source, target = spec["source"], spec["target"]
+    if spec.get("dataset"):
+        import datasets
+
+        loaded = datasets.load_dataset(spec["dataset"], spec.get("dataset_config"))
+        names = spec.get("splits") or {s: s for s in SPLITS}
+        out = {}
+        for split in SPLITS:
+            rows = loaded[names[split]]
+            out[split] = [Example(_field(r, source), _field(r, target)) for r in rows]
+        return _cap(out, spec)
+    path = _resolve(spec["path"])
+    if path.suffix == ".jsonl":
+        with open(path, encoding="utf-8") as handle:
+            rows = [json.loads(line) for line in handle if line.strip()]
+    else:
+        with open(path, newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    out = {split: [] for split in SPLITS}
+    column = spec.get("split_column", "split")
+    for i, row in enumerate(rows):
+        if row.get(column) not in out:
+            raise ValueError(f"{path} row {i}: {column}={row.get(column)!r} is not one of {SPLITS}")
+        out[row[column]].append(Example(row[source], row[target]))
+    return _cap(out, spec)
+
+
+def _field(row: dict, name: str) -> str:
+    # "translation.es" reaches into the nested rows of the wmt datasets
+    value: Any = row
+    for part in name.split("."):
+        value = value[part]
+    return value
+
+
+def _cap(out: dict[str, list[Example]], spec: dict) -> dict[str, list[Example]]:
+    for split in SPLITS:
+        limit = spec.get(f"max_{split}")
+        if limit is not None:
+            out[split] = out[split][:limit]
+        if not out[split]:
+            raise ValueError(f"the {split} split is empty")
+    return out
+
+
+def batch_indices(n: int, batch_size: int, seed: int, start_step: int) -> Iterator[list[int]]:
+    """Batches of a fresh seeded permutation each epoch; a resumed run gets the same batches."""
+    per_epoch = max(1, n // batch_size)
+    step = start_step
+    while True:
+        epoch, offset = divmod(step, per_epoch)
+        order = list(range(n))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        yield order[offset * batch_size : (offset + 1) * batch_size]
+        step += 1
+
+
+# ----------------------------------------------------------------------------- models
+def load_generator(model_spec: dict, init_from: Path | None, scorer_encoder):  # noqa: C901
+    """(seq2seq model, tokenizer). ``generator: bert2bert-minilm`` warm-starts a BERT2BERT model
+    from the embedded scorer's weights; a hub name or folder loads that model; with
+    ``generator_config`` a model is built at random from a config and ``tokenizer``."""
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    if init_from is not None:
+        model = AutoModelForSeq2SeqLM.from_pretrained(init_from)
+        tokenizer = AutoTokenizer.from_pretrained(init_from)
+        return model, tokenizer
+    name = model_spec.get("generator")
+    if model_spec.get("generator_config"):
+        options = dict(model_spec["generator_config"])
+        tokenizer = AutoTokenizer.from_pretrained(_resolve(model_spec["tokenizer"]))
+        options.setdefault("vocab_size", len(tokenizer))
+        options.setdefault("pad_token_id", tokenizer.pad_token_id)
+        options.setdefault("eos_token_id", tokenizer.eos_token_id)
+        options.setdefault("decoder_start_token_id", tokenizer.pad_token_id)
+        config = AutoConfig.for_model(options.pop("model_type"), **options)
+        torch.manual_seed(model_spec.get("init_seed", 0))
+        return AutoModelForSeq2SeqLM.from_config(config), tokenizer
+    if name == "bert2bert-minilm":
+        from transformers import EncoderDecoderModel
+
+        from bsloss.scorer.default import embedded_model_path
+
+        path = embedded_model_path()
+        import transformers
+
+        # the decoder's cross-attention and LM-head transform are new: the load report that
+        # lists them is expected, so it is kept quiet
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()
+        try:
+            model = EncoderDecoderModel.from_encoder_decoder_pretrained(
+                path, path, encoder_add_pooling_layer=False
+            )
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+        tokenizer = copy.deepcopy(scorer_encoder.tokenizer)
+        tokenizer.bos_token, tokenizer.eos_token = tokenizer.cls_token, tokenizer.sep_token
+        model.config.decoder_start_token_id = tokenizer.cls_token_id
+        model.config.eos_token_id = tokenizer.sep_token_id
+        model.config.pad_token_id = tokenizer.pad_token_id
+        model.config.vocab_size = model.config.decoder.vocab_size
+        for config in (model.generation_config,):
+            config.decoder_start_token_id = tokenizer.cls_token_id
+            config.eos_token_id = tokenizer.sep_token_id
+            config.pad_token_id = tokenizer.pad_token_id
+            config.bos_token_id = tokenizer.cls_token_id
+        return model, tokenizer
+    return AutoModelForSeq2SeqLM.from_pretrained(name), AutoTokenizer.from_pretrained(name)
+
+
+def special_ids(model, tokenizer) -> tuple[int, int, int]:
+    """(pad, eos, decoder start) of a seq2seq generator."""
+    config = model.config
+    eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
+    pad = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_token_id
+    start = config.decoder_start_token_id
+    if start is None:
+        start = model.generation_config.decoder_start_token_id
+    return pad, eos, start
+
+
+class Collator:
+    """Source ids (truncated to ``max_source_length``) and label ids ``[target pieces, eos]``;
+    counts how many texts the length limits cut."""
+
+    def __init__(self, tokenizer, model, max_source_length: int, max_target_length: int):
+        self.tokenizer = tokenizer
+        self.pad, self.eos, self.start = special_ids(model, tokenizer)
+        self.max_source, self.max_target = max_source_length, max_target_length
+        self.truncated = {"source": 0, "target": 0}
+
+    def _ids(self, texts: list[str], limit: int, side: str, add_eos: bool) -> list[list[int]]:
+        rows = []
+        special = side == "source"
+        for ids in self.tokenizer(texts, add_special_tokens=special)["input_ids"]:
+            if special and len(ids) > limit:
+                ids = ids[: limit - 1] + [ids[-1]]
+                self.truncated[side] += 1
+            if add_eos:
+                if len(ids) > limit - 1:
+                    ids = ids[: limit - 1]
+                    self.truncated[side] += 1
+                ids = ids + [self.eos]
+            rows.append(ids)
+        return rows
+
+    def _pad(self, rows: list[list[int]], value: int) -> torch.Tensor:
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [value] * (width - len(r)) for r in rows])
+
+    def __call__(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        sources = self._ids([e.source for e in examples], self.max_source, "source", False)
+        labels = self._ids([e.target for e in examples], self.max_target, "target", True)
+        input_ids = self._pad(sources, self.pad)
+        label_ids = self._pad(labels, -100)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": (input_ids != self.pad).long()
+            if self.pad is not None
+            else torch.ones_like(input_ids),
+            "labels": label_ids,
+        }
+
+    def decoder_inputs(self, labels: torch.Tensor) -> torch.Tensor:
+        shifted = labels.new_full(labels.shape, self.pad)
+        shifted[:, 1:] = labels[:, :-1]
+        shifted[:, 0] = self.start
+        return shifted.masked_fill(shifted == -100, self.pad)
+
+    def content_mask(self, labels: torch.Tensor) -> torch.Tensor:
+        """Positions that hold a target token (not padding, not the final eos)."""
+        return (labels != -100) & (labels != self.eos) & (labels != self.pad)
+
+
+def pad_labels(label_sets: list[torch.Tensor]) -> list[torch.Tensor]:
+    width = max(labels.shape[1] for labels in label_sets)
+    return [torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-100) for x in label_sets]
+
+
+def teacher_forced_logits(model, batch, label_sets: list[torch.Tensor], collator) -> list:
+    """Logits for several label sets of the same sources in one forward pass (one pass keeps
+    DistributedDataParallel to one reduction per step)."""
+    padded = pad_labels(label_sets)
+    labels = torch.cat(padded)
+    repeat = len(label_sets)
+    logits = model(
+        input_ids=batch["input_ids"].repeat(repeat, 1),
+        attention_mask=batch["attention_mask"].repeat(repeat, 1),
+        decoder_input_ids=collator.decoder_inputs(labels),
+    ).logits
+    return [part[:, : x.shape[1]] for part, x in zip(logits.chunk(repeat), label_sets, strict=True)]
+
+
+def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(
+        logits.float().transpose(1, 2), labels, ignore_index=-100
+    )
+
+
+def generated_labels(sequences: torch.Tensor, pad: int, eos: int) -> torch.Tensor:
+    """``generate()`` output (decoder start first) -> labels-style ids: padding and everything
+    after the first eos are ``-100``."""
+    labels = sequences[:, 1:].clone()
+    ended = (labels == eos).long().cumsum(1)
+    after_eos = (ended - (labels == eos).long()) > 0
+    labels[after_eos | (labels == pad)] = -100
+    return labels
+
+
+# ----------------------------------------------------------------------------- evaluation
+class Evaluator:
+    """Held-out generation and scoring: hard F_BERT (exact BERTScorer), ROUGE-1/2/L
+    (summarization) or sacreBLEU BLEU and chrF (translation), and teacher-forced CE."""
+
+    def __init__(self, task: str, scorer, config: dict):
+        self.task, self.scorer = task, scorer
+        self.num_beams = config.get("num_beams", 1)
+        self.max_new_tokens = config.get("max_new_tokens", 48)
+        self.batch_size = config.get("batch_size", 16)
+
+    @torch.no_grad()
+    def generate(self, model, tokenizer, collator: Collator, examples, device) -> list[str]:
+        outputs = []
+        for start in range(0, len(examples), self.batch_size):
+            batch = collator(examples[start : start + self.batch_size])
+            sequences = model.generate(
+                input_ids=batch["input_ids"].to(device),
+                attention_mask=batch["attention_mask"].to(device),
+                num_beams=self.num_beams,
+                max_new_tokens=self.max_new_tokens,
+                do_sample=False,
+            )
+            outputs += tokenizer.batch_decode(sequences, skip_special_tokens=True)
+        return [" ".join(o.split()) for o in outputs]
+
+    @torch.no_grad()
+    def cross_entropy(self, model, collator: Collator, examples, device) -> float:
+        total, tokens = 0.0, 0
+        for start in range(0, len(examples), self.batch_size):
+            batch = {
+                k: v.to(device) for k, v in collator(examples[start:][: self.batch_size]).items()
+            }
+            logits = model(**batch).logits.float()
+            labels = batch["labels"]
+            loss = torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2), labels, ignore_index=-100, reduction="sum"
+            )
+            total, tokens = total + loss.item(), tokens + int((labels != -100).sum())
+        return total / max(tokens, 1)
+
+    def metrics(self, hypotheses: list[str], references: list[str], lowercase: bool) -> dict:
+        _, _, f = self.scorer.score(hypotheses, references, progress=False)
+        result = {"f_bert": float(f.mean())}
+        if self.task == "summarization":
+            from rouge_score import rouge_scorer
+
+            rouge = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+            scores = [rouge.score(r, h) for h, r in zip(hypotheses, references, strict=True)]
+            for key in ("rouge1", "rouge2", "rougeL"):
+                result[key] = float(sum(s[key].fmeasure for s in scores) / len(scores))
+        else:
+            import sacrebleu
+
+            result["bleu"] = sacrebleu.corpus_bleu(
+                hypotheses, [references], lowercase=lowercase
+            ).score
+            result["chrf"] = sacrebleu.corpus_chrf(hypotheses, [references]).score
+        result["mean_length"] = sum(len(h.split()) for h in hypotheses) / len(hypotheses)
+        return result
+
+    def __call__(self, model, tokenizer, collator, examples, device) -> tuple[dict, list[str]]:
+        was_training = model.training
+        model.eval()
+        hypotheses = self.generate(model, tokenizer, collator, examples, device)
+        result = self.metrics(hypotheses, [e.target for e in examples], lowercases(tokenizer))
+        result["ce"] = self.cross_entropy(model, collator, examples, device)
+        model.train(was_training)
+        return result, hypotheses
+
+
+def lowercases(tokenizer) -> bool:
+    """An uncased generator can't produce capitals: BLEU is then computed lowercased."""
+    return tokenizer.decode(tokenizer("Abc", add_special_tokens=False)["input_ids"]) == "abc"
+
+
+# ----------------------------------------------------------------------------- run state
+class RunLog:
+    """Append-only JSONL log; on resume, entries after the checkpoint are dropped."""
+
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled = path, enabled
+
+    def truncate_after(self, step: int) -> None:
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [
+            line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= step
+        ]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, **entry) -> None:
+        if self.enabled:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(entry) + "\n")
+
+    def entries(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+
+def last_checkpoint(output_dir: Path) -> Path | None:
+    folders = sorted(
+        (p for p in (output_dir / "checkpoints").glob("step-*") if (p / "progress.json").exists()),
+        key=lambda p: int(p.name.split("-")[1]),
+    )
+    return folders[-1] if folders else None
+
+
+def save_checkpoint(accelerator, output_dir: Path, step: int, keep: int = 2) -> None:
+    folder = output_dir / "checkpoints" / f"step-{step}"
+    accelerator.save_state(str(folder))
+    if accelerator.is_main_process:
+        # written last: a folder without it is an incomplete checkpoint and is ignored
+        (folder / "progress.json").write_text(json.dumps({"step": step}))
+        done = sorted(
+            (output_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1])
+        )
+        for old in done[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+
+
+def resume(accelerator, output_dir: Path, log: RunLog) -> int:
+    checkpoint = last_checkpoint(output_dir)
+    if checkpoint is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {output_dir / 'checkpoints'}")
+    accelerator.load_state(str(checkpoint))
+    step = json.loads((checkpoint / "progress.json").read_text())["step"]
+    if accelerator.is_main_process:
+        log.truncate_after(step)
+    accelerator.wait_for_everyone()
+    return step
+
+
+def linear_warmup(weight: float, warmup_steps: int, step: int) -> float:
+    if warmup_steps <= 0:
+        return weight
+    return weight * min(1.0, step / warmup_steps)
+
+
+def plot_curves(log: RunLog, path: Path, title: str) -> Path:
+    """Training losses and held-out metrics against the step, one panel each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = log.entries()
+    train = [e for e in entries if e.get("kind") == "train"]
+    evals = [e for e in entries if e.get("kind") == "eval" and e.get("split") == "validation"]
+    train_keys = [
+        k for k in ("loss", "ce", "bertscore_loss", "reward") if any(k in e for e in train)
+    ]
+    eval_keys = [
+        k
+        for k in ("f_bert", "rouge1", "rouge2", "rougeL", "bleu", "chrf", "ce")
+        if any(k in e for e in evals)
+    ]
+    panels = len(train_keys) + len(eval_keys)
+    columns = min(4, max(panels, 1))
+    rows = max(1, math.ceil(panels / columns))
+    figure, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.8 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax, key in zip(flat, train_keys, strict=False):
+        points = [(e["step"], e[key]) for e in train if key in e]
+        ax.plot(*zip(*points, strict=True), lw=0.8)
+        ax.set_title(f"train {key}")
+    for ax, key in zip(flat[len(train_keys) :], eval_keys, strict=False):
+        points = [(e["step"], e[key]) for e in evals if key in e]
+        ax.plot(*zip(*points, strict=True), marker="o")
+        ax.set_title(f"validation {key}")
+    for ax in flat:
+        ax.set_xlabel("step")
+    for ax in flat[panels:]:
+        ax.axis("off")
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def summary_table(before: dict, after: dict) -> str:
+    keys = [k for k in before if isinstance(before[k], float)]
+    lines = ["| metric (test) | before | after |", "|---|---:|---:|"]
+    lines += [f"| {k} | {before[k]:.4f} | {after[k]:.4f} |" for k in keys]
+    return "\n".join(lines)
+
+
+class Timer:
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    def __call__(self) -> float:
+        return round(time.perf_counter() - self.start, 2)

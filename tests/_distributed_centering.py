@@ -1,0 +1,67 @@
+"""Run under ``accelerate launch --multi_gpu --num_processes 2`` with the recipe's ``--cpu``:
+two optimisation steps of the fine-tuning recipe with batch centering on, recording every
+``batch_center`` call of the loss, then checking that each process subtracted the mean over
+*both* processes' tokens.
+
+    accelerate launch --multi_gpu --num_processes 2 tests/_distributed_centering.py RESULT_DIR -- \\
+        <finetune_seq2seq.py arguments> --cpu
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import bsloss.loss
+from bsloss.functional.centering import batch_center
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "recipes"))
+
+import finetune_seq2seq  # noqa: E402
+
+calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+
+def recording_batch_center(embeddings, mask, distributed=None):
+    out = batch_center(embeddings, mask, distributed)
+    calls.append((embeddings.detach().double(), mask.clone(), out.detach().double()))
+    return out
+
+
+def main() -> None:
+    result_dir = Path(sys.argv[1])
+    recipe_args = sys.argv[sys.argv.index("--") + 1 :]
+    bsloss.loss.batch_center = recording_batch_center
+    finetune_seq2seq.main(recipe_args)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    global_errors, local_gaps = [], []
+    for embeddings, mask, out in calls:
+        weights = mask.double()
+        local_sum = torch.einsum("bld,bl->d", embeddings, weights)
+        stats = torch.cat([local_sum, weights.sum().reshape(1)])
+        gathered = [torch.zeros_like(stats) for _ in range(world)]
+        dist.all_gather(gathered, stats)
+        total = torch.stack(gathered).sum(0)
+        global_mean = total[:-1] / total[-1]
+        local_mean = local_sum / weights.sum()
+        expected = (embeddings - global_mean) * weights[..., None]
+        with_local = (embeddings - local_mean) * weights[..., None]
+        global_errors.append(float((out - expected).abs().max()))
+        local_gaps.append(float((out - with_local).abs().max()))
+    result = {
+        "rank": rank,
+        "world_size": world,
+        "calls": len(calls),
+        "max_error_vs_global_mean": max(global_errors),
+        "min_gap_to_local_mean": min(local_gaps),
+    }
+    (result_dir / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""The recipes end to end on tiny settings: 2-step smoke runs, resume after an interruption, a
+random T5 generator through the vocabulary bridge, and batch centering over 2 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+SUMMARIZATION = REPO / "recipes/configs/xsum-bert2bert.yaml"
+TRANSLATION = REPO / "recipes/configs/bible-es-en-bert2bert.yaml"
+TINY = [
+    "--set", "data.max_train=8",
+    "--set", "data.max_validation=2",
+    "--set", "data.max_test=2",
+    "--set", "data.max_source_length=48",
+    "--set", "data.max_target_length=12",
+    "--set", "eval.max_new_tokens=6",
+    "--set", "train.batch_size=2",
+    "--set", "train.steps=2",
+    "--set", "train.eval_every=2",
+    "--set", "train.save_every=0",
+    "--set", "train.lr_warmup_steps=0",
+]  # fmt: skip
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+pytest.importorskip("rouge_score")
+pytest.importorskip("sacrebleu")
+
+
+def run_recipe(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(REPO / "recipes" / script), *map(str, args)]
+    done = subprocess.run(
+        command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def read_log(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    ("config", "matching", "candidates"),
+    [(SUMMARIZATION, "hard", "teacher_forced"), (TRANSLATION, "softmax", "greedy")],
+)
+def test_finetune_two_steps(tmp_path, config, matching, candidates):
+    out = tmp_path / "run"
+    done = run_recipe(
+        "finetune_seq2seq.py", "--config", config, "--output_dir", out, *TINY,
+        "--set", "loss.weight=1.0", "--set", f"loss.matching={matching}",
+        "--set", f"loss.candidates={candidates}",
+    )  # fmt: skip
+    log = read_log(out)
+    train = [e for e in log if e["kind"] == "train"]
+    assert [e["step"] for e in train] == [1, 2]
+    for entry in train:
+        assert 0.0 < entry["bertscore_loss"] <= 2.0
+        assert entry["loss"] == pytest.approx(entry["ce"] + entry["bertscore_loss"], rel=1e-5)
+    evals = [e for e in log if e["kind"] == "eval"]
+    assert {e["split"] for e in evals} == {"test", "validation"}
+    metric = "rougeL" if config == SUMMARIZATION else "bleu"
+    assert all(metric in e and 0.0 <= e["f_bert"] <= 1.0 for e in evals)
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) >= {"before", "after", "steps", "seed", "train_seconds"}
+    assert (out / "curves.png").stat().st_size > 10_000
+    assert (out / "model/config.json").exists()
+    assert "| f_bert |" in done.stdout
+
+
+def test_loss_weight_zero_is_cross_entropy_only(tmp_path):
+    out = tmp_path / "ce"
+    run_recipe("finetune_seq2seq.py", "--config", SUMMARIZATION, "--output_dir", out, *TINY,
+               "--set", "eval.before=false")  # fmt: skip
+    train = [e for e in read_log(out) if e["kind"] == "train"]
+    assert all("bertscore_loss" not in e and e["loss"] == e["ce"] for e in train)
+
+
+def test_resume_loses_only_the_steps_since_the_checkpoint(tmp_path):
+    """4 steps straight vs. interrupted after step 3 (checkpoint at 2) then --resume: the resumed
+    run restarts at step 3 and ends with the same log and the same weights."""
+    settings = [
+        "--config", SUMMARIZATION, *TINY, "--set", "train.steps=4", "--set", "train.save_every=2",
+        "--set", "train.eval_every=0", "--set", "eval.before=false", "--set", "loss.weight=0.5",
+    ]  # fmt: skip
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    run_recipe("finetune_seq2seq.py", *settings, "--output_dir", straight)
+    done = run_recipe(
+        "finetune_seq2seq.py", *settings, "--output_dir", interrupted, "--stop_after", "3"
+    )
+    assert "stopped after step 3" in done.stdout
+    assert not (interrupted / "model").exists()
+    assert [e["step"] for e in read_log(interrupted) if e["kind"] == "train"] == [1, 2, 3]
+    run_recipe("finetune_seq2seq.py", *settings, "--output_dir", interrupted, "--resume")
+    resumed = [e for e in read_log(interrupted) if e["kind"] == "train"]
+    reference = [e for e in read_log(straight) if e["kind"] == "train"]
+    assert [e["step"] for e in resumed] == [1, 2, 3, 4]  # step 3 redone once, not logged twice
+    for a, b in zip(resumed, reference, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+    from safetensors.torch import load_file
+
+    weights_a = load_file(straight / "model/model.safetensors")
+    weights_b = load_file(interrupted / "model/model.safetensors")
+    assert weights_a.keys() == weights_b.keys()
+    assert max(float((weights_a[k] - weights_b[k]).abs().max()) for k in weights_a) < 1e-5
+
+
+def test_rl_scst_two_steps(tmp_path):
+    out = tmp_path / "scst"
+    run_recipe("rl_scst.py", "--config", SUMMARIZATION, "--output_dir", out, *TINY,
+               "--set", "eval.before=false")  # fmt: skip
+    train = [e for e in read_log(out) if e["kind"] == "train"]
+    assert [e["step"] for e in train] == [1, 2]
+    assert all(0.0 <= e["reward"] <= 1.0 and 0.0 <= e["greedy_reward"] <= 1.0 for e in train)
+    assert (out / "model/config.json").exists()
+
+
+def test_random_t5_generator_through_the_bridge(tmp_path):
+    """A T5 built from a config with a tokenizer trained on Brown sentences: its vocabulary is
+    not the scorer's, so the loss goes through a VocabularyBridge."""
+    from _tokenizers import brown_lines, train_sentencepiece_bpe
+
+    tokenizer = train_sentencepiece_bpe(brown_lines(3000), tmp_path / "raw", vocab_size=2000)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    config = tmp_path / "t5.yaml"
+    config.write_text(
+        SUMMARIZATION.read_text().replace(
+            "generator_config: null",
+            "generator_config: {model_type: t5, d_model: 64, d_ff: 128, num_layers: 2, "
+            "num_heads: 2, d_kv: 32}",
+        )
+    )
+    out = tmp_path / "t5run"
+    run_recipe(
+        "finetune_seq2seq.py", "--config", config, "--output_dir", out, *TINY,
+        "--set", f"model.tokenizer={tmp_path / 'tokenizer'}", "--set", "loss.weight=1.0",
+        "--set", "loss.top_k=16",
+    )  # fmt: skip
+    log = read_log(out)
+    setup = next(e for e in log if e["kind"] == "setup")
+    assert setup["generator"] == "T5ForConditionalGeneration"
+    assert setup["bridge"] is not None and 0.3 < setup["bridge"]["single_piece_share"] < 1.0
+    train = [e for e in log if e["kind"] == "train"]
+    assert all(0.0 < e["bertscore_loss"] <= 2.0 for e in train)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_two_processes_center_with_the_global_batch_mean(tmp_path):
+    command = [
+        # accelerate's own --cpu starts one process without MPI; --multi_gpu starts torchrun,
+        # and the recipe's --cpu makes each process a gloo CPU worker
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        "--num_cpu_threads_per_process", "1",
+        str(REPO / "tests/_distributed_centering.py"), str(tmp_path), "--",
+        "--config", str(SUMMARIZATION), "--output_dir", str(tmp_path / "run"), "--cpu", *TINY,
+        "--set", "loss.weight=1.0", "--set", "loss.center=true", "--set", "train.eval_every=0",
+        "--set", "eval.before=false",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for result in results:
+        assert result["world_size"] == 2
+        assert result["calls"] == 4  # 2 steps x (candidates, references)
+        assert result["max_error_vs_global_mean"] < 1e-5
+        assert result["min_gap_to_local_mean"] > 1e-4  # the local mean would differ
