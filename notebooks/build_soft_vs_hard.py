@@ -275,7 +275,7 @@ print((REPO / "benchmarks/results/correlation.md").read_text())""",
 tasks = [p for p in sorted(runs.glob("*")) if p.is_dir()] if runs.is_dir() else []
 for task in tasks:
     logs = {p.name: [json.loads(x) for x in (p / "log.jsonl").read_text().splitlines()]
-            for p in sorted(task.glob("*")) if (p / "log.jsonl").exists()}
+            for p in sorted(task.glob("*")) if (p / "log.jsonl").exists() and p.name != "ce-stage"}
     metrics = [m for m in ("f_bert", "rougeL", "bleu", "ce")
                if any(m in e for log in logs.values() for e in log if e.get("kind") == "eval")]
     fig, axes = plt.subplots(1, len(metrics) + 1, figsize=(4 * (len(metrics) + 1), 3.4))
