@@ -122,7 +122,7 @@ cand, cand_mask, cand_w = padded(first)
 ref, ref_mask, ref_w = padded(second)
 
 
-def f_scores(matching, temperature=0.05, sinkhorn_iterations=1):
+def f_scores(matching, temperature=0.05, iterations=1):
     return bert_score(cand, ref, cand_mask, ref_mask, cand_w, ref_w, matching=matching,
                       temperature=temperature, sinkhorn_iterations=iterations,
                       normalized=True).f1

@@ -23,7 +23,7 @@ for task in xsum bible-es-en; do
         --set loss.weight=1.0 --set loss.matching=softmax --set loss.temperature=0.05
     for run in ce-stage ce hard soft; do
         mkdir -p "recipes/results/${task}/${run}"
-        cp "$out/$run/log.jsonl" "$out/$run/results.json" "$out/$run/curves.png" \
+        cp "$out/$run/log.jsonl" "$out/$run/results.json" "$out/$run/curves.png" "$out/$run/test_outputs.txt" \
             "recipes/results/${task}/${run}/"
     done
 done
