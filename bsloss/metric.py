@@ -12,7 +12,6 @@ import torch
 from torch import Tensor
 
 from bsloss import __version__
-from bsloss._memory import release_freed_memory
 from bsloss._warnings import warn_user
 from bsloss.baseline import read_baseline, shipped_baseline_path
 from bsloss.functional import bert_score, rescale_with_baseline
@@ -227,8 +226,6 @@ class BERTScorer:
                 batch_size or self.batch_size,
             )
             del embeddings
-            if len(pair_cands) > self.chunk_size:
-                release_freed_memory()
         if long_texts:
             self._warn_truncated(long_texts, cands, groups)
         if self.baseline is not None:
