@@ -1,7 +1,7 @@
 PYTHON ?= python3
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
-DEMO_STEPS ?= 40
+DEMO_STEPS ?= 100
 
 .PHONY: setup test demo score-example bench
 
@@ -20,7 +20,8 @@ demo: setup
 	$(PYTHON) recipes/finetune_seq2seq.py --config recipes/configs/xsum-bert2bert.yaml \
 		--output_dir runs/demo --set loss.weight=1.0 --set loss.matching=softmax \
 		--set train.steps=$(DEMO_STEPS) --set train.eval_every=$(DEMO_STEPS) \
-		--set train.save_every=0 --set data.max_test=30 --set data.max_validation=20
+		--set train.save_every=0 --set data.max_test=30 --set data.max_validation=20 \
+		--set train.learning_rate=2e-4 --set train.lr_warmup_steps=20
 
 # Score the shipped STS-B example pairs from the command line.
 score-example: setup

@@ -73,10 +73,20 @@ def load_config(path: Path, overrides: list[str]) -> dict:
             node = node[part]
         if leaf not in node:
             raise KeyError(f"--set {key}: unknown key {leaf!r} (known: {sorted(node)})")
-        node[leaf] = yaml.safe_load(value)
+        node[leaf] = _number_or_value(yaml.safe_load(value))
     if config.get("task") not in ("summarization", "translation"):
         raise ValueError(f"config task must be summarization or translation: {config.get('task')}")
     return config
+
+
+def _number_or_value(value: Any) -> Any:
+    """YAML 1.1 reads ``2e-4`` (no dot) as a string; on the command line it means a number."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
 
 
 # ----------------------------------------------------------------------------- data
