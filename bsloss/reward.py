@@ -66,7 +66,8 @@ class BERTScoreReward:
         reference_column: the dataset column that holds the reference(s).
         target: ``"f1"``, ``"precision"`` or ``"recall"``.
         reference_cache_size: reference texts whose embeddings are kept across calls.
-        scorer: an existing :class:`~bsloss.BERTScorer` to use.
+        scorer: an existing :class:`~bsloss.BERTScorer` to use; if its reference cache is off,
+            it is switched on with ``reference_cache_size``.
     """
 
     def __init__(

@@ -13,6 +13,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -228,37 +229,42 @@ def special_ids(model, tokenizer) -> tuple[int, int, int]:
 
 
 class Collator:
-    """Source ids (truncated to ``max_source_length``) and label ids ``[target pieces, eos]``;
-    counts how many texts the length limits cut."""
+    """Source ids (truncated to ``max_source_length``) and label ids ``[target pieces, eos]``.
+    Each text is tokenised once per run; ``truncated`` counts the distinct texts the length
+    limits cut."""
 
     def __init__(self, tokenizer, model, max_source_length: int, max_target_length: int):
         self.tokenizer = tokenizer
         self.pad, self.eos, self.start = special_ids(model, tokenizer)
         self.max_source, self.max_target = max_source_length, max_target_length
         self.truncated = {"source": 0, "target": 0}
+        self._cache: dict[str, dict[str, list[int]]] = {"source": {}, "target": {}}
 
-    def _ids(self, texts: list[str], limit: int, side: str, add_eos: bool) -> list[list[int]]:
-        rows = []
-        special = side == "source"
-        for ids in self.tokenizer(texts, add_special_tokens=special)["input_ids"]:
-            if special and len(ids) > limit:
-                ids = ids[: limit - 1] + [ids[-1]]
-                self.truncated[side] += 1
-            if add_eos:
-                if len(ids) > limit - 1:
-                    ids = ids[: limit - 1]
+    def _ids(self, texts: list[str], side: str) -> list[list[int]]:
+        cache = self._cache[side]
+        missing = [t for t in dict.fromkeys(texts) if t not in cache]
+        if missing:
+            source = side == "source"
+            encoded = self.tokenizer(missing, add_special_tokens=source)["input_ids"]
+            for text, ids in zip(missing, encoded, strict=True):
+                if source and len(ids) > self.max_source:
+                    ids = ids[: self.max_source - 1] + [ids[-1]]  # keep the closing special
                     self.truncated[side] += 1
-                ids = ids + [self.eos]
-            rows.append(ids)
-        return rows
+                if not source:
+                    if len(ids) > self.max_target - 1:
+                        ids = ids[: self.max_target - 1]
+                        self.truncated[side] += 1
+                    ids = ids + [self.eos]
+                cache[text] = ids
+        return [cache[t] for t in texts]
 
     def _pad(self, rows: list[list[int]], value: int) -> torch.Tensor:
         width = max(len(r) for r in rows)
         return torch.tensor([r + [value] * (width - len(r)) for r in rows])
 
     def __call__(self, examples: list[Example]) -> dict[str, torch.Tensor]:
-        sources = self._ids([e.source for e in examples], self.max_source, "source", False)
-        labels = self._ids([e.target for e in examples], self.max_target, "target", True)
+        sources = self._ids([e.source for e in examples], "source")
+        labels = self._ids([e.target for e in examples], "target")
         input_ids = self._pad(sources, self.pad)
         label_ids = self._pad(labels, -100)
         return {
@@ -315,6 +321,31 @@ def generated_labels(sequences: torch.Tensor, pad: int, eos: int) -> torch.Tenso
     return labels
 
 
+@torch.no_grad()
+def generate(
+    model, batch, max_new_tokens: int, *, sample: bool = False, top_k: int = 0, num_beams: int = 1
+) -> torch.Tensor:
+    """The model's own output ids (decoder start first), decoded in eval mode."""
+    was_training = model.training
+    model.eval()
+    sequences = model.generate(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        do_sample=sample,
+        top_k=top_k if sample else None,
+        num_beams=num_beams,
+        max_new_tokens=max_new_tokens,
+    )
+    model.train(was_training)
+    return sequences
+
+
+def decode_texts(tokenizer, sequences: torch.Tensor) -> list[str]:
+    return [
+        " ".join(t.split()) for t in tokenizer.batch_decode(sequences, skip_special_tokens=True)
+    ]
+
+
 # ----------------------------------------------------------------------------- evaluation
 class Evaluator:
     """Held-out generation and scoring: hard F_BERT (exact BERTScorer), ROUGE-1/2/L
@@ -326,34 +357,25 @@ class Evaluator:
         self.max_new_tokens = config.get("max_new_tokens", 48)
         self.batch_size = config.get("batch_size", 16)
 
-    @torch.no_grad()
     def generate(self, model, tokenizer, collator: Collator, examples, device) -> list[str]:
         outputs = []
         for start in range(0, len(examples), self.batch_size):
             batch = collator(examples[start : start + self.batch_size])
-            sequences = model.generate(
-                input_ids=batch["input_ids"].to(device),
-                attention_mask=batch["attention_mask"].to(device),
-                num_beams=self.num_beams,
-                max_new_tokens=self.max_new_tokens,
-                do_sample=False,
-            )
-            outputs += tokenizer.batch_decode(sequences, skip_special_tokens=True)
-        return [" ".join(o.split()) for o in outputs]
+            batch = {k: v.to(device) for k, v in batch.items()}
+            sequences = generate(model, batch, self.max_new_tokens, num_beams=self.num_beams)
+            outputs += decode_texts(tokenizer, sequences)
+        return outputs
 
     @torch.no_grad()
     def cross_entropy(self, model, collator: Collator, examples, device) -> float:
         total, tokens = 0.0, 0
         for start in range(0, len(examples), self.batch_size):
-            batch = {
-                k: v.to(device) for k, v in collator(examples[start:][: self.batch_size]).items()
-            }
-            logits = model(**batch).logits.float()
+            batch = collator(examples[start : start + self.batch_size])
+            batch = {k: v.to(device) for k, v in batch.items()}
             labels = batch["labels"]
-            loss = torch.nn.functional.cross_entropy(
-                logits.transpose(1, 2), labels, ignore_index=-100, reduction="sum"
-            )
-            total, tokens = total + loss.item(), tokens + int((labels != -100).sum())
+            mean = token_cross_entropy(model(**batch).logits, labels)
+            count = int((labels != -100).sum())
+            total, tokens = total + mean.item() * count, tokens + count
         return total / max(tokens, 1)
 
     def metrics(self, hypotheses: list[str], references: list[str], lowercase: bool) -> dict:
@@ -512,3 +534,148 @@ class Timer:
 
     def __call__(self) -> float:
         return round(time.perf_counter() - self.start, 2)
+
+
+# ----------------------------------------------------------------------------- a run
+class RecipeRun:
+    """What every recipe does around its own training step: config, accelerator, data, scorer,
+    generator, collator, evaluator; resume and the test score before training; periodic
+    validation and checkpoints; the final model, test score, results file and plot."""
+
+    def __init__(self, args: argparse.Namespace, gradient_accumulation: bool = True):
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        from bsloss import BERTScorer
+        from bsloss.scorer.encoder import ScorerEncoder
+
+        self.args = args
+        self.config = load_config(args.config, args.overrides)
+        self.train_spec = self.config["train"]
+        self.accelerator = Accelerator(
+            mixed_precision=args.mixed_precision or self.train_spec.get("mixed_precision", "no"),
+            gradient_accumulation_steps=self.train_spec.get("gradient_accumulation_steps", 1)
+            if gradient_accumulation
+            else 1,
+            cpu=args.cpu,
+        )
+        set_seed(self.train_spec["seed"])
+        self.output_dir = args.output_dir
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.log = RunLog(self.output_dir / "log.jsonl", self.accelerator.is_main_process)
+        self.data = load_splits(self.config["data"])
+        scorer_spec = self.config.get("scorer", {})
+        self.encoder = ScorerEncoder.from_pretrained(
+            scorer_spec.get("model"), scorer_spec.get("num_layers"), self.accelerator.device
+        )
+        # references repeat (validation set, reward): their embeddings are kept across calls
+        self.scorer = BERTScorer(encoder=self.encoder, reference_cache_size=100_000)
+        self.model, self.tokenizer = load_generator(
+            self.config["model"], args.init_from, self.encoder
+        )
+        if self.train_spec.get("gradient_checkpointing", False):
+            self.model.gradient_checkpointing_enable()
+            self.model.config.use_cache = False
+        data_spec = self.config["data"]
+        self.collator = Collator(
+            self.tokenizer,
+            self.model,
+            data_spec["max_source_length"],
+            data_spec["max_target_length"],
+        )
+        self.evaluator = Evaluator(self.config["task"], self.scorer, self.config.get("eval", {}))
+        self.results_path = self.output_dir / "results.json"
+        self.results: dict = {}
+        self.timer = Timer()
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    def prepare(self, *objects):
+        """``accelerator.prepare(model, *objects)``, then resume (``--resume``) or score the test
+        split before training. Returns the prepared objects and the first step to run."""
+        prepared = self.accelerator.prepare(self.model, *objects)
+        self.model = prepared[0]
+        self.unwrapped = self.accelerator.unwrap_model(self.model)
+        start = resume(self.accelerator, self.output_dir, self.log) if self.args.resume else 0
+        if self.results_path.exists():
+            self.results = json.loads(self.results_path.read_text())
+        wants_before = self.config.get("eval", {}).get("before", True)
+        if start == 0 and self.accelerator.is_main_process and wants_before:
+            before, _ = self.evaluate("test")
+            self.results["before"] = before
+            self.results_path.write_text(json.dumps(self.results, indent=2))
+            self.log.write(kind="eval", split="test", step=0, **before)
+        return (*prepared, start)
+
+    def evaluate(self, split: str) -> tuple[dict, list[str]]:
+        return self.evaluator(
+            self.unwrapped, self.tokenizer, self.collator, self.data[split], self.device
+        )
+
+    def batches(self, start_step: int) -> Iterator[list]:
+        """This process's share of each global batch of training examples."""
+        accelerator = self.accelerator
+        world, rank = accelerator.num_processes, accelerator.process_index
+        stream = batch_indices(
+            len(self.data["train"]),
+            self.train_spec["batch_size"] * world,
+            self.train_spec["seed"],
+            start_step * accelerator.gradient_accumulation_steps,
+        )
+        for indices in stream:
+            yield [self.data["train"][i] for i in indices[rank::world]]
+
+    def collate(self, examples: list) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device) for k, v in self.collator(examples).items()}
+
+    def last_step(self, start_step: int) -> int:
+        steps = self.train_spec["steps"]
+        stop_after = self.args.stop_after
+        return steps if stop_after is None else min(steps, start_step + stop_after)
+
+    def end_of_step(self, step: int, **entry) -> None:
+        """Log the step; validate and save a checkpoint when their turn comes."""
+        if not math.isfinite(entry["loss"]):
+            raise FloatingPointError(f"step {step}: the loss is {entry['loss']}")
+        self.log.write(kind="train", step=step, time=self.timer(), **entry)
+        eval_every = self.train_spec.get("eval_every", 0)
+        if eval_every and step % eval_every == 0 and self.accelerator.is_main_process:
+            metrics, _ = self.evaluate("validation")
+            self.log.write(kind="eval", split="validation", step=step, time=self.timer(), **metrics)
+        save_every = self.train_spec.get("save_every", 0)
+        if save_every and step % save_every == 0:
+            save_checkpoint(self.accelerator, self.output_dir, step)
+
+    def finish(self, last_step: int, title: str, **extra) -> dict:
+        """After the last step: the model, test scores, results.json, outputs and the plot
+        (or nothing but a message when ``--stop_after`` cut the run short)."""
+        accelerator, steps = self.accelerator, self.train_spec["steps"]
+        accelerator.wait_for_everyone()
+        if last_step < steps:
+            accelerator.print(f"stopped after step {last_step} of {steps} (--stop_after)")
+            return self.results
+        if accelerator.is_main_process:
+            self.unwrapped.save_pretrained(self.output_dir / "model")
+            self.tokenizer.save_pretrained(self.output_dir / "model")
+            after, hypotheses = self.evaluate("test")
+            self.log.write(kind="eval", split="test", step=steps, **after)
+            self.results.update(
+                after=after,
+                steps=steps,
+                seed=self.train_spec["seed"],
+                train_seconds=self.timer(),
+                truncated=self.collator.truncated,
+                command=" ".join(sys.argv),
+                **extra,
+            )
+            self.results_path.write_text(json.dumps(self.results, indent=2))
+            outputs = self.output_dir / "test_outputs.txt"
+            outputs.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+            plot = plot_curves(self.log, self.output_dir / "curves.png", title)
+            if "before" in self.results:
+                print(summary_table(self.results["before"], after))
+            print(f"curves: {plot}")
+        accelerator.wait_for_everyone()
+        return self.results
