@@ -28,7 +28,11 @@ the report counts the pairs that differ by more than 1e-4).
 
 ``--mode fast`` / ``both`` adds bsloss's fast mode (``autocast_dtype=torch.bfloat16``) when the
 installed bsloss.BERTScorer accepts that argument; it also reports max |F_fast - F_exact| and
-Pearson(F_fast, F_exact) on STS-B.
+Pearson(F_fast, F_exact) on STS-B. ``--compile`` adds fast mode with ``compile=True``
+(torch.compile with weight freezing); its warm-up call compiles, and the report gives each
+system's warm-up seconds. Besides the ratio of medians, the report gives the range of the
+per-round ratios (the two systems' times within one alternating round), a measure of how much
+the load on a shared machine moved the ratio.
 
 Reproduce (from the repository root; the data folder is ``../shared/data`` or
 ``$BSLOSS_DATA_DIR``)::
@@ -94,6 +98,7 @@ class System:
     label: str
     run: Callable[[list[str], list[str]], torch.Tensor]  # returns F1
     times: dict[str, list[float]] = field(default_factory=dict)
+    warmup_s: dict[str, float] = field(default_factory=dict)
     first_f: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -111,7 +116,9 @@ def benchmark(
     ``repeats`` alternating timed rounds over all pairs. The F1 of the first round is kept."""
     for system in systems:
         print(f"  [{name}] warm-up {system.label} ...", file=sys.stderr, flush=True)
-        system.run(cands[:WARMUP_PAIRS], refs[:WARMUP_PAIRS])
+        system.warmup_s[name], _ = _timed(
+            lambda s=system: s.run(cands[:WARMUP_PAIRS], refs[:WARMUP_PAIRS])
+        )
         system.times[name] = []
     for r in range(repeats):
         for system in systems:
@@ -171,9 +178,9 @@ def render(meta: dict, results: dict) -> str:
     lines += [
         "## Throughput",
         "",
-        "| dataset | pairs | tokens/text (cand · ref) | system | median s | pairs/s "
-        "| vs bert_score |",
-        "|---|---:|---|---|---:|---:|---:|",
+        "| dataset | pairs | tokens/text (cand · ref) | system | warm-up s | median s | pairs/s "
+        "| vs bert_score | per-round range |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|",
     ]
     for name, data in results["datasets"].items():
         tokens = (
@@ -182,15 +189,19 @@ def render(meta: dict, results: dict) -> str:
         if data["ref_tokens"]["truncated"]:
             tokens += f" ({data['ref_tokens']['truncated']} refs truncated)"
         for system in data["systems"]:
+            low, high = system["per_round_vs_bert_score"]
             lines.append(
                 f"| {name} | {data['pairs']} | {tokens} | {system['label']} "
-                f"| {system['median_s']:.3f} | {system['pairs_per_s']:.1f} "
-                f"| {_fmt_ratio(system['vs_bert_score'])} |"
+                f"| {system['warmup_s']:.1f} | {system['median_s']:.3f} "
+                f"| {system['pairs_per_s']:.1f} | {_fmt_ratio(system['vs_bert_score'])} "
+                f"| {low:.2f}–{high:.2f} |"
             )
     lines.append("")
     lines.append(
         "`vs bert_score` = pairs/s of the system ÷ pairs/s of bert_score "
-        "(> 1: faster than bert_score)."
+        "(> 1: faster than bert_score), from the median times; per-round range: the smallest "
+        "and largest ratio of the times within one alternating round. warm-up s: the untimed "
+        f"first call on {WARMUP_PAIRS} pairs (it includes compilation for `compile=True`)."
     )
     lines.append("")
 
@@ -214,6 +225,11 @@ def render(meta: dict, results: dict) -> str:
             "",
         ]
     return "\n".join(lines)
+
+
+def _round_ratio_range(system: System, anchor: System, name: str) -> tuple[float, float]:
+    ratios = [a / t for a, t in zip(anchor.times[name], system.times[name], strict=True)]
+    return min(ratios), max(ratios)
 
 
 def _agreement(label: str, ours: torch.Tensor, theirs: torch.Tensor) -> dict:
@@ -264,6 +280,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=["exact", "fast", "both"],
         default="exact",
         help="bsloss modes to time: exact (default), fast (bf16 autocast, when available) or both",
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time fast mode with compile=True (torch.compile; the warm-up compiles)",
     )
     parser.add_argument(
         "--quick", action="store_true", help="smoke test: 1 repeat, 200 STS-B pairs, 20 XSum pairs"
@@ -325,6 +346,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             autocast_dtype=torch.bfloat16,
         )
 
+    compiled = None
+    if want_fast and args.compile:
+        compiled = bsloss.BERTScorer(
+            num_layers=NUM_LAYERS,
+            batch_size=BATCH_SIZE,
+            device=device,
+            autocast_dtype=torch.bfloat16,
+            compile=True,
+        )
+
     systems: list[System] = []
     if want_exact:
         systems.append(
@@ -348,6 +379,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "bsloss_fast",
                 f"bsloss {bsloss.__version__} fast (bf16)",
                 lambda c, r: sync(fast.score(c, r, progress=False)[2]),
+            )
+        )
+    if compiled is not None:
+        systems.append(
+            System(
+                "bsloss_fast_compiled",
+                f"bsloss {bsloss.__version__} fast (bf16) + compile",
+                lambda c, r: sync(compiled.score(c, r, progress=False)[2]),
             )
         )
 
@@ -385,6 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.filterwarnings("ignore", message=r".*were truncated")
             benchmark(systems, name, cands, refs, args.repeats)
         rate = {s.key: len(cands) / statistics.median(s.times[name]) for s in systems}
+        by_key = {s.key: s for s in systems}
         results["datasets"][name] = {
             "pairs": len(cands),
             "cand_tokens": cand_tokens,
@@ -394,6 +434,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "key": s.key,
                     "label": s.label,
                     "times_s": s.times[name],
+                    "warmup_s": s.warmup_s[name],
+                    "per_round_vs_bert_score": _round_ratio_range(s, by_key["bert_score"], name),
                     "median_s": statistics.median(s.times[name]),
                     "pairs_per_s": rate[s.key],
                     "vs_bert_score": rate[s.key] / rate["bert_score"],

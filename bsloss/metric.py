@@ -39,7 +39,13 @@ class BERTScorer:
         device: default CUDA when available, else CPU.
         autocast_dtype: fast mode: run the encoder under ``torch.autocast`` in this dtype
             (``torch.bfloat16``; ``torch.float16`` on GPU). Matching and reductions stay float32.
-            ``None`` (default): exact float32.
+            The scorer's own encoder then keeps its linear weights in this dtype
+            (:meth:`~bsloss.scorer.encoder.ScorerEncoder.keep_linear_weights_in`); an ``encoder``
+            passed in is left as it is. ``None`` (default): exact float32.
+        compile: encode through ``torch.compile`` with weight freezing
+            (:meth:`~bsloss.scorer.encoder.ScorerEncoder.compile_inference`): the first calls
+            compile (tens of seconds on a CPU, again for a batch of one), later ones are faster;
+            for a validation set or reward scored many times. Needs a C++ compiler on CPU.
         long_inputs: ``"truncate"`` (as bert_score, with a warning) texts longer than the
             model's maximum, or ``"window"``: encode them whole with overlapping windows
             (:meth:`~bsloss.scorer.encoder.ScorerEncoder.embed_windows`).
@@ -65,6 +71,7 @@ class BERTScorer:
         long_inputs: str = "truncate",
         encoder: ScorerEncoder | None = None,
         reference_cache_size: int = 0,
+        compile: bool = False,
     ):
         if long_inputs not in ("truncate", "window"):
             raise ValueError(f"long_inputs must be 'truncate' or 'window', got {long_inputs!r}")
@@ -84,7 +91,13 @@ class BERTScorer:
                 f"autocast_dtype must be None, torch.bfloat16 or torch.float16, "
                 f"got {autocast_dtype}"
             )
-        self.encoder = encoder or ScorerEncoder.from_pretrained(model, num_layers, device)
+        if encoder is None:
+            encoder = ScorerEncoder.from_pretrained(model, num_layers, device)
+            if autocast_dtype is not None:
+                encoder.keep_linear_weights_in(autocast_dtype)
+        self.encoder = encoder
+        if compile:
+            self.encoder.compile_inference()
         self.batch_size = batch_size
         self.autocast_dtype = autocast_dtype
         self.chunk_size = chunk_size
@@ -149,14 +162,20 @@ class BERTScorer:
             hidden = self.encoder.embed_token_ids(
                 [token_ids[t] for t in texts], self.batch_size, progress
             )
+        if not texts:
+            return {}
         device = self.encoder.device
-        return {
-            text: (
-                torch.nn.functional.normalize(h.float(), dim=-1),
-                torch.tensor(token_ids[text], dtype=torch.long, device=device),
-            )
-            for text, h in zip(texts, hidden, strict=True)
-        }
+        # One normalisation over all tokens instead of one small op per text, in place so that
+        # the peak stays at two copies of the chunk's embeddings (encoder outputs and the result).
+        lengths = [len(h) for h in hidden]
+        flat = torch.cat(hidden).float()
+        del hidden
+        flat /= flat.norm(dim=-1, keepdim=True).clamp_min(1e-12)  # F.normalize's eps
+        unit = flat.split(lengths)
+        ids = torch.tensor(
+            [i for t in texts for i in token_ids[t]], dtype=torch.long, device=device
+        ).split(lengths)
+        return {text: (u, i) for text, u, i in zip(texts, unit, ids, strict=True)}
 
     def _warn_truncated(self, long_texts: set[str], cands, groups) -> None:
         where = [f"cands[{i}]" for i, c in enumerate(cands) if c in long_texts]
@@ -239,7 +258,9 @@ class BERTScorer:
         for text in dict.fromkeys(refs):
             if text in self._reference_cache:
                 continue
-            self._reference_cache[text] = embeddings[text]
+            # clones: the embeddings are views of the whole chunk's tensor, which must not stay
+            emb, ids = embeddings[text]
+            self._reference_cache[text] = (emb.clone(), ids.clone())
             if text in long_texts:
                 self._truncated_references.add(text)
             if len(self._reference_cache) > self.reference_cache_size:

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 import bsloss
 
@@ -109,3 +110,51 @@ def test_fast_mode_close_to_exact(scorer, pairs):
     assert (f - exact).abs().max().item() <= 0.01
     assert torch.corrcoef(torch.stack([f, exact]))[0, 1] >= 0.999
     assert "autocast=bfloat16" in fast.hash
+
+
+@pytest.fixture(scope="module")
+def fast_scorer() -> bsloss.BERTScorer:
+    """A fast-mode scorer that builds its own encoder (linear weights kept in bf16)."""
+    return bsloss.BERTScorer(device="cpu", autocast_dtype=torch.bfloat16)
+
+
+def test_fast_mode_own_encoder_keeps_linear_weights_in_bf16(scorer, fast_scorer, pairs):
+    cands, refs = pairs
+    model = fast_scorer.encoder.model
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert linear and all(m.weight.dtype == torch.bfloat16 for m in linear)
+    assert norms and all(m.weight.dtype == torch.float32 for m in norms)
+    # an encoder passed in is not touched
+    assert scorer.encoder.model.encoder.layer[0].intermediate.dense.weight.dtype == torch.float32
+    exact = bsloss.BERTScorer(encoder=scorer.encoder).score(cands, refs)[2]
+    f = fast_scorer.score(cands, refs)[2]
+    assert (f - exact).abs().max().item() <= 0.01
+    assert torch.corrcoef(torch.stack([f, exact]))[0, 1] >= 0.999
+
+
+def test_bf16_linear_encoder_outside_autocast_is_a_clear_error(fast_scorer):
+    ids = torch.tensor([fast_scorer.encoder.tokenize(["a cat"])[0]])
+    with pytest.raises(RuntimeError, match=r"torch\.autocast"):
+        fast_scorer.encoder(input_ids=ids, attention_mask=torch.ones_like(ids))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = fast_scorer.encoder(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert torch.isfinite(hidden).all()
+
+
+def test_compiled_encoder_scores_like_eager(scorer, pairs):
+    """``compile=True`` (torch.compile with weight freezing) gives the scores of the eager
+    encoder; a batch of one (a shape the first compile did not see) works too."""
+    cands, refs = pairs[0][:40], pairs[1][:40]
+    layer = bsloss.scorer.encoder.ScorerEncoder.from_pretrained(num_layers=2, device="cpu")
+    eager = bsloss.BERTScorer(encoder=layer).score(cands, refs)[2]
+    compiled = bsloss.BERTScorer(encoder=layer, compile=True)
+    graphs_before = counters["stats"]["unique_graphs"]
+    assert (compiled.score(cands, refs)[2] - eager).abs().max().item() <= 1e-4
+    assert counters["stats"]["unique_graphs"] > graphs_before  # it did go through dynamo
+    assert (compiled.score(cands[:1], refs[:1])[2] - eager[:1]).abs().max().item() <= 1e-4
+    # the loss path (with grad) does not go through the frozen compiled model
+    ids = torch.tensor([layer.tokenize(["a cat"])[0]])
+    embeds = layer.input_embeddings(ids).detach().requires_grad_()
+    layer(inputs_embeds=embeds, attention_mask=torch.ones_like(ids)).sum().backward()
+    assert embeds.grad is not None and torch.isfinite(embeds.grad).all()

@@ -76,6 +76,10 @@ def test_reference_cache_evicts_oldest(scorer):
     cached = bsloss.BERTScorer(encoder=scorer.encoder, reference_cache_size=2)
     cached.score(CANDS, REFS)
     assert list(cached._reference_cache) == REFS[1:]
+    for embeddings, ids in cached._reference_cache.values():
+        # own storage, not a view that keeps the whole scored chunk alive
+        assert embeddings.untyped_storage().nbytes() == embeddings.numel() * 4
+        assert ids.untyped_storage().nbytes() == ids.numel() * 8
     with pytest.raises(ValueError, match="reference_cache_size"):
         bsloss.BERTScorer(encoder=scorer.encoder, reference_cache_size=-1)
 
