@@ -159,22 +159,16 @@ class BERTScorer:
         """Each text's unit-norm token embeddings (float32) and ids, encoded once."""
         texts = list(token_ids)
         with self._autocast():
-            hidden = self.encoder.embed_token_ids(
-                [token_ids[t] for t in texts], self.batch_size, progress
+            # normalised batch by batch: one op per batch, and the raw hidden states of a batch
+            # are freed at once
+            unit = self.encoder.embed_token_ids(
+                [token_ids[t] for t in texts], self.batch_size, progress, _unit_norm_float32
             )
         if not texts:
             return {}
-        device = self.encoder.device
-        # One normalisation over all tokens instead of one small op per text, in place so that
-        # the peak stays at two copies of the chunk's embeddings (encoder outputs and the result).
-        lengths = [len(h) for h in hidden]
-        flat = torch.cat(hidden).float()
-        del hidden
-        flat /= flat.norm(dim=-1, keepdim=True).clamp_min(1e-12)  # F.normalize's eps
-        unit = flat.split(lengths)
         ids = torch.tensor(
-            [i for t in texts for i in token_ids[t]], dtype=torch.long, device=device
-        ).split(lengths)
+            [i for t in texts for i in token_ids[t]], dtype=torch.long, device=self.encoder.device
+        ).split([len(token_ids[t]) for t in texts])
         return {text: (u, i) for text, u, i in zip(texts, unit, ids, strict=True)}
 
     def _warn_truncated(self, long_texts: set[str], cands, groups) -> None:
@@ -258,7 +252,7 @@ class BERTScorer:
         for text in dict.fromkeys(refs):
             if text in self._reference_cache:
                 continue
-            # clones: the embeddings are views of the whole chunk's tensor, which must not stay
+            # clones: the embeddings are views of a whole encoder batch, which must not stay
             emb, ids = embeddings[text]
             self._reference_cache[text] = (emb.clone(), ids.clone())
             if text in long_texts:
@@ -328,6 +322,10 @@ class BERTScorer:
         best = torch.full((n, 3), float("-inf")).scatter_reduce(0, index, competing, "amax")
         best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))
         return best[:, 0].contiguous(), best[:, 1].contiguous(), best[:, 2].contiguous()
+
+
+def _unit_norm_float32(hidden: Tensor) -> Tensor:
+    return torch.nn.functional.normalize(hidden.float(), dim=-1)
 
 
 def score(

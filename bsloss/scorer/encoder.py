@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -293,23 +293,48 @@ class ScorerEncoder(nn.Module):
         return hidden, attention, special
 
     def embed_token_ids(
-        self, token_ids: Sequence[Sequence[int]], batch_size: int, progress: bool | None = None
+        self,
+        token_ids: Sequence[Sequence[int]],
+        batch_size: int,
+        progress: bool | None = None,
+        transform: Callable[[Tensor], Tensor] | None = None,
     ) -> list[Tensor]:
         """Hidden states ``[L_i, d]`` of each id sequence, in input order.
 
         Sequences are encoded longest first in token-budget batches (little padding, bounded
         memory); a sequence longer than ``max_length`` is encoded with :meth:`embed_windows`.
+        ``transform`` (e.g. a normalisation) is applied to each batch's ``[B, L, d]`` hidden
+        states at once.
+
+        The results are views of one packed ``[sum L_i, d]`` tensor, filled batch by batch:
+        each padded batch output is freed as soon as it is copied. Keeping the batch outputs
+        alive instead interleaves them on the heap with the allocator's temporaries, and the
+        process keeps that memory after the results are freed (measured: +370 MB of peak RSS
+        over 13 chunks of 8,192 pairs).
         """
-        out: list[Tensor | None] = [None] * len(token_ids)
+        transform = transform or (lambda hidden: hidden)
+        sizes = [len(ids) for ids in token_ids]
+        offsets = [0]
+        for size in sizes:
+            offsets.append(offsets[-1] + size)
+        packed: Tensor | None = None
+
+        def store(indices: list[int], rows: Tensor) -> None:
+            """Copy ``rows`` (the tokens of ``indices``, concatenated) to their packed slots."""
+            nonlocal packed
+            if packed is None:
+                packed = rows.new_empty(offsets[-1], rows.shape[-1])
+            slots = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in indices])
+            packed.index_copy_(0, slots.to(rows.device), rows)
+
+        short = []
         for i, ids in enumerate(token_ids):
-            if len(ids) > self.max_length:
-                out[i] = self.embed_windows(ids)
-        order = sorted(
-            (i for i in range(len(token_ids)) if out[i] is None),
-            key=lambda i: len(token_ids[i]),
-            reverse=True,
-        )
-        lengths = [len(token_ids[i]) for i in order]
+            if sizes[i] > self.max_length:
+                store([i], transform(self.embed_windows(ids)))
+            else:
+                short.append(i)
+        order = sorted(short, key=lambda i: sizes[i], reverse=True)
+        lengths = [sizes[i] for i in order]
         batches = token_budget_batches(lengths, batch_size)
         for start, stop in progress_bar(batches, len(batches), progress, "bsloss: encoding"):
             rows = [torch.tensor(token_ids[i], dtype=torch.long) for i in order[start:stop]]
@@ -317,11 +342,13 @@ class ScorerEncoder(nn.Module):
             mask = (
                 torch.arange(input_ids.shape[1])[None, :]
                 < torch.tensor(lengths[start:stop])[:, None]
-            )
-            hidden = self._encode_without_grad(input_ids.to(self.device), mask.to(self.device))
-            for row, i in enumerate(order[start:stop]):
-                out[i] = hidden[row, : lengths[start + row]]
-        return out
+            ).to(self.device)
+            hidden = transform(self._encode_without_grad(input_ids.to(self.device), mask))
+            store(order[start:stop], hidden[mask])  # row-major: sequence by sequence
+            del hidden
+        if packed is None:
+            return []
+        return list(packed.split(sizes))
 
     def embed_windows(self, ids: Sequence[int], overlap: float = 0.5) -> Tensor:
         """Hidden states ``[len(ids), d]`` of a token sequence longer than ``max_length``.
