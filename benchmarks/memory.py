@@ -9,6 +9,10 @@ scoring. The input strings themselves are allocated before that point.
 Reproduce::
 
     HF_HUB_OFFLINE=1 python benchmarks/memory.py --pairs 10000 100000 --mode fast
+
+The environment passes to the worker processes, so an allocator setting can be compared, e.g.
+``MALLOC_MMAP_THRESHOLD_=1048576`` (glibc's dynamic mmap threshold otherwise lets the encoder's
+temporaries fragment the heap, and the peak grows chunk after chunk; see the README).
 """
 
 from __future__ import annotations
