@@ -337,34 +337,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     theirs = bert_score.BERTScorer(
         model_type=model_path, num_layers=NUM_LAYERS, batch_size=BATCH_SIZE, device=device
     )
-    fast = None
-    if want_fast:
-        fast = bsloss.BERTScorer(
-            num_layers=NUM_LAYERS,
-            batch_size=BATCH_SIZE,
-            device=device,
-            autocast_dtype=torch.bfloat16,
+
+    def bsloss_system(key: str, mode: str, scorer: bsloss.BERTScorer) -> System:
+        return System(
+            key,
+            f"bsloss {bsloss.__version__} {mode}",
+            lambda c, r: sync(scorer.score(c, r, progress=False)[2]),
         )
 
-    compiled = None
-    if want_fast and args.compile:
-        compiled = bsloss.BERTScorer(
-            num_layers=NUM_LAYERS,
-            batch_size=BATCH_SIZE,
-            device=device,
-            autocast_dtype=torch.bfloat16,
-            compile=True,
+    fast_variants = {"bsloss_fast": ("fast (bf16)", False)}
+    if args.compile:
+        fast_variants["bsloss_fast_compiled"] = ("fast (bf16) + compile", True)
+    fast_systems = [
+        bsloss_system(
+            key,
+            mode,
+            bsloss.BERTScorer(
+                num_layers=NUM_LAYERS,
+                batch_size=BATCH_SIZE,
+                device=device,
+                autocast_dtype=torch.bfloat16,
+                compile=compile_,
+            ),
         )
+        for key, (mode, compile_) in fast_variants.items()
+        if want_fast
+    ]
 
     systems: list[System] = []
     if want_exact:
-        systems.append(
-            System(
-                "bsloss",
-                f"bsloss {bsloss.__version__} exact",
-                lambda c, r: sync(ours.score(c, r, progress=False)[2]),
-            )
-        )
+        systems.append(bsloss_system("bsloss", "exact", ours))
     bert_score_version = _package_version("bert-score")
     systems.append(
         System(
@@ -373,22 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             lambda c, r: sync(theirs.score(c, r, batch_size=BATCH_SIZE)[2]),
         )
     )
-    if fast is not None:
-        systems.append(
-            System(
-                "bsloss_fast",
-                f"bsloss {bsloss.__version__} fast (bf16)",
-                lambda c, r: sync(fast.score(c, r, progress=False)[2]),
-            )
-        )
-    if compiled is not None:
-        systems.append(
-            System(
-                "bsloss_fast_compiled",
-                f"bsloss {bsloss.__version__} fast (bf16) + compile",
-                lambda c, r: sync(compiled.score(c, r, progress=False)[2]),
-            )
-        )
+    systems += fast_systems
 
     datasets = {
         "STS-B dev": load_stsb_dev(args.stsb_pairs),
@@ -415,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
 
     results: dict = {"datasets": {}}
+    by_key = {s.key: s for s in systems}
     for name, (cands, refs) in datasets.items():
         print(f"{name}: {len(cands)} pairs", file=sys.stderr, flush=True)
         cand_tokens = token_stats(ours, cands)
@@ -424,7 +412,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             warnings.filterwarnings("ignore", message=r".*were truncated")
             benchmark(systems, name, cands, refs, args.repeats)
         rate = {s.key: len(cands) / statistics.median(s.times[name]) for s in systems}
-        by_key = {s.key: s for s in systems}
         results["datasets"][name] = {
             "pairs": len(cands),
             "cand_tokens": cand_tokens,
@@ -452,7 +439,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     stsb_cands, stsb_refs = datasets["STS-B dev"]
     print("agreement: bert_score at batch_size=1 (untimed) ...", file=sys.stderr, flush=True)
     f_theirs_1 = theirs.score(stsb_cands, stsb_refs, batch_size=1)[2]
-    by_key = {s.key: s for s in systems}
     f_exact = (
         by_key["bsloss"].first_f["STS-B dev"]
         if want_exact
@@ -469,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
         ],
     }
-    if fast is not None:
+    if "bsloss_fast" in by_key:
         f_fast = by_key["bsloss_fast"].first_f["STS-B dev"].double().cpu()
         pearson = torch.corrcoef(torch.stack([f_fast, f_exact.double().cpu()]))[0, 1].item()
         agreement["fast"] = {

@@ -199,9 +199,9 @@ class ScorerEncoder(nn.Module):
         """Store the weights of the linear layers in ``dtype`` (fast mode).
 
         Autocast casts a float32 weight to bf16/fp16 again at every call, because its cast cache
-        holds only weights that require grad, and a frozen scorer's do not; on CPU those casts are
-        about a tenth of the bf16 encoding time. LayerNorm, embeddings and the residual stream stay
-        float32. From then on the encoder runs only under ``torch.autocast``.
+        holds only weights that require grad, and a frozen scorer's do not (measured on CPU:
+        1.10× faster bf16 encoding without those casts). LayerNorm, embeddings and the residual
+        stream stay float32. From then on the encoder runs only under ``torch.autocast``.
         """
         for module in self.model.modules():
             if isinstance(module, nn.Linear):
@@ -307,10 +307,8 @@ class ScorerEncoder(nn.Module):
         states at once.
 
         The results are views of one packed ``[sum L_i, d]`` tensor, filled batch by batch:
-        each padded batch output is freed as soon as it is copied. Keeping the batch outputs
-        alive instead interleaves them on the heap with the allocator's temporaries, and the
-        process keeps that memory after the results are freed (measured: +370 MB of peak RSS
-        over 13 chunks of 8,192 pairs).
+        each padded batch output is freed as soon as it is copied, so the embeddings are held
+        once, in one block, instead of as padded batch outputs plus a copy per text.
         """
         transform = transform or (lambda hidden: hidden)
         sizes = [len(ids) for ids in token_ids]
