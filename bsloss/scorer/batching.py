@@ -9,7 +9,14 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
-__all__ = ["progress_bar", "token_budget_batches", "pad_embedded"]
+__all__ = [
+    "progress_bar",
+    "bucket_length",
+    "bucket_rows",
+    "token_budget_rows",
+    "token_budget_batches",
+    "pad_embedded",
+]
 
 TOKENS_PER_SEQUENCE = 128  # token budget of a batch: batch_size * this many padded tokens
 
@@ -26,21 +33,44 @@ def progress_bar(iterable: Iterable, total: int, enabled: bool | None, desc: str
     return tqdm(iterable, total=total, desc=desc, leave=False)
 
 
+def bucket_length(length: int, max_length: int) -> int:
+    """The padded length of an encoder batch whose longest sequence has ``length`` tokens:
+    rounded up to a multiple of 4 (up to 32 tokens), 8 (up to 64), 16 (up to 128) or 32, at most
+    ``max_length``.
+
+    Why: every distinct batch shape makes new encoder temporaries of a new size and, under
+    oneDNN, a new cached kernel. Over a long run, glibc's heap then fragments and the peak memory
+    grows chunk after chunk. With lengths in these ~20 buckets the sizes repeat and freed blocks
+    are reused. The extra padding costs about 9% more tokens on STS-B's short sentences and 4% on
+    XSum documents, masked out of attention.
+    """
+    step = 4 if length <= 32 else 8 if length <= 64 else 16 if length <= 128 else 32
+    return min(-(-length // step) * step, max(max_length, length))
+
+
+def bucket_rows(rows: int, max_rows: int) -> int:
+    """The padded row count of an encoder batch of ``rows`` sequences, when a full batch has
+    ``max_rows``: a multiple of 8 (at most ``max_rows``); fewer than 8 rows stay as they are, so
+    that scoring one sentence encodes one."""
+    if rows < 8:
+        return rows
+    return min(-(-rows // 8) * 8, max(max_rows, rows))
+
+
+def token_budget_rows(length: int, batch_size: int) -> int:
+    """Sequences in a full batch of padded ``length``: ``batch_size``, fewer when that would
+    exceed the token budget of ``batch_size * 128`` padded tokens."""
+    return max(1, min(batch_size, batch_size * TOKENS_PER_SEQUENCE // length))
+
+
 def token_budget_batches(lengths: Sequence[int], batch_size: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive batches of longest-first sorted ``lengths``: at most
     ``batch_size`` sequences and ``batch_size * 128`` padded tokens each, so that a batch of long
     texts (whose attention grows with the square of the length) is smaller and the peak memory
     does not depend on how long the longest texts of a corpus are."""
-    budget = batch_size * TOKENS_PER_SEQUENCE
     batches, start = [], 0
     while start < len(lengths):
-        stop = start + 1
-        while (
-            stop < len(lengths)
-            and stop - start < batch_size
-            and (stop - start + 1) * lengths[start] <= budget
-        ):
-            stop += 1
+        stop = min(start + token_budget_rows(lengths[start], batch_size), len(lengths))
         batches.append((start, stop))
         start = stop
     return batches

@@ -16,10 +16,15 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pad_sequence
 
 from bsloss._warnings import warn_user
-from bsloss.scorer.batching import progress_bar, token_budget_batches
+from bsloss.scorer.batching import (
+    bucket_length,
+    bucket_rows,
+    progress_bar,
+    token_budget_batches,
+    token_budget_rows,
+)
 from bsloss.scorer.default import DEFAULT_MODEL_NAME, embedded_model_path
 from bsloss.scorer.layers import default_num_layers, freeze, num_hidden_layers, truncate_layers
 
@@ -302,51 +307,76 @@ class ScorerEncoder(nn.Module):
         """Hidden states ``[L_i, d]`` of each id sequence, in input order.
 
         Sequences are encoded longest first in token-budget batches (little padding, bounded
-        memory); a sequence longer than ``max_length`` is encoded with :meth:`embed_windows`.
+        memory), padded to bucketed shapes (:func:`~bsloss.scorer.batching.bucket_length`,
+        :func:`~bsloss.scorer.batching.bucket_rows`) so that a long run reuses a few tensor
+        sizes; a sequence longer than ``max_length`` is encoded with :meth:`embed_windows`.
         ``transform`` (e.g. a normalisation) is applied to each batch's ``[B, L, d]`` hidden
         states at once.
 
-        The results are views of one packed ``[sum L_i, d]`` tensor, filled batch by batch:
-        each padded batch output is freed as soon as it is copied, so the embeddings are held
-        once, in one block, instead of as padded batch outputs plus a copy per text.
+        The results are views of one packed ``[sum L_i, d]`` tensor laid out in encoding order:
+        the real tokens of each batch are selected straight into their slice of it, so the
+        embeddings are held once, in one block, and no temporary depends on the batch's exact
+        token count.
         """
         transform = transform or (lambda hidden: hidden)
         sizes = [len(ids) for ids in token_ids]
-        offsets = [0]
-        for size in sizes:
-            offsets.append(offsets[-1] + size)
+        long = [i for i, size in enumerate(sizes) if size > self.max_length]
+        short = sorted(
+            (i for i, size in enumerate(sizes) if size <= self.max_length),
+            key=lambda i: sizes[i],
+            reverse=True,
+        )
+        offsets: dict[int, int] = {}  # the packed layout: encoding order
+        offset = 0
+        for i in long + short:
+            offsets[i] = offset
+            offset += sizes[i]
         packed: Tensor | None = None
 
-        def store(indices: list[int], rows: Tensor) -> None:
-            """Copy ``rows`` (the tokens of ``indices``, concatenated) to their packed slots."""
+        def store(first: int, rows: Tensor) -> None:
+            """Write ``rows`` ``[n, d]`` to the packed slots that start at text ``first``."""
             nonlocal packed
             if packed is None:
-                packed = rows.new_empty(offsets[-1], rows.shape[-1])
-            slots = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in indices])
-            packed.index_copy_(0, slots.to(rows.device), rows)
+                packed = rows.new_empty(offset, rows.shape[-1])
+            packed[offsets[first] : offsets[first] + len(rows)] = rows
 
-        short = []
-        for i, ids in enumerate(token_ids):
-            if sizes[i] > self.max_length:
-                store([i], transform(self.embed_windows(ids)))
-            else:
-                short.append(i)
-        order = sorted(short, key=lambda i: sizes[i], reverse=True)
-        lengths = [sizes[i] for i in order]
-        batches = token_budget_batches(lengths, batch_size)
+        for i in long:
+            store(i, transform(self.embed_windows(token_ids[i])))
+        padded_lengths = [bucket_length(sizes[i], self.max_length) for i in short]
+        batches = token_budget_batches(padded_lengths, batch_size)
         for start, stop in progress_bar(batches, len(batches), progress, "bsloss: encoding"):
-            rows = [torch.tensor(token_ids[i], dtype=torch.long) for i in order[start:stop]]
-            input_ids = pad_sequence(rows, batch_first=True, padding_value=self.pad_token_id)
-            mask = (
-                torch.arange(input_ids.shape[1])[None, :]
-                < torch.tensor(lengths[start:stop])[:, None]
-            ).to(self.device)
-            hidden = transform(self._encode_without_grad(input_ids.to(self.device), mask))
-            store(order[start:stop], hidden[mask])  # row-major: sequence by sequence
-            del hidden
+            members = short[start:stop]
+            length = padded_lengths[start]
+            rows = bucket_rows(len(members), token_budget_rows(length, batch_size))
+            pad = self.pad_token_id
+            input_ids = torch.tensor(
+                [list(token_ids[i]) + [pad] * (length - sizes[i]) for i in members]
+                + [[pad] * length] * (rows - len(members)),
+                dtype=torch.long,
+            )
+            real_lengths = torch.tensor([sizes[i] for i in members] + [0] * (rows - len(members)))
+            real = torch.arange(length)[None, :] < real_lengths[:, None]
+            # a filler row attends to one token, not none: not every attention implementation
+            # handles a fully masked row (a softmax over only -inf is NaN)
+            attended = real | (torch.arange(rows)[:, None] >= len(members)) & (
+                torch.arange(length)[None, :] == 0
+            )
+            hidden = transform(
+                self._encode_without_grad(input_ids.to(self.device), attended.to(self.device))
+            )
+            flat_hidden = hidden.reshape(rows * length, -1)
+            token_rows = real.flatten().nonzero().squeeze(1).to(self.device)
+            if packed is None:
+                packed = flat_hidden.new_empty(offset, flat_hidden.shape[-1])
+            first = offsets[members[0]]
+            # row-major: sequence by sequence, which is the packed layout of ``members``
+            torch.index_select(
+                flat_hidden, 0, token_rows, out=packed[first : first + len(token_rows)]
+            )
+            del hidden, flat_hidden
         if packed is None:
             return []
-        return list(packed.split(sizes))
+        return [packed[offsets[i] : offsets[i] + sizes[i]] for i in range(len(sizes))]
 
     def embed_windows(self, ids: Sequence[int], overlap: float = 0.5) -> Tensor:
         """Hidden states ``[len(ids), d]`` of a token sequence longer than ``max_length``.

@@ -1,0 +1,97 @@
+"""Encoder batches are padded to a few bucketed shapes, and the padding changes no embedding.
+
+The buckets are what keeps the peak memory of a long run flat (``benchmarks/memory.py``): a
+bounded set of tensor sizes lets the allocator reuse freed blocks. These tests check the
+mechanism (bounded shapes, filler rows harmless), not the memory itself.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from bsloss.scorer.batching import (
+    bucket_length,
+    bucket_rows,
+    token_budget_batches,
+    token_budget_rows,
+)
+
+
+@pytest.mark.parametrize("max_length", [128, 256, 512])
+def test_bucket_length_covers_and_is_coarse(max_length):
+    buckets = [bucket_length(n, max_length) for n in range(1, max_length + 1)]
+    for n, padded in enumerate(buckets, start=1):
+        assert n <= padded <= max_length
+        assert padded - n < max(4, n // 4), f"length {n} padded to {padded}: too much waste"
+    assert buckets == sorted(buckets)  # sorted lengths stay sorted
+    assert len(set(buckets)) <= 8 + 4 + 4 + (max_length - 128) // 32 + 1
+
+
+def test_bucket_rows():
+    assert [bucket_rows(n, 64) for n in range(1, 8)] == list(range(1, 8))  # one text, one row
+    assert bucket_rows(9, 64) == 16
+    assert bucket_rows(64, 64) == 64
+    assert bucket_rows(30, 29) == 30  # never fewer rows than sequences
+    assert bucket_rows(27, 29) == 29  # a full batch of this length is 29 rows
+
+
+def test_token_budget_rows_respect_budget():
+    for length in (1, 16, 128, 129, 256, 512):
+        rows = token_budget_rows(length, 64)
+        assert 1 <= rows <= 64
+        assert rows * length <= 64 * 128 or rows == 1
+    lengths = sorted((random.Random(0).randint(1, 512) for _ in range(500)), reverse=True)
+    batches = token_budget_batches(lengths, 64)
+    assert batches[0][0] == 0 and batches[-1][1] == len(lengths)
+    assert all(a < b for a, b in batches)
+    assert all(b1 == a2 for (_, b1), (a2, _) in zip(batches, batches[1:], strict=False))
+
+
+@pytest.fixture(scope="module")
+def random_ids(scorer) -> list[list[int]]:
+    """500 id sequences of random lengths 3..200, between the scorer's special tokens."""
+    encoder = scorer.encoder
+    rng = random.Random(0)
+    vocab = range(1000, 20000)
+    return [
+        encoder.prefix_ids + rng.choices(vocab, k=rng.randint(1, 198)) + encoder.suffix_ids
+        for _ in range(500)
+    ]
+
+
+def test_encoder_sees_few_shapes(scorer, random_ids, monkeypatch):
+    encoder = scorer.encoder
+    shapes: list[tuple[int, int]] = []
+    original = encoder._encode_without_grad
+
+    def recording(input_ids, attention_mask):
+        shapes.append(tuple(input_ids.shape))
+        return original(input_ids, attention_mask)
+
+    monkeypatch.setattr(encoder, "_encode_without_grad", recording)
+    with torch.inference_mode():
+        encoder.embed_token_ids(random_ids, batch_size=8)
+    lengths = sorted((len(ids) for ids in random_ids), reverse=True)
+    exact_shapes = {lengths[start] for start, _ in token_budget_batches(lengths, 8)}
+    assert len(exact_shapes) > 40  # batches padded to their longest text: this many shapes
+    assert len(set(shapes)) <= 24, sorted(set(shapes))
+    assert sum(rows for rows, _ in shapes) >= len(random_ids)
+
+
+def test_padding_and_filler_rows_change_no_embedding(scorer, random_ids):
+    """9 sequences make a batch of 16 rows (7 filler rows), each padded to its bucket: every
+    embedding equals the sequence encoded alone, unpadded."""
+    encoder = scorer.encoder
+    chosen = [ids for ids in random_ids if 20 <= len(ids) <= 60][:9]
+    assert len(chosen) == 9
+    with torch.inference_mode():
+        batched = encoder.embed_token_ids(chosen, batch_size=64)
+        for ids, got in zip(chosen, batched, strict=True):
+            whole = torch.ones(1, len(ids))
+            alone = encoder(input_ids=torch.tensor([ids]), attention_mask=whole)[0]
+            assert got.shape == (len(ids), alone.shape[-1])
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
