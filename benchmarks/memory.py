@@ -11,8 +11,9 @@ Reproduce::
     HF_HUB_OFFLINE=1 python benchmarks/memory.py --pairs 10000 100000 --mode fast
 
 The environment passes to the worker processes, so an allocator setting can be compared, e.g.
-``MALLOC_MMAP_THRESHOLD_=1048576`` (glibc's dynamic mmap threshold otherwise lets the encoder's
-temporaries fragment the heap, and the peak grows chunk after chunk; see the README).
+``MALLOC_MMAP_THRESHOLD_=1048576``. Before the encoder padded its batches to bucketed shapes,
+glibc's heap fragmented and the peak grew chunk after chunk (1.36x from 10k to 100k pairs; see
+the README).
 """
 
 from __future__ import annotations
