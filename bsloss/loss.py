@@ -219,7 +219,7 @@ class BERTScoreLoss(nn.Module):
             hidden = self.encoder.embed_token_ids(token_ids, batch_size=64)
             device = self.encoder.device
             for text, ids, h in zip(missing, token_ids, hidden, strict=True):
-                # clone: a row must not keep its whole padded batch alive in the cache
+                # clone: a row must not keep the whole packed tensor of this call alive
                 self._reference_cache[text] = (h.float().clone(), torch.tensor(ids, device=device))
         return pad_embedded([self._reference_cache[t] for t in texts], self.scorer_weights)
 

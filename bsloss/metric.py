@@ -252,7 +252,7 @@ class BERTScorer:
         for text in dict.fromkeys(refs):
             if text in self._reference_cache:
                 continue
-            # clones: the embeddings are views of a whole encoder batch, which must not stay
+            # clones: the embeddings are views of the chunk's packed tensor, which must not stay
             emb, ids = embeddings[text]
             self._reference_cache[text] = (emb.clone(), ids.clone())
             if text in long_texts:

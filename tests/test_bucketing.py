@@ -52,8 +52,8 @@ def test_token_budget_rows_respect_budget():
 
 @pytest.fixture(scope="module")
 def random_ids(scorer) -> list[list[int]]:
-    """500 id sequences of random lengths 40..200 (past the lengths kept exact), between the
-    scorer's special tokens."""
+    """500 id sequences of random lengths 40..200 (where the length buckets are 8 to 32 tokens
+    wide), between the scorer's special tokens."""
     encoder = scorer.encoder
     rng = random.Random(0)
     vocab = range(1000, 20000)

@@ -333,15 +333,17 @@ class ScorerEncoder(nn.Module):
             offset += sizes[i]
         packed: Tensor | None = None
 
-        def store(first: int, rows: Tensor) -> None:
-            """Write ``rows`` ``[n, d]`` to the packed slots that start at text ``first``."""
+        def slots(first: int, count: int, like: Tensor) -> Tensor:
+            """The ``count`` packed rows that start at text ``first`` (allocated like ``like``
+            on first use)."""
             nonlocal packed
             if packed is None:
-                packed = rows.new_empty(offset, rows.shape[-1])
-            packed[offsets[first] : offsets[first] + len(rows)] = rows
+                packed = like.new_empty(offset, like.shape[-1])
+            return packed[offsets[first] : offsets[first] + count]
 
         for i in long:
-            store(i, transform(self.embed_windows(token_ids[i])))
+            rows = transform(self.embed_windows(token_ids[i]))
+            slots(i, len(rows), rows).copy_(rows)
         padded_lengths = [bucket_length(sizes[i], self.max_length) for i in short]
         batches = token_budget_batches(padded_lengths, batch_size)
         for start, stop in progress_bar(batches, len(batches), progress, "bsloss: encoding"):
@@ -358,21 +360,18 @@ class ScorerEncoder(nn.Module):
             real = torch.arange(length)[None, :] < real_lengths[:, None]
             # a filler row attends to one token, not none: not every attention implementation
             # handles a fully masked row (a softmax over only -inf is NaN)
-            attended = real | (torch.arange(rows)[:, None] >= len(members)) & (
+            filler_first_token = (torch.arange(rows)[:, None] >= len(members)) & (
                 torch.arange(length)[None, :] == 0
             )
+            attended = real | filler_first_token
             hidden = transform(
                 self._encode_without_grad(input_ids.to(self.device), attended.to(self.device))
             )
             flat_hidden = hidden.reshape(rows * length, -1)
             token_rows = real.flatten().nonzero().squeeze(1).to(self.device)
-            if packed is None:
-                packed = flat_hidden.new_empty(offset, flat_hidden.shape[-1])
-            first = offsets[members[0]]
             # row-major: sequence by sequence, which is the packed layout of ``members``
-            torch.index_select(
-                flat_hidden, 0, token_rows, out=packed[first : first + len(token_rows)]
-            )
+            out = slots(members[0], len(token_rows), flat_hidden)
+            torch.index_select(flat_hidden, 0, token_rows, out=out)
             del hidden, flat_hidden
         if packed is None:
             return []
