@@ -15,8 +15,13 @@ import torch
 from torch import Tensor, nn
 
 from bsloss.baseline import read_baseline, shipped_baseline_path
-from bsloss.bridge import VocabularyBridge
-from bsloss.distributions import augment_table, expected_inputs, token_distribution
+from bsloss.bridge import BRIDGE_MODES, Retokenizer, VocabularyBridge, retokenized_inputs
+from bsloss.distributions import (
+    augment_table,
+    expected_inputs,
+    most_probable_tokens,
+    token_distribution,
+)
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
 from bsloss.functional.matching import check_temperature, get_matching
 from bsloss.inputs import flatten_groups
@@ -47,6 +52,11 @@ class BERTScoreLoss(nn.Module):
         rescale_with_baseline, baseline_path: baseline rescaling of the score.
         generator_tokenizer: the generator's tokenizer when it differs from the scorer's (a
             :class:`~bsloss.bridge.VocabularyBridge` is built, or pass ``bridge``).
+        bridge_mode: ``"retokenize"`` (exact: the decoded candidate text is scored with the
+            scorer's own tokenisation, gradient straight-through the bridge) or ``"average"``
+            (one averaged scorer position per generator token); see :mod:`bsloss.bridge`.
+            ``None``: ``"retokenize"`` when the vocabularies differ and ``generator_tokenizer``
+            is given, ``"average"`` for a ``bridge`` passed without it.
         top_k, straight_through, gumbel_temperature: see :mod:`bsloss.distributions`.
         gradient_checkpointing: recompute the scorer's layer activations in the backward pass.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
@@ -69,6 +79,7 @@ class BERTScoreLoss(nn.Module):
         generator_tokenizer=None,
         bridge: VocabularyBridge | None = None,
         bridge_cache_dir: str | None = None,
+        bridge_mode: str | None = None,
         top_k: int | None = None,
         straight_through: bool = False,
         gumbel_temperature: float | None = None,
@@ -98,6 +109,8 @@ class BERTScoreLoss(nn.Module):
                 generator_tokenizer, self.encoder, cache_dir=bridge_cache_dir
             )
         self.bridge = bridge
+        self.bridge_mode, self.retokenizer = self._bridge_mode(bridge_mode, generator_tokenizer)
+        self.last_texts: list[str] = []  # the decoded candidates of the last retokenize call
         if idf is True:
             raise ValueError(
                 "idf=True (from each call's references) is for BERTScorer; pass the "
@@ -112,6 +125,21 @@ class BERTScoreLoss(nn.Module):
             self.baseline = read_baseline(path, self.encoder.num_layers).float()
         self._reference_cache: dict[str, tuple[Tensor, Tensor]] = {}
         self._generator_tables: dict[tuple, Tensor] = {}
+
+    def _bridge_mode(self, mode: str | None, generator_tokenizer) -> tuple[str | None, object]:
+        if mode is not None and mode not in BRIDGE_MODES:
+            raise ValueError(f"bridge_mode must be one of {BRIDGE_MODES} or None, got {mode!r}")
+        if self.bridge is None or self.bridge.identity:
+            return None, None
+        if mode is None:
+            mode = "average" if generator_tokenizer is None else "retokenize"
+        if mode == "average":
+            return mode, None
+        if generator_tokenizer is None:
+            raise ValueError(
+                "bridge_mode='retokenize' decodes the candidates: pass generator_tokenizer=..."
+            )
+        return mode, Retokenizer(generator_tokenizer, self.encoder)
 
     # ------------------------------------------------------------------ candidates
     @property
@@ -189,6 +217,8 @@ class BERTScoreLoss(nn.Module):
                     f"{(bad & candidate_mask).nonzero()[0].tolist()}"
                 )
             ids = candidate_ids.clamp(0, table.shape[0] - 1)
+            if self.retokenizer is not None:
+                return self._retokenized(ids, candidate_mask, None)
             rows = table[ids]
             inputs, weights = rows[..., :-1], rows[..., -1]
         else:
@@ -202,6 +232,24 @@ class BERTScoreLoss(nn.Module):
                 gumbel_temperature=self.gumbel_temperature,
             )
             inputs, weights = expected_inputs(distribution, table)
+            if self.retokenizer is not None:
+                expected = torch.cat([inputs, weights[..., None]], dim=-1)
+                return self._retokenized(
+                    most_probable_tokens(distribution), candidate_mask, expected
+                )
+        return self._encode_inputs(inputs, weights, candidate_mask)
+
+    def _retokenized(self, tokens: Tensor, mask: Tensor, expected: Tensor | None):
+        """The scorer's own pieces of the decoded ``tokens``, straight-through the bridge
+        (:mod:`bsloss.bridge`); ``self.last_texts`` keeps the decoded texts."""
+        batch = self.retokenizer(tokens, mask)
+        self.last_texts = batch.texts
+        inputs, weights = retokenized_inputs(
+            batch, self.encoder.input_embeddings.weight, self.scorer_weights, expected
+        )
+        return self._encode_inputs(inputs, weights, batch.piece_mask)
+
+    def _encode_inputs(self, inputs: Tensor, weights: Tensor, candidate_mask: Tensor):
         hidden, attention, special = self.encoder.forward_token_embeddings(inputs, candidate_mask)
         # Weights follow the tokens to their packed slots; special tokens weigh 0.
         packed = torch.zeros(attention.shape, dtype=weights.dtype, device=hidden.device)
