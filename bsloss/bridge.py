@@ -450,7 +450,8 @@ class Retokenizer:
         if not getattr(encoder.tokenizer, "is_fast", False):
             raise ValueError(
                 "bridge_mode='retokenize' needs the scorer's character offsets, which only a fast "
-                f"tokenizer gives; the scorer's tokenizer is {type(encoder.tokenizer).__name__}. Load the scorer with a fast tokenizer (tokenizer.json) or pass "
+                f"tokenizer gives; the scorer's tokenizer is {type(encoder.tokenizer).__name__}. "
+                "Load the scorer with a fast tokenizer (tokenizer.json) or pass "
                 "bridge_mode='average'"
             )
         self.generator_tokenizer = generator_tokenizer
