@@ -12,7 +12,8 @@ embedding and importance weight are the means
     T[v] = \frac{1}{n_v}\sum_{k} E[\pi_k(v)], \qquad \omega[v] = \frac{1}{n_v}\sum_k w[\pi_k(v)]
 
 (:math:`E`, :math:`w`: the scorer's input-embedding table and token weights; :math:`T[v] = 0`,
-:math:`\omega[v] = 0` for special tokens and text the scorer drops). The piece lists are stored
+:math:`\omega[v] = 0` for special tokens, those that ``decode(skip_special_tokens=True)`` drops,
+and for text the scorer drops). The piece lists are stored
 flat (CSR: ``offsets [V+1]``, ``flat [N]``) and :math:`T` is one ``embedding_bag`` over them, so
 building costs :math:`O(V d)` memory and time; the tokenisation is batched. The lists are cached
 on disk (safetensors), keyed by the contents of both tokenizers (vocabulary, normaliser,
@@ -114,8 +115,17 @@ def tokenizer_fingerprint(tokenizer) -> str:
         }
         digest.update(json.dumps(options, sort_keys=True).encode())
     special = {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())}
-    digest.update(json.dumps([special, sorted(tokenizer.all_special_ids)]).encode())
+    digest.update(json.dumps([special, sorted(special_token_ids(tokenizer))]).encode())
     return digest.hexdigest()
+
+
+def special_token_ids(tokenizer) -> set[int]:
+    """Ids that ``decode(..., skip_special_tokens=True)`` drops: the named special tokens and
+    every added token flagged special (Gemma has 6,249: ``<start_of_turn>``, ``<unusedN>``...)."""
+    ids = set(tokenizer.all_special_ids)
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    ids.update(index for index, token in decoder.items() if getattr(token, "special", False))
+    return ids
 
 
 def _surface(tokenizer, convention: str, token: str) -> tuple[str, bool]:
@@ -294,7 +304,7 @@ class VocabularyBridge:
         scorer_tokenizer = getattr(scorer, "tokenizer", scorer)
         gen_vocab = generator_tokenizer.get_vocab()
         size = max(len(generator_tokenizer), max(gen_vocab.values()) + 1)
-        special = set(generator_tokenizer.all_special_ids)
+        special = special_token_ids(generator_tokenizer)
         special_mask = torch.zeros(size, dtype=torch.bool)
         special_mask[sorted(special)] = True
         if gen_vocab == scorer_tokenizer.get_vocab():
@@ -456,7 +466,7 @@ class Retokenizer:
             )
         self.generator_tokenizer = generator_tokenizer
         self.encoder = encoder
-        self.special_ids = set(generator_tokenizer.all_special_ids)
+        self.special_ids = special_token_ids(generator_tokenizer)
 
     def decode(self, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
         """The decoded text of ``ids`` and each token's character span ``(start, end)`` in it."""
