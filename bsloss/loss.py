@@ -104,6 +104,10 @@ class BERTScoreLoss(nn.Module):
         self.target, self.center, self.reduction = target, center, reduction
         self.top_k, self.straight_through = top_k, straight_through
         self.gumbel_temperature = gumbel_temperature
+        if bridge_mode is not None and bridge_mode not in BRIDGE_MODES:
+            raise ValueError(
+                f"bridge_mode must be one of {BRIDGE_MODES} or None, got {bridge_mode!r}"
+            )
         if bridge is None and generator_tokenizer is not None:
             bridge = VocabularyBridge.build(
                 generator_tokenizer, self.encoder, cache_dir=bridge_cache_dir
@@ -127,8 +131,6 @@ class BERTScoreLoss(nn.Module):
         self._generator_tables: dict[tuple, Tensor] = {}
 
     def _bridge_mode(self, mode: str | None, generator_tokenizer) -> tuple[str | None, object]:
-        if mode is not None and mode not in BRIDGE_MODES:
-            raise ValueError(f"bridge_mode must be one of {BRIDGE_MODES} or None, got {mode!r}")
         if self.bridge is None or self.bridge.identity:
             return None, None
         if mode is None:
