@@ -478,11 +478,9 @@ class Retokenizer:
         """The decoded text of ``ids`` and each token's character span ``(start, end)`` in it."""
         if not ids:
             return "", []
-        prefixes = self.generator_tokenizer.batch_decode(
-            [ids[: k + 1] for k in range(len(ids))], skip_special_tokens=True
-        )
-        text = prefixes[-1]
-        bounds = [0] + [_common_prefix(p, text) for p in prefixes]
+        lengths = self._prefix_lengths(ids)
+        text = lengths.pop()
+        bounds = [0, *lengths]
         bounds[-1] = len(text)
         for k in range(len(bounds) - 2, -1, -1):  # non-decreasing: a later token can't end earlier
             bounds[k] = min(bounds[k], bounds[k + 1])
@@ -497,6 +495,50 @@ class Retokenizer:
             elif next_end is not None:  # adds no character alone: shares the next token's
                 spans[k] = (start, next_end)
         return text, spans
+
+    _WINDOW = 8
+
+    def _prefix_lengths(self, ids: list[int]) -> list:
+        """``[c_1, ..., c_n, text]``: how much of the decoded text the first ``k`` tokens
+        account for, and the text.
+
+        Decoding every prefix is quadratic in the length; instead each token's contribution is
+        the difference between decoding it with the ``_WINDOW`` tokens before it and without it
+        (a byte-fallback character retracts the placeholder its first bytes decoded to). If the
+        contributions do not rebuild the decoded text exactly, every prefix is decoded: ``c_k``
+        is then its common prefix with the text."""
+        decode = self.generator_tokenizer.batch_decode
+        windows = []
+        for k in range(len(ids)):
+            start = max(0, k - self._WINDOW)
+            windows += [ids[start:k], ids[start : k + 1]]
+        decoded = decode([*windows, ids], skip_special_tokens=True)
+        text = decoded[-1]
+        built: list[str] = []
+        lengths, cuts = [], []  # after each token; what it left of the text before it
+        for k in range(len(ids)):
+            before, after = decoded[2 * k], decoded[2 * k + 1]
+            keep = _common_prefix(before, after)
+            if len(before) > keep:  # what the previous tokens decoded to alone, replaced now
+                del built[max(0, len(built) - (len(before) - keep)) :]
+            cuts.append(len(built))
+            built.extend(after[keep:])
+            lengths.append(len(built))
+        if "".join(built) == text:
+            # a token's characters count once no later token takes them back
+            for k in range(len(ids) - 2, -1, -1):
+                cuts[k] = min(cuts[k], cuts[k + 1])
+            committed = cuts[1:] + [len(text)]
+            return [*(min(n, c) for n, c in zip(lengths, committed, strict=True)), text]
+        return self._prefix_lengths_exact(ids)
+
+    def _prefix_lengths_exact(self, ids: list[int]) -> list:
+        """:meth:`_prefix_lengths` by decoding every prefix (quadratic in the length)."""
+        prefixes = self.generator_tokenizer.batch_decode(
+            [ids[: k + 1] for k in range(len(ids))], skip_special_tokens=True
+        )
+        text = prefixes[-1]
+        return [*(_common_prefix(p, text) for p in prefixes), text]
 
     def _scorer_pieces(self, texts: list[str]) -> tuple[list[list[int]], list[list[tuple]]]:
         """Content piece ids and their character offsets in each text, tokenised as
