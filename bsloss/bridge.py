@@ -80,7 +80,15 @@ from torch import Tensor
 
 from bsloss._warnings import warn_user
 
-__all__ = ["VocabularyBridge", "Retokenizer", "RetokenizedBatch", "token_convention"]
+__all__ = [
+    "VocabularyBridge",
+    "Retokenizer",
+    "RetokenizedBatch",
+    "retokenized_inputs",
+    "special_token_ids",
+    "token_convention",
+    "tokenizer_fingerprint",
+]
 
 _CACHE_FORMAT = "v3-csr"
 BRIDGE_MODES = ("retokenize", "average")

@@ -56,7 +56,8 @@ class BERTScoreLoss(nn.Module):
             scorer's own tokenisation, gradient straight-through the bridge) or ``"average"``
             (one averaged scorer position per generator token); see :mod:`bsloss.bridge`.
             ``None``: ``"retokenize"`` when the vocabularies differ and ``generator_tokenizer``
-            is given, ``"average"`` for a ``bridge`` passed without it.
+            is given, ``"average"`` for a ``bridge`` passed without it. After a retokenize
+            call, ``loss.last_texts`` holds the decoded candidates that were scored.
         top_k, straight_through, gumbel_temperature: see :mod:`bsloss.distributions`.
         gradient_checkpointing: recompute the scorer's layer activations in the backward pass.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
