@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from bsloss._warnings import warn_user
 from bsloss.baseline import read_baseline, shipped_baseline_path
 from bsloss.bridge import BRIDGE_MODES, Retokenizer, VocabularyBridge, retokenized_inputs
 from bsloss.distributions import (
@@ -136,6 +137,13 @@ class BERTScoreLoss(nn.Module):
             return None, None
         if mode is None:
             mode = "average" if generator_tokenizer is None else "retokenize"
+            if mode == "retokenize" and not getattr(self.encoder.tokenizer, "is_fast", False):
+                warn_user(
+                    "the scorer's tokenizer is a slow one (no character offsets), so the bridge "
+                    "falls back to bridge_mode='average' (approximate); load the scorer with a "
+                    "fast tokenizer for the exact 'retokenize' mode"
+                )
+                mode = "average"
         if mode == "average":
             return mode, None
         if generator_tokenizer is None:

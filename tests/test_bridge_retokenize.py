@@ -15,7 +15,6 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -322,12 +321,23 @@ def test_bridge_mode_arguments(gemma_tokenizer, gemma_bridge, encoder):
     assert BERTScoreLoss(encoder=encoder, bridge=gemma_bridge).bridge_mode == "average"
 
 
-def test_slow_scorer_tokenizer_is_a_clear_error(gemma_tokenizer, gemma_bridge, encoder):
-    """A slow (Python) scorer tokenizer has no offsets mapping: the error names the mode."""
-    # transformers 5 ships no slow BERT tokenizer: a scorer whose tokenizer says it is slow
-    slow = SimpleNamespace(tokenizer=SimpleNamespace(is_fast=False))
+def test_slow_scorer_tokenizer(gemma_tokenizer, gemma_bridge, encoder, monkeypatch):
+    """A slow (Python) scorer tokenizer has no offsets mapping: asking for retokenize is a clear
+    error naming the way out; the default falls back to the average mode with a warning.
+    (transformers 5 ships no slow BERT tokenizer: the scorer's says it is slow.)"""
+    monkeypatch.setattr(type(encoder.tokenizer), "is_fast", property(lambda self: False))
     with pytest.raises(ValueError, match="only a fast tokenizer gives.*bridge_mode='average'"):
-        Retokenizer(gemma_tokenizer, slow)
+        BERTScoreLoss(
+            encoder=encoder,
+            generator_tokenizer=gemma_tokenizer,
+            bridge=gemma_bridge,
+            bridge_mode="retokenize",
+        )
+    with pytest.warns(UserWarning, match="falls back to bridge_mode='average'"):
+        loss = BERTScoreLoss(
+            encoder=encoder, generator_tokenizer=gemma_tokenizer, bridge=gemma_bridge
+        )
+    assert loss.bridge_mode == "average" and loss.retokenizer is None
 
 
 # --------------------------------------------------------------------------- build and cache
