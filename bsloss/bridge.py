@@ -13,8 +13,7 @@ embedding and importance weight are the means
 
 (:math:`E`, :math:`w`: the scorer's input-embedding table and token weights; :math:`T[v] = 0`,
 :math:`\omega[v] = 0` for special tokens, those that ``decode(skip_special_tokens=True)`` drops,
-and for text the scorer drops). The piece lists are stored
-flat (CSR: ``offsets [V+1]``, ``flat [N]``) and :math:`T` is one ``embedding_bag`` over them, so
+and for text the scorer drops). The piece lists are stored flat (CSR: ``offsets [V+1]``, ``flat [N]``) and :math:`T` is one ``embedding_bag`` over them, so
 building costs :math:`O(V d)` memory and time; the tokenisation is batched. The lists are cached
 on disk (safetensors), keyed by the contents of both tokenizers (vocabulary, normaliser,
 pre-tokenizer, decoder, special tokens), not by their names.
@@ -34,7 +33,8 @@ The alignment uses character offsets on both sides. Generator token :math:`t` co
 characters :math:`[c_t, c_{t+1})` of the decoded text, where :math:`c_t` is the length of the
 longest common prefix of the decoded text and the decoding of the first :math:`t` tokens (the
 incremental decoding that cross-tokenizer distillation uses, e.g. TRL's GOLD trainer), made
-non-decreasing. A token that adds no character by itself (the first byte of a multi-byte
+non-decreasing (computed in linear time: each token is decoded with the 8 tokens before it,
+and the quadratic definition is the fallback when that does not rebuild the text). A token that adds no character by itself (the first byte of a multi-byte
 character under SentencePiece byte fallback, ``<0xC3>`` of ``é``) shares the span of the next
 token that does; special tokens cover nothing. Scorer piece :math:`j` covers the characters of its
 offset mapping :math:`[s_j, e_j)` (through the scorer's normaliser: lower-casing, accent
@@ -49,19 +49,21 @@ and the scorer input is the straight-through
 
 (:math:`\operatorname{sg}`: stop-gradient): the forward value is exactly the piece's own
 embedding, the backward pass that of the expected embedding (importance weights likewise:
-:math:`w[q_j] + \bar\omega_j - \operatorname{sg}(\bar\omega_j)`). With :math:`g_j = \partial F /
-\partial x_j`, the gradient reaching the generator's distribution is
+:math:`\tilde w_j = w[q_j] + \bar\omega_j - \operatorname{sg}(\bar\omega_j)`,
+:math:`\bar\omega_j = \sum_t a_{jt} \sum_v p_t(v)\,\omega[v]`). With
+:math:`g_j = \partial F / \partial x_j` and :math:`\gamma_j = \partial F / \partial \tilde w_j`,
+the gradient reaching the generator's distribution is
 
 .. math::
     \frac{\partial F}{\partial p_t(v)}
-    = \Big\langle \sum_{j:\, t \in C(j)} a_{jt}\, g_j,\; T[v] \Big\rangle
-    \;(+ \text{the weight term}).
+    = \sum_{j:\, t \in C(j)} a_{jt} \big( \langle g_j, T[v] \rangle + \gamma_j\, \omega[v] \big).
 
-- **One token, several pieces** (Gemma's ``▁unbelievable`` = ``un ##bel ##ie ##vable``):
-  :math:`a_{jt} = 1` for each of its pieces, so the token receives the *sum* of its pieces'
-  gradients, projected on every candidate token's mean piece embedding :math:`T[v]`.
-- **Several tokens, one piece** (``un|believ|able`` = ``unbelievable``): each of the
-  :math:`n` tokens receives :math:`g_j / n`, the piece's gradient shared equally.
+- **One token, several pieces** (Gemma's ``▁unbelievably`` = MiniLM's
+  ``un ##bel ##ie ##va ##bly``): :math:`a_{jt} = 1` for each of its pieces, so the token
+  receives the *sum* of its pieces' gradients, projected on every candidate token's mean piece
+  embedding :math:`T[v]`.
+- **Several tokens, one piece** (Gemma's ``▁bas|ket|ball`` = MiniLM's ``basketball``): each of
+  the :math:`n` tokens receives :math:`g_j / n`, the piece's gradient shared equally.
 
 Consequences: a position covering no scorer piece (a special token, pure whitespace, text the
 scorer's normaliser drops) gets no gradient; an empty or whitespace-only decoded candidate scores
