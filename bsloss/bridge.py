@@ -13,10 +13,11 @@ embedding and importance weight are the means
 
 (:math:`E`, :math:`w`: the scorer's input-embedding table and token weights; :math:`T[v] = 0`,
 :math:`\omega[v] = 0` for special tokens, those that ``decode(skip_special_tokens=True)`` drops,
-and for text the scorer drops). The piece lists are stored flat (CSR: ``offsets [V+1]``, ``flat [N]``) and :math:`T` is one ``embedding_bag`` over them, so
-building costs :math:`O(V d)` memory and time; the tokenisation is batched. The lists are cached
-on disk (safetensors), keyed by the contents of both tokenizers (vocabulary, normaliser,
-pre-tokenizer, decoder, special tokens), not by their names.
+and for text the scorer drops). The piece lists are stored flat (CSR: ``offsets [V+1]``,
+``flat [N]``) and :math:`T` is one ``embedding_bag`` over them, so building costs
+:math:`O(V d)` memory and time; the tokenisation is batched. The lists are cached on disk
+(safetensors), keyed by the contents of both tokenizers (vocabulary, normaliser, pre-tokenizer,
+decoder, special tokens), not by their names.
 
 **bridge_mode="average"**: candidate position :math:`t` gets the expected bridge embedding
 :math:`e_t = \sum_v p_t(v) T[v]` (weight :math:`\sum_v p_t(v)\,\omega[v]`), one scorer position per
@@ -34,9 +35,10 @@ characters :math:`[c_t, c_{t+1})` of the decoded text, where :math:`c_t` is the 
 longest common prefix of the decoded text and the decoding of the first :math:`t` tokens (the
 incremental decoding that cross-tokenizer distillation uses, e.g. TRL's GOLD trainer), made
 non-decreasing (computed in linear time: each token is decoded with the 8 tokens before it,
-and the quadratic definition is the fallback when that does not rebuild the text). A token that adds no character by itself (the first byte of a multi-byte
-character under SentencePiece byte fallback, ``<0xC3>`` of ``é``) shares the span of the next
-token that does; special tokens cover nothing. Scorer piece :math:`j` covers the characters of its
+and the quadratic definition is the fallback when that does not rebuild the text). A token
+that adds no character by itself (the first byte of a multi-byte character under SentencePiece
+byte fallback, ``<0xC3>`` of ``é``) shares the span of the next token that does; special
+tokens cover nothing. Scorer piece :math:`j` covers the characters of its
 offset mapping :math:`[s_j, e_j)` (through the scorer's normaliser: lower-casing, accent
 stripping), and :math:`C(j)` is the set of generator positions whose spans overlap it. With
 :math:`a_{jt} = 1/|C(j)|` for :math:`t \in C(j)` (else 0), the piece's expected embedding is
