@@ -54,8 +54,7 @@ def check_reference_groups(refs: object, name: str) -> list[list[str]]:
     """One reference group per item: a string, or a non-empty list of strings."""
     if isinstance(refs, str) or not isinstance(refs, Sequence):
         raise TypeError(
-            f"{name} must be a list of strings (or of lists of strings), got "
-            f"{type(refs).__name__}"
+            f"{name} must be a list of strings (or of lists of strings), got {type(refs).__name__}"
         )
     groups: list[list[str]] = []
     for i, ref in enumerate(refs):

@@ -469,8 +469,7 @@ class BERTScoreLoss(nn.Module):
                 )
         elif reference_ids.shape[0] != batch:
             raise ValueError(
-                f"reference_ids has {reference_ids.shape[0]} rows for a batch "
-                f"of {batch} candidates"
+                f"reference_ids has {reference_ids.shape[0]} rows for a batch of {batch} candidates"
             )
         if batch == 0:
             # an empty batch scores nothing; kept on the graph so that backward() still works
