@@ -32,6 +32,7 @@ __all__ = [
     "expected_inputs",
     "augment_table",
     "check_finite_tensor",
+    "most_probable_tokens",
 ]
 
 
@@ -177,3 +178,15 @@ def expected_inputs(distribution: TokenDistribution, augmented: Tensor) -> tuple
     (probability moved onto a special token, which weighs 0, lowers that position's weight)."""
     out = _expectation(distribution, augmented)
     return out[..., :-1], out[..., -1]
+
+
+def most_probable_tokens(distribution: TokenDistribution) -> Tensor:
+    """``[B, L]`` token ids of the largest weight at each position: the argmax tokens, the
+    one-hot tokens under ``straight_through``, the sampled tokens under ``gumbel_temperature``
+    (whose perturbed scores the distribution holds)."""
+    if distribution.weights is None:
+        return distribution.logits.argmax(dim=-1)
+    best = distribution.weights.detach().argmax(dim=-1, keepdim=True)
+    if distribution.indices is None:
+        return best.squeeze(-1)
+    return distribution.indices.gather(-1, best).squeeze(-1)

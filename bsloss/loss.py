@@ -16,11 +16,12 @@ from torch import Tensor, nn
 
 from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline
-from bsloss.bridge import VocabularyBridge
+from bsloss.bridge import BRIDGE_MODES, Retokenizer, VocabularyBridge, retokenized_inputs
 from bsloss.distributions import (
     augment_table,
     check_finite_tensor,
     expected_inputs,
+    most_probable_tokens,
     token_distribution,
 )
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
@@ -75,6 +76,12 @@ class BERTScoreLoss(nn.Module):
         rescale_with_baseline, baseline_path: baseline rescaling of the score.
         generator_tokenizer: the generator's tokenizer when it differs from the scorer's (a
             :class:`~bsloss.bridge.VocabularyBridge` is built, or pass ``bridge``).
+        bridge_mode: ``"retokenize"`` (exact: the decoded candidate text is scored with the
+            scorer's own tokenisation, gradient straight-through the bridge) or ``"average"``
+            (one averaged scorer position per generator token); see :mod:`bsloss.bridge`.
+            ``None``: ``"retokenize"`` when the vocabularies differ and ``generator_tokenizer``
+            is given, ``"average"`` for a ``bridge`` passed without it. After a retokenize
+            call, ``loss.last_texts`` holds the decoded candidates that were scored.
         top_k, straight_through, gumbel_temperature: see :mod:`bsloss.distributions`.
             ``top_k=1`` is refused: the renormalised top-1 weight is always 1, so its gradient
             is exactly zero.
@@ -111,6 +118,7 @@ class BERTScoreLoss(nn.Module):
         generator_tokenizer=None,
         bridge: VocabularyBridge | None = None,
         bridge_cache_dir: str | None = None,
+        bridge_mode: str | None = None,
         top_k: int | None = None,
         straight_through: bool = False,
         gumbel_temperature: float | None = None,
@@ -146,11 +154,17 @@ class BERTScoreLoss(nn.Module):
         self.target, self.center, self.reduction = target, center, reduction
         self.top_k, self.straight_through = top_k, straight_through
         self.gumbel_temperature = gumbel_temperature
+        if bridge_mode is not None and bridge_mode not in BRIDGE_MODES:
+            raise ValueError(
+                f"bridge_mode must be one of {BRIDGE_MODES} or None, got {bridge_mode!r}"
+            )
         if bridge is None and generator_tokenizer is not None:
             bridge = VocabularyBridge.build(
                 generator_tokenizer, self.encoder, cache_dir=bridge_cache_dir
             )
         self.bridge = bridge
+        self.bridge_mode, self.retokenizer = self._bridge_mode(bridge_mode, generator_tokenizer)
+        self.last_texts: list[str] = []  # the decoded candidates of the last retokenize call
         if idf is True:
             raise ValueError(
                 "idf=True (from each call's references) is for BERTScorer; pass the "
@@ -183,6 +197,19 @@ class BERTScoreLoss(nn.Module):
         """Forget the cached reference hidden states and generator embedding tables."""
         self._references.cache.clear()
         self._generator_tables.clear()
+
+    def _bridge_mode(self, mode: str | None, generator_tokenizer) -> tuple[str | None, object]:
+        if self.bridge is None or self.bridge.identity:
+            return None, None
+        if mode is None:
+            mode = "average" if generator_tokenizer is None else "retokenize"
+        if mode == "average":
+            return mode, None
+        if generator_tokenizer is None:
+            raise ValueError(
+                "bridge_mode='retokenize' decodes the candidates: pass generator_tokenizer=..."
+            )
+        return mode, Retokenizer(generator_tokenizer, self.encoder)
 
     # ------------------------------------------------------------------ candidates
     @property
@@ -321,6 +348,8 @@ class BERTScoreLoss(nn.Module):
                     f"{(bad & candidate_mask).nonzero()[0].tolist()}"
                 )
             ids = candidate_ids.clamp(0, table.shape[0] - 1)
+            if self.retokenizer is not None:
+                return self._retokenized(ids, candidate_mask, None)
             rows = table[ids]
             inputs, weights = rows[..., :-1], rows[..., -1]
         else:
@@ -335,6 +364,24 @@ class BERTScoreLoss(nn.Module):
             inputs, weights = expected_inputs(distribution, table)
             # float64 logits give float64 expectations; the scorer runs in its own dtype
             inputs = inputs.to(table.dtype)
+            if self.retokenizer is not None:
+                expected = torch.cat([inputs, weights[..., None].to(inputs.dtype)], dim=-1)
+                return self._retokenized(
+                    most_probable_tokens(distribution), candidate_mask, expected
+                )
+        return self._encode_inputs(inputs, weights, candidate_mask)
+
+    def _retokenized(self, tokens: Tensor, mask: Tensor, expected: Tensor | None):
+        """The scorer's own pieces of the decoded ``tokens``, straight-through the bridge
+        (:mod:`bsloss.bridge`); ``self.last_texts`` keeps the decoded texts."""
+        batch = self.retokenizer(tokens, mask)
+        self.last_texts = batch.texts
+        inputs, weights = retokenized_inputs(
+            batch, self.encoder.input_embeddings.weight, self.scorer_weights, expected
+        )
+        return self._encode_inputs(inputs, weights, batch.piece_mask)
+
+    def _encode_inputs(self, inputs: Tensor, weights: Tensor, candidate_mask: Tensor):
         hidden, attention, special = self.encoder.forward_token_embeddings(inputs, candidate_mask)
         # Weights follow the tokens to their packed slots; special tokens weigh 0.
         packed = torch.zeros(attention.shape, dtype=weights.dtype, device=hidden.device)
