@@ -31,6 +31,7 @@ __all__ = [
     "expected_embeddings",
     "expected_inputs",
     "augment_table",
+    "check_finite_tensor",
     "most_probable_tokens",
 ]
 
@@ -47,7 +48,8 @@ class TokenDistribution:
     logits: Tensor | None = None
 
 
-def _check_finite(tensor: Tensor, name: str) -> None:
+def check_finite_tensor(tensor: Tensor, name: str) -> None:
+    """ValueError naming ``name`` and the first position of a NaN or Inf in ``tensor``."""
     # One reduction decides the common case; the elementwise scan only runs to name the culprit
     # (or when a huge finite tensor overflows the sum).
     if torch.isfinite(tensor.sum()):
@@ -89,7 +91,7 @@ def token_distribution(
             raise ValueError("gumbel_temperature needs logits, not probs")
         if not gumbel_temperature > 0:
             raise ValueError(f"gumbel_temperature must be > 0, got {gumbel_temperature}")
-    _check_finite(source, name)
+    check_finite_tensor(source, name)
     with torch.autocast(device_type=source.device.type, enabled=False):
         if logits is not None:
             scores = _math(logits)
