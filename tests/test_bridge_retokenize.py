@@ -390,17 +390,27 @@ from bsloss.pretrained import pretrained_folder
 from bsloss.scorer.encoder import ScorerEncoder
 encoder = ScorerEncoder.from_pretrained(None)
 tokenizer = AutoTokenizer.from_pretrained(pretrained_folder("gemma-3-270m"))
-def high_water_mark():
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
-with open("/proc/self/clear_refs", "w") as refs:
-    refs.write("5")  # resets the peak RSS to the current RSS: the loads' own peaks don't count
-baseline = high_water_mark()
+import threading
+def status(key):
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(key))
+try:
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # resets the peak RSS to the current RSS: the loads' peaks don't count
+    peak = lambda: status("VmHWM")
+except OSError:  # no clear_refs here: sample the RSS every millisecond instead
+    samples, done = [status("VmRSS")], threading.Event()
+    def sample():
+        while not done.wait(0.001):
+            samples.append(status("VmRSS"))
+    threading.Thread(target=sample, daemon=True).start()
+    peak = lambda: max(samples)
+baseline = peak()
 start = time.perf_counter()
 bridge = VocabularyBridge.build(tokenizer, encoder, cache_dir=sys.argv[1])
 table = bridge.embedding_table(encoder.input_embeddings.weight.detach())
 seconds = time.perf_counter() - start
-print(json.dumps({"above": high_water_mark() - baseline, "seconds": seconds, "rows": len(table)}))
+print(json.dumps({"above": peak() - baseline, "seconds": seconds, "rows": len(table)}))
 """
 
 
