@@ -44,7 +44,7 @@ def load_baseline(path: str | Path | None, model_name: str, num_layers: int) -> 
             how to compute one).
         ValueError: see :func:`read_baseline`.
     """
-    if path is None:
+    if not path:
         path = shipped_baseline_path(model_name)
         if not path.is_file():
             raise FileNotFoundError(

@@ -50,9 +50,11 @@ def _content(content: Any, index: int) -> str:
     # multimodal messages: content is a list of {"type": "text", "text": ...} parts
     if isinstance(content, list):
         parts = [
-            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            check_text(p.get("text", ""), f"completions[{index}]")
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
         ]
-        return check_text(" ".join(map(str, parts)), f"completions[{index}]")
+        return " ".join(parts)
     raise TypeError(
         f"completions[{index}]: message content must be a string, got {type(content).__name__}"
     )

@@ -52,9 +52,12 @@ def uniform_table(vocab_size: int, special_token_ids: Iterable[int] = ()) -> Ten
 
 
 def _weight(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if isinstance(value, bool | str | bytes):
         raise TypeError(f"idf: {name} must be a number, got {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"idf: {name} must be a number, got {type(value).__name__}") from None
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"idf: {name} is {value}: weights must be finite and >= 0")
     return value

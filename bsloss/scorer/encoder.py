@@ -323,7 +323,11 @@ class ScorerEncoder(nn.Module):
         device = token_embeddings.device
         n_prefix, n_suffix = len(self.prefix_ids), len(self.suffix_ids)
         lengths = mask.sum(dim=1)
-        length = int(lengths.max()) if batch else 0
+        length = token_embeddings.shape[1]
+        if n_prefix + length + n_suffix > self.max_length:
+            # padding past the scorer's maximum: keep only the columns some row uses (a sync,
+            # paid only by such batches)
+            length = int(lengths.max()) if batch else 0
         total = n_prefix + length + n_suffix
         # Slot of each real token: right after the prefix, packed left in their original order.
         slot = n_prefix + torch.cumsum(mask.long(), dim=1) - 1
