@@ -10,6 +10,7 @@ the references.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +19,7 @@ from bsloss.baseline import read_baseline, shipped_baseline_path
 from bsloss.bridge import VocabularyBridge
 from bsloss.distributions import augment_table, expected_inputs, token_distribution
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
+from bsloss.functional.fused_expectation import IGNORE_INDEX, fused_expected_inputs
 from bsloss.functional.matching import check_temperature, get_matching
 from bsloss.inputs import flatten_groups
 from bsloss.scorer.batching import pad_embedded
@@ -25,9 +27,18 @@ from bsloss.scorer.checkpointing import set_gradient_checkpointing
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.weights import IdfSpec, weight_table
 
-__all__ = ["BERTScoreLoss"]
+__all__ = ["BERTScoreLoss", "LossAndCrossEntropy"]
 
 _TARGETS = ("precision", "recall", "f1")
+
+
+class LossAndCrossEntropy(NamedTuple):
+    """What :class:`BERTScoreLoss` returns when called with ``target_ids``: the BERTScore loss and
+    the cross-entropy of the targets, both from the same chunked pass over the LM head (reduced
+    by the loss's ``reduction``: token mean, token sum, or ``[B, L]`` with 0 at ignored ids)."""
+
+    loss: Tensor
+    cross_entropy: Tensor
 
 
 class BERTScoreLoss(nn.Module):
@@ -148,20 +159,34 @@ class BERTScoreLoss(nn.Module):
             f"{self.generator_vocab_size}{hint}"
         )
 
-    def encode_candidates(
+    def encode_candidates(self, **candidates) -> tuple[Tensor, Tensor, Tensor]:
+        """Scorer hidden states ``[B, L', d]``, real-token mask and importance weights of the
+        candidates (the keyword arguments of :meth:`score` that describe them)."""
+        return self._encode_candidates(**candidates)[:3]
+
+    def _encode_candidates(
         self,
         *,
         logits: Tensor | None = None,
         probs: Tensor | None = None,
         candidate_ids: Tensor | None = None,
         embeddings: Tensor | None = None,
+        hidden_states: Tensor | None = None,
+        output_embeddings: Tensor | nn.Module | None = None,
+        target_ids: Tensor | None = None,
+        logit_softcap: float | None = None,
+        generator_temperature: float = 1.0,
         candidate_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Scorer hidden states ``[B, L', d]``, real-token mask and importance weights."""
-        given = [x is not None for x in (logits, probs, candidate_ids, embeddings)]
-        if sum(given) != 1:
-            raise ValueError("pass exactly one of logits, probs, candidate_ids or embeddings")
-        source = next(x for x in (logits, probs, candidate_ids, embeddings) if x is not None)
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """:meth:`encode_candidates` and the ``[B, L]`` log-likelihood of ``target_ids``."""
+        sources = (logits, probs, candidate_ids, embeddings, hidden_states)
+        if sum(x is not None for x in sources) != 1:
+            raise ValueError(
+                "pass exactly one of logits, probs, candidate_ids, embeddings or hidden_states"
+            )
+        if hidden_states is None and (output_embeddings is not None or target_ids is not None):
+            raise ValueError("output_embeddings and target_ids go with hidden_states")
+        source = next(x for x in sources if x is not None)
         if candidate_mask is None:
             candidate_mask = torch.ones(source.shape[:2], dtype=torch.bool, device=source.device)
         if tuple(candidate_mask.shape) != tuple(source.shape[:2]):
@@ -177,9 +202,20 @@ class BERTScoreLoss(nn.Module):
                     f"hidden states, got {list(embeddings.shape)}"
                 )
             weights = candidate_mask.to(torch.float32)
-            return embeddings, candidate_mask, weights
+            return embeddings, candidate_mask, weights, None
         table = self._generator_table()
-        if candidate_ids is not None:
+        log_likelihood = None
+        if hidden_states is not None:
+            inputs, weights, log_likelihood = self._fused_inputs(
+                hidden_states,
+                output_embeddings,
+                target_ids,
+                candidate_mask,
+                table,
+                logit_softcap,
+                generator_temperature,
+            )
+        elif candidate_ids is not None:
             if candidate_ids.dim() != 2:
                 raise ValueError(f"candidate_ids must be [B, L], got {list(candidate_ids.shape)}")
             bad = (candidate_ids < 0) | (candidate_ids >= table.shape[0])
@@ -207,7 +243,59 @@ class BERTScoreLoss(nn.Module):
         packed = torch.zeros(attention.shape, dtype=weights.dtype, device=hidden.device)
         real = attention & ~special
         packed[real] = weights[candidate_mask]
-        return hidden, attention, packed
+        return hidden, attention, packed, log_likelihood
+
+    def _fused_inputs(
+        self,
+        hidden_states: Tensor,
+        output_embeddings: Tensor | nn.Module | None,
+        target_ids: Tensor | None,
+        candidate_mask: Tensor,
+        table: Tensor,
+        softcap: float | None,
+        temperature: float,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Expected inputs and weights ``[B, L, d]``, ``[B, L]`` from the LM head's input and
+        weight, chunked (:mod:`bsloss.functional.fused_expectation`), and the targets'
+        log-likelihood ``[B, L]`` from the same pass."""
+        if output_embeddings is None:
+            raise ValueError("hidden_states needs output_embeddings (the LM head or its weight)")
+        if hidden_states.dim() != 3:
+            raise ValueError(
+                f"hidden_states must be [B, L, d_model], got {list(hidden_states.shape)}"
+            )
+        if self.gumbel_temperature is not None:
+            raise ValueError("gumbel_temperature is not supported with hidden_states")
+        weight = getattr(output_embeddings, "weight", output_embeddings)
+        if isinstance(weight, Tensor) and weight.dim() == 2:
+            self._check_vocab(weight.shape[0], "output_embeddings")
+        # Only the positions that are scored or have a target go through the head.
+        selected = candidate_mask
+        if target_ids is not None:
+            if tuple(target_ids.shape) != tuple(hidden_states.shape[:2]):
+                raise ValueError(
+                    f"target_ids must have shape {list(hidden_states.shape[:2])} ([B, L] of "
+                    f"hidden_states), got {list(target_ids.shape)}"
+                )
+            selected = candidate_mask | (target_ids != IGNORE_INDEX)
+        out = fused_expected_inputs(
+            hidden_states[selected],
+            output_embeddings,
+            table,
+            target_ids=None if target_ids is None else target_ids[selected],
+            softcap=softcap,
+            temperature=temperature,
+            top_k=self.top_k,
+            straight_through=self.straight_through,
+        )
+        batch, length = selected.shape
+        full = out.expected.new_zeros(batch, length, out.expected.shape[-1])
+        full = full.masked_scatter(selected[..., None], out.expected)
+        log_likelihood = None
+        if out.log_likelihood is not None:
+            log_likelihood = out.log_likelihood.new_zeros(batch, length)
+            log_likelihood = log_likelihood.masked_scatter(selected, out.log_likelihood)
+        return full[..., :-1], full[..., -1], log_likelihood
 
     # ------------------------------------------------------------------ references
     @torch.no_grad()
@@ -244,20 +332,49 @@ class BERTScoreLoss(nn.Module):
         probs: Tensor | None = None,
         candidate_ids: Tensor | None = None,
         embeddings: Tensor | None = None,
+        hidden_states: Tensor | None = None,
+        output_embeddings: Tensor | nn.Module | None = None,
+        logit_softcap: float | None = None,
+        generator_temperature: float = 1.0,
         candidate_mask: Tensor | None = None,
         references: Sequence[str] | Sequence[Sequence[str]] | None = None,
         reference_ids: Tensor | None = None,
         reference_mask: Tensor | None = None,
     ) -> PRF:
         """Per-sample (P, R, F) ``[B]``, differentiable in the candidates. With several
-        references per sample, the max of each over the references."""
-        cand_hidden, cand_mask, cand_weights = self.encode_candidates(
+        references per sample, the max of each over the references.
+
+        Candidates: exactly one of ``logits`` / ``probs`` ``[B, L, V]``, ``candidate_ids``
+        ``[B, L]``, ``embeddings`` ``[B, L, d]`` (scorer input embeddings), or
+        ``hidden_states`` ``[B, L, d_model]`` (the LM head's input) with ``output_embeddings``
+        (the LM head, or its weight ``[V, d_model]``) and optional ``logit_softcap`` and
+        ``generator_temperature``: then the ``[B, L, V]`` distributions are never
+        materialised (:mod:`bsloss.functional.fused_expectation`)."""
+        prf, _ = self._score(
             logits=logits,
             probs=probs,
             candidate_ids=candidate_ids,
             embeddings=embeddings,
+            hidden_states=hidden_states,
+            output_embeddings=output_embeddings,
+            logit_softcap=logit_softcap,
+            generator_temperature=generator_temperature,
             candidate_mask=candidate_mask,
+            references=references,
+            reference_ids=reference_ids,
+            reference_mask=reference_mask,
         )
+        return prf
+
+    def _score(
+        self,
+        *,
+        references: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        reference_ids: Tensor | None = None,
+        reference_mask: Tensor | None = None,
+        **candidates,
+    ) -> tuple[PRF, Tensor | None]:
+        cand_hidden, cand_mask, cand_weights, log_likelihood = self._encode_candidates(**candidates)
         batch = cand_hidden.shape[0]
         owner = list(range(batch))
         if (references is None) == (reference_ids is None):
@@ -305,8 +422,8 @@ class BERTScoreLoss(nn.Module):
                 )
             )
         if len(owner) == batch:
-            return prf
-        return PRF(*(self._group_max(x, index, batch) for x in prf))
+            return prf, log_likelihood
+        return PRF(*(self._group_max(x, index, batch) for x in prf)), log_likelihood
 
     @staticmethod
     def _group_max(values: Tensor, index: Tensor, batch: int) -> Tensor:
@@ -319,10 +436,25 @@ class BERTScoreLoss(nn.Module):
         first = first.scatter_reduce(0, index, candidates, "amin")
         return values[first]
 
-    def forward(self, **inputs) -> Tensor:
-        """``1 - score`` (the ``target``), reduced by ``reduction``."""
-        prf = self.score(**inputs)
-        loss = 1 - getattr(prf, self.target)
+    def forward(self, **inputs) -> Tensor | LossAndCrossEntropy:
+        """``1 - score`` (the ``target``), reduced by ``reduction``; inputs as in :meth:`score`.
+
+        With ``hidden_states`` and ``target_ids`` ``[B, L]`` (``-100`` ignored), a
+        :class:`LossAndCrossEntropy` ``(loss, cross_entropy)`` instead: the CE of the targets
+        under the LM head's logits (soft-capped, temperature 1) comes from the same chunked
+        pass, so a training step needs no ``[B, L, V]`` logits at all."""
+        prf, log_likelihood = self._score(**inputs)
+        loss = self._reduce(1 - getattr(prf, self.target))
+        if log_likelihood is None:
+            return loss
+        target_ids = inputs["target_ids"]
+        if self.reduction == "mean":
+            count = (target_ids != IGNORE_INDEX).sum().clamp_min(1)
+            return LossAndCrossEntropy(loss, -log_likelihood.sum() / count)
+        per_token = -log_likelihood
+        return LossAndCrossEntropy(loss, per_token.sum() if self.reduction == "sum" else per_token)
+
+    def _reduce(self, loss: Tensor) -> Tensor:
         if self.reduction == "mean":
             return loss.mean()
         if self.reduction == "sum":
