@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from bsloss._warnings import warn_user
+from bsloss.pretrained import hub_name, resolve_model
 from bsloss.scorer.batching import (
     bucket_length,
     bucket_rows,
@@ -115,8 +116,10 @@ class ScorerEncoder(nn.Module):
         device: str | torch.device | None = None,
     ) -> ScorerEncoder:
         """Load ``model`` (hub name or local folder; ``None``: embedded all-MiniLM-L6-v2)."""
-        name = DEFAULT_MODEL_NAME if model is None else str(model)
-        path = embedded_model_path() if model is None else str(model)
+        # Offline short names ("all-mpnet-base-v2") load their converted folder and keep the
+        # hub name for the layer table and the shipped baselines.
+        name = DEFAULT_MODEL_NAME if model is None else hub_name(str(model))
+        path = embedded_model_path() if model is None else resolve_model(str(model))
         if num_layers is None:
             num_layers = default_num_layers(name)
         tokenizer, hf_model = _load(path)
