@@ -25,8 +25,10 @@ from common import (  # noqa: E402
     generate,
     generated_labels,
     linear_warmup,
+    lm_head_inputs,
     teacher_forced_logits,
     token_cross_entropy,
+    token_cross_entropy_from_hidden,
 )
 
 from bsloss import BERTScoreLoss  # noqa: E402
@@ -109,17 +111,30 @@ def main(argv: list[str] | None = None) -> dict:
                         run.unwrapped, batch, max_target_length, sample=mode == "sample"
                     )
                     label_sets.append(generated_labels(sequences, collator.pad, collator.eos))
-                logits = teacher_forced_logits(model, batch, label_sets, collator)
-                loss = token_cross_entropy(logits[0], batch["labels"])
-                parts = {"ce": loss.detach()}
                 if weight > 0:
-                    bertscore_loss = loss_fn(
-                        logits=logits[-1].float(),
+                    # The LM head's input and weight instead of [B, L, V] logits: the BERTScore
+                    # term and the CE come from one chunked pass over the vocabulary.
+                    with lm_head_inputs(run.unwrapped) as head:
+                        hidden = teacher_forced_logits(model, batch, label_sets, collator)
+                    own = len(label_sets) == 1  # teacher forcing: CE and BERTScore share a pass
+                    out = loss_fn(
+                        hidden_states=hidden[-1],
+                        output_embeddings=head,
                         candidate_mask=collator.content_mask(label_sets[-1]),
                         references=[e.target for e in examples],
+                        target_ids=batch["labels"] if own else None,
                     )
-                    loss = loss + weight * bertscore_loss
-                    parts["bertscore_loss"] = bertscore_loss.detach()
+                    if own:
+                        bertscore_loss, ce = out
+                    else:  # the CE is on the reference labels, the score on the model's own
+                        bertscore_loss = out
+                        ce = token_cross_entropy_from_hidden(hidden[0], head, batch["labels"])
+                    loss = ce + weight * bertscore_loss
+                    parts = {"ce": ce.detach(), "bertscore_loss": bertscore_loss.detach()}
+                else:
+                    logits = teacher_forced_logits(model, batch, label_sets, collator)
+                    loss = token_cross_entropy(logits[0], batch["labels"])
+                    parts = {"ce": loss.detach()}
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and train_spec.get("max_grad_norm"):
                     accelerator.clip_grad_norm_(model.parameters(), train_spec["max_grad_norm"])

@@ -347,3 +347,59 @@ def test_loss_hidden_states_bad_input(encoder, references):
     # the loss still works after the errors
     value = loss(hidden_states=h, output_embeddings=torch.randn(vocab, 8), **references)
     assert torch.isfinite(value)
+
+
+# ----------------------------------------------------------------------------- the recipes
+def _tiny_seq2seq(kind: str):
+    import transformers
+
+    torch.manual_seed(0)
+    if kind == "bart":
+        config = transformers.BartConfig(
+            vocab_size=97, d_model=16, encoder_layers=1, decoder_layers=1,
+            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+            decoder_ffn_dim=32, max_position_embeddings=32,
+        )  # fmt: skip
+        model = transformers.BartForConditionalGeneration(config)
+        with torch.no_grad():  # BART's bias after the head, nonzero so that it counts
+            model.final_logits_bias.normal_()
+        return model
+    if kind == "t5":
+        config = transformers.T5Config(
+            vocab_size=97, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+            decoder_start_token_id=0, tie_word_embeddings=True,
+        )  # fmt: skip
+        return transformers.T5ForConditionalGeneration(config)
+    bert = transformers.BertConfig(
+        vocab_size=97, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32,
+    )  # fmt: skip
+    decoder = transformers.BertConfig(**{**bert.to_dict(), "is_decoder": True})
+    decoder.add_cross_attention = True
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(bert, decoder)
+    config.decoder_start_token_id, config.pad_token_id = 1, 0
+    return transformers.EncoderDecoderModel(config=config)
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5", "bert2bert"])
+def test_recipe_lm_head_inputs_give_the_logits(kind):
+    """recipes/common.py's lm_head_inputs: hidden @ W^T + b equals the model's own logits, and
+    the model is restored afterwards."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+    from common import lm_head_inputs
+
+    model = _tiny_seq2seq(kind).eval()
+    inputs = {
+        "input_ids": torch.randint(2, 97, (2, 7)),
+        "decoder_input_ids": torch.randint(2, 97, (2, 5)),
+    }
+    logits = model(**inputs).logits
+    with lm_head_inputs(model) as head:
+        hidden = model(**inputs).logits
+    assert hidden.shape == (2, 5, 16)
+    rebuilt = hidden @ head.weight.T + (0 if head.bias is None else head.bias)
+    torch.testing.assert_close(rebuilt, logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(model(**inputs).logits, logits, rtol=0, atol=0)
