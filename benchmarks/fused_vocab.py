@@ -23,7 +23,7 @@ encoded and cached before any measurement.
 
    The dense variants are skipped above ``--dense-max-rows`` positions (default 1024): at 16x256
    their logits alone are 4.3 GB and a pass peaks near 4x that, past this machine's budget.
-2. *Expected-embedding step* (no scorer), at 4x40 and 8x128: ``dense step`` = logits, softmax,
+2. *Expected-embedding step* (no scorer), at 8x128: ``dense step`` = logits, softmax,
    ``expected_inputs`` against the bridge table, backward of a fixed random gradient into ``h``
    and ``W``; ``top-k=32 fused`` = :func:`fused_expected_inputs` with ``top_k=32``, same
    gradient.
@@ -41,8 +41,9 @@ worker's first measured pass, right after one warm-up pass at B x 8: *extra peak
 during the pass (``VmHWM`` after resetting it through ``/proc/self/clear_refs``) minus the RSS
 just before it (so the LM head, the bridge table, the scorer and the cached references are not
 counted; the gradient of W, 0.67 GB, is, in every variant). Time: the two workers compared are
-alive side by side and receive their passes in alternation (``--repeats`` timed passes after the
-memory pass; with 0 the memory pass's own time is reported); medians. Gemma steps: one fresh
+alive side by side and receive their passes in alternation: the memory pass, then ``--repeats``
+more (default 2 at 4x40, 1 at 8x128, 0 at 16x256); the median over all of a variant's passes (the
+memory pass does the same work). Gemma steps: one fresh
 process per run, runs alternating ``CE-only``, ``CE+BERTScore``, ``--gemma-runs`` times each;
 *peak RSS* there is the whole process's high-water mark over the measured steps (model, AdamW
 state and gradients included); the medians of the step times.
@@ -51,7 +52,7 @@ Reproduce (from the repository root)::
 
     HF_HUB_OFFLINE=1 python benchmarks/fused_vocab.py --out benchmarks/results/fused_vocab.md
 
-It takes about 15 minutes on 2 cores and peaks below 10 GB (two workers at a time).
+It takes about 15-20 minutes on 2 busy cores and peaks below 10 GB (two workers at a time).
 """
 
 from __future__ import annotations
@@ -348,7 +349,9 @@ def compare(kind: str, variants, batch: int, length: int, repeats: int, bridge_f
             for worker in workers:
                 rows[worker.variant]["times"].append(worker.one()["s"])
         for row in rows.values():
-            row["median_s"] = statistics.median(row["times"] or [row["s"]])
+            # the memory pass does the same work (only the RSS is read around it): it counts
+            row["times"].insert(0, row["s"])
+            row["median_s"] = statistics.median(row["times"])
         return rows
     finally:
         for worker in workers:
@@ -402,17 +405,18 @@ def report(results: dict, args) -> str:
         f"- CPU: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
         f"- bridge: Gemma's tokenizer -> all-MiniLM-L6-v2, fidelity {results['bridge_fidelity']}",
-        f"- total wall time {results['wall_s'] / 60:.1f} min",
+        f"- total wall time {results['wall_s'] / 60:.1f} min; load average (1, 5, 15 min) at the "
+        f"start {results['load'][0]}, at the end {results['load'][1]} (the machine is shared)",
         "",
         "## BERTScore term (forward + backward into h and W)",
         "",
-        "| B x L | variant | median s | timed passes | extra peak RSS MB |",
+        "| B x L | variant | median s | passes | extra peak RSS MB |",
         "|---|---|---:|---:|---:|",
     ]
     for size, rows in results["term"].items():
         for variant, row in rows.items():
             lines.append(
-                f"| {size} | {variant} | {row['median_s']:.2f} | {len(row['times']) or 1} | "
+                f"| {size} | {variant} | {row['median_s']:.2f} | {len(row['times'])} | "
                 f"{row['extra_peak_mb']:.0f} |"
             )
     for size in results.get("skipped", []):
@@ -476,11 +480,11 @@ def report(results: dict, args) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["4x40", "8x128", "16x256"])
-    parser.add_argument("--repeats", nargs="+", type=int, default=[3, 2, 0])
-    parser.add_argument("--step-sizes", nargs="+", default=["4x40", "8x128"])
+    parser.add_argument("--repeats", nargs="+", type=int, default=[2, 1, 0])
+    parser.add_argument("--step-sizes", nargs="+", default=["8x128"])
     parser.add_argument("--dense-max-rows", type=int, default=1024)
     parser.add_argument("--gemma-runs", type=int, default=2)
-    parser.add_argument("--gemma-steps", type=int, default=2)
+    parser.add_argument("--gemma-steps", type=int, default=1)
     parser.add_argument("--out", metavar="MD")
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--worker", choices=["term", "step", "gemma"], help=argparse.SUPPRESS)
@@ -497,6 +501,7 @@ def main() -> None:
         serve(args.worker, args.variant, args.batch, args.length, args.bridge_file)
         return
     start = time.perf_counter()
+    load_before = os.getloadavg()
     path, fidelity = bridge_path()
     results: dict = {"term": {}, "step": {}, "skipped": [], "bridge_fidelity": fidelity}
     for size, repeats in zip(args.sizes, args.repeats, strict=True):
@@ -511,10 +516,11 @@ def main() -> None:
         results["term"][size] = rows
     for size in args.step_sizes:
         batch, length = map(int, size.split("x"))
-        results["step"][size] = compare("step", STEP_VARIANTS, batch, length, 2, str(path))
+        results["step"][size] = compare("step", STEP_VARIANTS, batch, length, 1, str(path))
     if args.gemma_runs:
         results["gemma"] = gemma_compare(args.gemma_runs, args.gemma_steps, str(path))
     results["wall_s"] = time.perf_counter() - start
+    results["load"] = [load_before, os.getloadavg()]
     text = report(results, args)
     print(text)
     if args.out:

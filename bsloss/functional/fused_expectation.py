@@ -123,7 +123,9 @@ class _FusedHead(torch.autograd.Function):
         device, dt = hidden.device, o.dtype
         want_e = table is not None
         want_ll = targets is not None
-        separate_ce = want_ll and o.temperature != 1.0
+        # the CE's normaliser is that of s = z / T when the expectation tracks it and T == 1;
+        # a pass for the top-k alone computes no softmax statistics at all
+        separate_ce = want_ll and (o.temperature != 1.0 or not want_e)
         neg_inf = torch.full((n,), float("-inf"), dtype=dt, device=device)
         m, norm = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
         argmax = torch.zeros(n, dtype=torch.long, device=device)
@@ -142,18 +144,18 @@ class _FusedHead(torch.autograd.Function):
             e = table[v0:v1].to(dt) if want_e else None
             for r0, r1 in _chunks(n, o.row_block):
                 z, s = _logits(hidden[r0:r1], w, b, o)
-                chunk_max, chunk_arg = s.max(dim=1)
-                old = m[r0:r1]
-                # strict: the first maximum wins across chunks, as argmax over all of V
-                better = chunk_max > old
-                argmax[r0:r1] = torch.where(better, chunk_arg + v0, argmax[r0:r1])
-                new = torch.maximum(old, chunk_max)
-                scale = torch.exp(old - new)
-                p = torch.exp(s - new[:, None])
-                norm[r0:r1] = norm[r0:r1] * scale + p.sum(dim=1)
                 if want_e:
+                    chunk_max, chunk_arg = s.max(dim=1)
+                    old = m[r0:r1]
+                    # strict: the first maximum wins across chunks, as argmax over all of V
+                    better = chunk_max > old
+                    argmax[r0:r1] = torch.where(better, chunk_arg + v0, argmax[r0:r1])
+                    new = torch.maximum(old, chunk_max)
+                    scale = torch.exp(old - new)
+                    p = torch.exp(s - new[:, None])
+                    norm[r0:r1] = norm[r0:r1] * scale + p.sum(dim=1)
                     acc[r0:r1] = acc[r0:r1] * scale[:, None] + p @ e
-                m[r0:r1] = new
+                    m[r0:r1] = new
                 if separate_ce:
                     old1 = m1[r0:r1]
                     new1 = torch.maximum(old1, z.amax(dim=1))
@@ -173,7 +175,7 @@ class _FusedHead(torch.autograd.Function):
                     values, order = values.topk(o.top_k, dim=1)
                     top_values[r0:r1] = values
                     top_indices[r0:r1] = idx.gather(1, order)
-        log_z = m + torch.log(norm)
+        log_z = (m + torch.log(norm)) if want_e else None
         expected = (acc / norm[:, None]) if want_e else None
         log_z1 = (m1 + torch.log(norm1)) if separate_ce else log_z
         log_likelihood = None
