@@ -103,12 +103,13 @@ def _chunks(total: int, size: int):
 
 
 def _logits(h: Tensor, weight: Tensor, bias: Tensor | None, o: _Options) -> tuple[Tensor, Tensor]:
-    """Soft-capped logits ``z`` of one chunk and the scaled scores ``s = z / T``."""
+    """Soft-capped logits ``z`` of one chunk and the scaled scores ``s = z / T`` (``s is z`` at
+    T = 1). In-place steps: a chunk is megabytes, and every fresh one costs page faults."""
     z = (h.to(o.matmul_dtype) @ weight.to(o.matmul_dtype).T).to(o.dtype)
     if bias is not None:
-        z = z + bias.to(o.dtype)
+        z.add_(bias.to(o.dtype))
     if o.softcap is not None:
-        z = torch.tanh(z / o.softcap) * o.softcap
+        z.div_(o.softcap).tanh_().mul_(o.softcap)
     s = z if o.temperature == 1.0 else z / o.temperature
     return z, s
 
@@ -144,24 +145,13 @@ class _FusedHead(torch.autograd.Function):
             e = table[v0:v1].to(dt) if want_e else None
             for r0, r1 in _chunks(n, o.row_block):
                 z, s = _logits(hidden[r0:r1], w, b, o)
-                if want_e:
-                    chunk_max, chunk_arg = s.max(dim=1)
-                    old = m[r0:r1]
-                    # strict: the first maximum wins across chunks, as argmax over all of V
-                    better = chunk_max > old
-                    argmax[r0:r1] = torch.where(better, chunk_arg + v0, argmax[r0:r1])
-                    new = torch.maximum(old, chunk_max)
-                    scale = torch.exp(old - new)
-                    p = torch.exp(s - new[:, None])
-                    norm[r0:r1] = norm[r0:r1] * scale + p.sum(dim=1)
-                    acc[r0:r1] = acc[r0:r1] * scale[:, None] + p @ e
-                    m[r0:r1] = new
+                # CE and top-k read z and s first: the softmax below overwrites s (z at T = 1)
                 if separate_ce:
                     old1 = m1[r0:r1]
                     new1 = torch.maximum(old1, z.amax(dim=1))
-                    norm1[r0:r1] = norm1[r0:r1] * torch.exp(old1 - new1) + torch.exp(
-                        z - new1[:, None]
-                    ).sum(dim=1)
+                    norm1[r0:r1] = norm1[r0:r1] * torch.exp(old1 - new1) + (
+                        (z - new1[:, None]).exp_().sum(dim=1)
+                    )
                     m1[r0:r1] = new1
                 if want_ll:
                     t = targets[r0:r1]
@@ -175,6 +165,18 @@ class _FusedHead(torch.autograd.Function):
                     values, order = values.topk(o.top_k, dim=1)
                     top_values[r0:r1] = values
                     top_indices[r0:r1] = idx.gather(1, order)
+                if want_e:
+                    chunk_max, chunk_arg = s.max(dim=1)
+                    old = m[r0:r1]
+                    # strict: the first maximum wins across chunks, as argmax over all of V
+                    better = chunk_max > old
+                    argmax[r0:r1] = torch.where(better, chunk_arg + v0, argmax[r0:r1])
+                    new = torch.maximum(old, chunk_max)
+                    scale = torch.exp(old - new)
+                    p = s.sub_(new[:, None]).exp_()
+                    norm[r0:r1] = norm[r0:r1] * scale + p.sum(dim=1)
+                    acc[r0:r1] = torch.addmm(acc[r0:r1] * scale[:, None], p, e)
+                    m[r0:r1] = new
         log_z = (m + torch.log(norm)) if want_e else None
         expected = (acc / norm[:, None]) if want_e else None
         log_z1 = (m1 + torch.log(norm1)) if separate_ce else log_z
@@ -239,23 +241,35 @@ class _FusedHead(torch.autograd.Function):
                 for r0, r1 in _chunks(n, o.row_block):
                     h = hidden[r0:r1]
                     z, s = _logits(h, w, b, o)
-                    dz = torch.zeros_like(z)
-                    if use_e:
-                        p = torch.exp(s - log_z[r0:r1, None])
-                        ds = p * (g[r0:r1] @ e.T - g_dot_e[r0:r1, None])
-                        dz += ds if o.temperature == 1.0 else ds / o.temperature
-                    if use_ll:
-                        q = torch.exp(z - lz1[r0:r1, None])
-                        dz -= gl[r0:r1, None] * q
+                    cap_grad = None
+                    if o.softcap is not None:  # d(kappa tanh(x / kappa))/dx = 1 - (z / kappa)^2
+                        cap_grad = torch.div(z, o.softcap).square_().neg_().add_(1)
+                    dz = None
+                    if use_ll:  # before the softmax below overwrites z (at T = 1)
+                        dz = (z - lz1[r0:r1, None]).exp_().mul_(-gl[r0:r1, None])
                         t = targets[r0:r1]
                         rows = ((t >= v0) & (t < v1)).nonzero().squeeze(1)
                         dz[rows, t[rows] - v0] += gl[r0:r1][rows]
-                    if o.softcap is not None:
-                        dz *= 1 - (z / o.softcap) ** 2
+                    if use_e:
+                        p = s.sub_(log_z[r0:r1, None]).exp_()
+                        ds = (g[r0:r1] @ e.T).sub_(g_dot_e[r0:r1, None]).mul_(p)
+                        if o.temperature != 1.0:
+                            ds.div_(o.temperature)
+                        dz = ds if dz is None else dz.add_(ds)
+                    if cap_grad is not None:
+                        dz.mul_(cap_grad)
+                    same = o.matmul_dtype == dt
                     if need_h:
-                        grad_h[r0:r1] += (dz.to(o.matmul_dtype) @ w.to(o.matmul_dtype)).to(dt)
+                        if same:
+                            grad_h[r0:r1].addmm_(dz, w)
+                        else:
+                            grad_h[r0:r1] += (dz.to(o.matmul_dtype) @ w.to(o.matmul_dtype)).to(dt)
                     if need_w:
-                        grad_w[v0:v1] += (dz.T.to(o.matmul_dtype) @ h.to(o.matmul_dtype)).to(dt)
+                        if same:
+                            grad_w[v0:v1].addmm_(dz.T, h)
+                        else:
+                            part = dz.T.to(o.matmul_dtype) @ h.to(o.matmul_dtype)
+                            grad_w[v0:v1] += part.to(dt)
                     if need_b:
                         grad_b[v0:v1] += dz.sum(dim=0)
         return _cast(grad_h, hidden), _cast(grad_w, weight), _cast(grad_b, bias), None, None, None
