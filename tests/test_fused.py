@@ -72,7 +72,7 @@ def test_matches_dense_values_and_gradients(name, chunk_elements):
 
 def test_row_blocks_and_bias():
     """Fewer chunk elements than rows: the positions are split in blocks too; a bias (module)."""
-    h, weight, table = problem(n=11)
+    h, weight, table = problem(n=11, vocab=40)  # 4-row blocks, 1-token vocabulary chunks
     head = torch.nn.Linear(h.shape[1], weight.shape[0])
     with torch.no_grad():
         head.weight.copy_(weight)
