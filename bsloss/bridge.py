@@ -172,14 +172,10 @@ class VocabularyBridge:
         """Mean of ``values[piece]`` over each generator token's pieces (0 for none)."""
         pieces = self.pieces.to(values.device)
         present = (pieces >= 0).to(values.dtype)
-        if values.dim() == 2:
-            # a weighted bag sum per token: no [V_gen, P, d] gather (6.4 GB for Gemma's 262k
-            # tokens x 16 pieces x 384)
-            share = present / present.sum(dim=1, keepdim=True).clamp_min(1)
-            return torch.nn.functional.embedding_bag(
-                pieces.clamp_min(0), values, per_sample_weights=share, mode="sum"
-            )
         gathered = values[pieces.clamp_min(0)]
+        if gathered.dim() == 3:
+            total = (gathered * present[..., None]).sum(dim=1)
+            return total / present.sum(dim=1, keepdim=True).clamp_min(1)
         return (gathered * present).sum(dim=1) / present.sum(dim=1).clamp_min(1)
 
     def embedding_table(self, scorer_table: Tensor) -> Tensor:
