@@ -10,6 +10,7 @@ the references.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -25,6 +26,7 @@ from bsloss.distributions import (
     token_distribution,
 )
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
+from bsloss.functional.fused_expectation import IGNORE_INDEX, fused_expected_inputs
 from bsloss.functional.matching import check_temperature, get_matching
 from bsloss.inputs import check_int, check_reference_groups, check_texts, flatten_groups
 from bsloss.scorer.batching import pad_embedded
@@ -33,9 +35,18 @@ from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder
 from bsloss.scorer.weights import IdfSpec, weight_table
 
-__all__ = ["BERTScoreLoss"]
+__all__ = ["BERTScoreLoss", "LossAndCrossEntropy"]
 
 _TARGETS = ("precision", "recall", "f1")
+
+
+class LossAndCrossEntropy(NamedTuple):
+    """What :class:`BERTScoreLoss` returns when called with ``target_ids``: the BERTScore loss and
+    the cross-entropy of the targets, both from the same chunked pass over the LM head (reduced
+    by the loss's ``reduction``: token mean, token sum, or ``[B, L]`` with 0 at ignored ids)."""
+
+    loss: Tensor
+    cross_entropy: Tensor
 
 
 def _float32(hidden: Tensor) -> Tensor:
@@ -257,25 +268,32 @@ class BERTScoreLoss(nn.Module):
             f"{self.generator_vocab_size}{hint}"
         )
 
-    def _check_candidates(self, logits, probs, candidate_ids, embeddings, candidate_mask):
+    def _check_candidates(
+        self, logits, probs, candidate_ids, embeddings, hidden_states, candidate_mask
+    ):
         """The one candidate input and its ``[B, L]`` bool mask, validated."""
         named = {
             "logits": logits,
             "probs": probs,
             "candidate_ids": candidate_ids,
             "embeddings": embeddings,
+            "hidden_states": hidden_states,
         }
         given = [name for name, x in named.items() if x is not None]
         if len(given) != 1:
             raise ValueError(
-                "pass exactly one of logits, probs, candidate_ids or embeddings"
+                "pass exactly one of logits, probs, candidate_ids, embeddings or hidden_states"
                 + (f" (got {', '.join(given)})" if given else "")
             )
         name = given[0]
         source = _check_tensor(named[name], name, "integer" if name == "candidate_ids" else "float")
         rank = 2 if name == "candidate_ids" else 3
         if source.dim() != rank:
-            shape = "[B, L]" if rank == 2 else "[B, L, V]" if name != "embeddings" else "[B, L, d]"
+            shape = {
+                "candidate_ids": "[B, L]",
+                "embeddings": "[B, L, d]",
+                "hidden_states": "[B, L, d_model]",
+            }.get(name, "[B, L, V]")
             raise ValueError(f"{name} must be {shape}, got shape {list(source.shape)}")
         if source.device.type != self.encoder.device.type:
             raise ValueError(
@@ -312,30 +330,43 @@ class BERTScoreLoss(nn.Module):
         )
         return mask & ~cut
 
-    def encode_candidates(
+    def encode_candidates(self, **candidates) -> tuple[Tensor, Tensor, Tensor]:
+        """Scorer hidden states ``[B, L', d]``, real-token mask and importance weights of the
+        candidates (the keyword arguments of :meth:`score` that describe them).
+
+        Raises:
+            TypeError, ValueError: not exactly one candidate input, a non-tensor, a wrong dtype,
+                shape or device, NaN/Inf, ids outside the vocabulary (all named).
+        """
+        return self._encode_candidates(**candidates)[:3]
+
+    def _encode_candidates(
         self,
         *,
         logits: Tensor | None = None,
         probs: Tensor | None = None,
         candidate_ids: Tensor | None = None,
         embeddings: Tensor | None = None,
+        hidden_states: Tensor | None = None,
+        output_embeddings: Tensor | nn.Module | None = None,
+        target_ids: Tensor | None = None,
+        logit_softcap: float | None = None,
+        generator_temperature: float = 1.0,
         candidate_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Scorer hidden states ``[B, L', d]``, real-token mask and importance weights.
-
-        Raises:
-            TypeError, ValueError: not exactly one candidate input, a non-tensor, a wrong dtype,
-                shape or device, NaN/Inf, ids outside the vocabulary (all named).
-        """
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """:meth:`encode_candidates` and the ``[B, L]`` log-likelihood of ``target_ids``."""
         name, source, candidate_mask = self._check_candidates(
-            logits, probs, candidate_ids, embeddings, candidate_mask
+            logits, probs, candidate_ids, embeddings, hidden_states, candidate_mask
         )
+        if hidden_states is None and (output_embeddings is not None or target_ids is not None):
+            raise ValueError("output_embeddings and target_ids go with hidden_states")
         if source.shape[0] == 0:
             # an empty batch: nothing to encode (kept on the graph of the input)
             nothing = source.reshape(-1)[:0].float()
             empty_mask = torch.zeros(0, 0, dtype=torch.bool, device=source.device)
             hidden = nothing.reshape(0, 0, self.encoder.hidden_size)
-            return hidden, empty_mask, nothing.reshape(0, 0)
+            log_likelihood = None if target_ids is None else nothing.reshape(0, 0)
+            return hidden, empty_mask, nothing.reshape(0, 0), log_likelihood
         if embeddings is not None:
             if embeddings.shape[-1] != self.encoder.hidden_size:
                 raise ValueError(
@@ -344,9 +375,24 @@ class BERTScoreLoss(nn.Module):
                 )
             check_finite_tensor(embeddings, "embeddings")
             weights = candidate_mask.to(torch.float32)
-            return embeddings, candidate_mask, weights
+            return embeddings, candidate_mask, weights, None
         candidate_mask = self._fit_candidates(candidate_mask, name)
         table = self._generator_table()
+        if hidden_states is not None:
+            check_finite_tensor(hidden_states, "hidden_states")
+            inputs, weights, log_likelihood, tokens = self._fused_inputs(
+                hidden_states,
+                output_embeddings,
+                target_ids,
+                candidate_mask,
+                table,
+                logit_softcap,
+                generator_temperature,
+            )
+            if self.retokenizer is not None:
+                expected = torch.cat([inputs, weights[..., None].to(inputs.dtype)], dim=-1)
+                return (*self._retokenized(tokens, candidate_mask, expected), log_likelihood)
+            return (*self._encode_inputs(inputs, weights, candidate_mask), log_likelihood)
         if candidate_ids is not None:
             bad = (candidate_ids < 0) | (candidate_ids >= table.shape[0])
             if (bad & candidate_mask).any():
@@ -356,7 +402,7 @@ class BERTScoreLoss(nn.Module):
                 )
             ids = candidate_ids.clamp(0, table.shape[0] - 1)
             if self.retokenizer is not None:
-                return self._retokenized(ids, candidate_mask, None)
+                return (*self._retokenized(ids, candidate_mask, None), None)
             rows = table[ids]
             inputs, weights = rows[..., :-1], rows[..., -1]
         else:
@@ -373,10 +419,9 @@ class BERTScoreLoss(nn.Module):
             inputs = inputs.to(table.dtype)
             if self.retokenizer is not None:
                 expected = torch.cat([inputs, weights[..., None].to(inputs.dtype)], dim=-1)
-                return self._retokenized(
-                    most_probable_tokens(distribution), candidate_mask, expected
-                )
-        return self._encode_inputs(inputs, weights, candidate_mask)
+                tokens = most_probable_tokens(distribution)
+                return (*self._retokenized(tokens, candidate_mask, expected), None)
+        return (*self._encode_inputs(inputs, weights, candidate_mask), None)
 
     def _retokenized(self, tokens: Tensor, mask: Tensor, expected: Tensor | None):
         """The scorer's own pieces of the decoded ``tokens``, straight-through the bridge
@@ -395,6 +440,61 @@ class BERTScoreLoss(nn.Module):
         real = attention & ~special
         packed[real] = weights[candidate_mask]
         return hidden, attention, packed
+
+    def _fused_inputs(
+        self,
+        hidden_states: Tensor,
+        output_embeddings: Tensor | nn.Module | None,
+        target_ids: Tensor | None,
+        candidate_mask: Tensor,
+        table: Tensor,
+        softcap: float | None,
+        temperature: float,
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """Expected inputs and weights ``[B, L, d]``, ``[B, L]`` from the LM head's input and
+        weight, chunked (:mod:`bsloss.functional.fused_expectation`), the targets'
+        log-likelihood ``[B, L]`` from the same pass, and the most probable tokens ``[B, L]``
+        (what ``bridge_mode="retokenize"`` decodes)."""
+        if output_embeddings is None:
+            raise ValueError("hidden_states needs output_embeddings (the LM head or its weight)")
+        if self.gumbel_temperature is not None:
+            raise ValueError("gumbel_temperature is not supported with hidden_states")
+        weight = getattr(output_embeddings, "weight", output_embeddings)
+        if isinstance(weight, Tensor) and weight.dim() == 2:
+            self._check_vocab(weight.shape[0], "output_embeddings")
+        # Only the positions that are scored or have a target go through the head.
+        selected = candidate_mask
+        if target_ids is not None:
+            _check_tensor(target_ids, "target_ids", "integer")
+            if tuple(target_ids.shape) != tuple(hidden_states.shape[:2]):
+                raise ValueError(
+                    f"target_ids must have shape {list(hidden_states.shape[:2])} ([B, L] of "
+                    f"hidden_states), got {list(target_ids.shape)}"
+                )
+            selected = candidate_mask | (target_ids != IGNORE_INDEX)
+        out = fused_expected_inputs(
+            hidden_states[selected],
+            output_embeddings,
+            table,
+            target_ids=None if target_ids is None else target_ids[selected],
+            softcap=softcap,
+            temperature=temperature,
+            top_k=self.top_k,
+            straight_through=self.straight_through,
+            # the retokenizer needs the argmax tokens, which the chunked pass tracks
+            use_sdpa=self.retokenizer is None,
+        )
+        batch, length = selected.shape
+        full = out.expected.new_zeros(batch, length, out.expected.shape[-1])
+        full = full.masked_scatter(selected[..., None], out.expected)
+        tokens = torch.zeros(batch, length, dtype=torch.long, device=hidden_states.device)
+        if out.tokens is not None:
+            tokens = tokens.masked_scatter(selected, out.tokens)
+        log_likelihood = None
+        if out.log_likelihood is not None:
+            log_likelihood = out.log_likelihood.new_zeros(batch, length)
+            log_likelihood = log_likelihood.masked_scatter(selected, out.log_likelihood)
+        return full[..., :-1], full[..., -1], log_likelihood, tokens
 
     # ------------------------------------------------------------------ references
     def _embed_references(self, texts: list[str]) -> tuple[Tensor, Tensor, Tensor, set[str]]:
@@ -479,6 +579,10 @@ class BERTScoreLoss(nn.Module):
         probs: Tensor | None = None,
         candidate_ids: Tensor | None = None,
         embeddings: Tensor | None = None,
+        hidden_states: Tensor | None = None,
+        output_embeddings: Tensor | nn.Module | None = None,
+        logit_softcap: float | None = None,
+        generator_temperature: float = 1.0,
         candidate_mask: Tensor | None = None,
         references: Sequence[str] | Sequence[Sequence[str]] | None = None,
         reference_ids: Tensor | None = None,
@@ -490,7 +594,11 @@ class BERTScoreLoss(nn.Module):
         Args:
             logits, probs: the generator's ``[B, L, V]`` distributions; or
             candidate_ids: ``[B, L]`` token ids; or
-            embeddings: ``[B, L, d]`` scorer hidden states of the candidates.
+            embeddings: ``[B, L, d]`` scorer input embeddings of the candidates; or
+            hidden_states: ``[B, L, d_model]`` the generator's LM-head input, with
+            output_embeddings: the LM head (or its weight ``[V, d_model]``), and optional
+            logit_softcap, generator_temperature: then the ``[B, L, V]`` distributions are
+                never materialised (:mod:`bsloss.functional.fused_expectation`).
             candidate_mask: ``[B, L]``, true on real candidate tokens (default: all).
             references: one reference text, or a non-empty list of them, per sample; or
             reference_ids: ``[B, L_r]`` scorer token ids with special tokens, and
@@ -502,17 +610,38 @@ class BERTScoreLoss(nn.Module):
         >>> loss = BERTScoreLoss()  # doctest: +SKIP
         >>> loss.score(logits=logits, references=["A cat sat."]).f1  # doctest: +SKIP
         """
+        prf, _ = self._score(
+            logits=logits,
+            probs=probs,
+            candidate_ids=candidate_ids,
+            embeddings=embeddings,
+            hidden_states=hidden_states,
+            output_embeddings=output_embeddings,
+            logit_softcap=logit_softcap,
+            generator_temperature=generator_temperature,
+            candidate_mask=candidate_mask,
+            references=references,
+            reference_ids=reference_ids,
+            reference_mask=reference_mask,
+        )
+        return prf
+
+    def _score(
+        self,
+        *,
+        references: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        reference_ids: Tensor | None = None,
+        reference_mask: Tensor | None = None,
+        **candidates,
+    ) -> tuple[PRF, Tensor | None]:
+        """:meth:`score` and the ``[B, L]`` log-likelihood of ``target_ids`` (or ``None``)."""
         groups = None
         if (references is None) == (reference_ids is None):
             raise ValueError("pass exactly one of references (texts) or reference_ids")
         if references is not None:
             groups = check_reference_groups(references, "references")
-        cand_hidden, cand_mask, cand_weights = self.encode_candidates(
-            logits=logits,
-            probs=probs,
-            candidate_ids=candidate_ids,
-            embeddings=embeddings,
-            candidate_mask=candidate_mask,
+        cand_hidden, cand_mask, cand_weights, log_likelihood = self._encode_candidates(
+            **candidates
         )
         batch = cand_hidden.shape[0]
         owner = list(range(batch))
@@ -528,7 +657,7 @@ class BERTScoreLoss(nn.Module):
         if batch == 0:
             # an empty batch scores nothing; kept on the graph so that backward() still works
             empty = cand_hidden.reshape(-1)[:0].float()
-            return PRF(empty, empty, empty)
+            return PRF(empty, empty, empty), log_likelihood
         if groups is not None:
             _, flat_refs, owner = flatten_groups([""] * batch, groups)
             ref_hidden, ref_mask, ref_weights, truncated = self._embed_references(flat_refs)
@@ -567,8 +696,8 @@ class BERTScoreLoss(nn.Module):
                 )
             )
         if len(owner) == batch:
-            return prf
-        return PRF(*(self._group_max(x, index, batch) for x in prf))
+            return prf, log_likelihood
+        return PRF(*(self._group_max(x, index, batch) for x in prf)), log_likelihood
 
     @staticmethod
     def _group_max(values: Tensor, index: Tensor, batch: int) -> Tensor:
@@ -581,10 +710,25 @@ class BERTScoreLoss(nn.Module):
         first = first.scatter_reduce(0, index, candidates, "amin")
         return values[first]
 
-    def forward(self, **inputs) -> Tensor:
-        """``1 - score`` (the ``target``), reduced by ``reduction``."""
-        prf = self.score(**inputs)
-        loss = 1 - getattr(prf, self.target)
+    def forward(self, **inputs) -> Tensor | LossAndCrossEntropy:
+        """``1 - score`` (the ``target``), reduced by ``reduction``; inputs as in :meth:`score`.
+
+        With ``hidden_states`` and ``target_ids`` ``[B, L]`` (``-100`` ignored), a
+        :class:`LossAndCrossEntropy` ``(loss, cross_entropy)`` instead: the CE of the targets
+        under the LM head's logits (soft-capped, temperature 1) comes from the same chunked
+        pass, so a training step needs no ``[B, L, V]`` logits at all."""
+        prf, log_likelihood = self._score(**inputs)
+        loss = self._reduce(1 - getattr(prf, self.target))
+        if log_likelihood is None:
+            return loss
+        target_ids = inputs["target_ids"]
+        if self.reduction == "mean":
+            count = (target_ids != IGNORE_INDEX).sum().clamp_min(1)
+            return LossAndCrossEntropy(loss, -log_likelihood.sum() / count)
+        per_token = -log_likelihood
+        return LossAndCrossEntropy(loss, per_token.sum() if self.reduction == "sum" else per_token)
+
+    def _reduce(self, loss: Tensor) -> Tensor:
         if self.reduction == "mean" and loss.numel() == 0:
             return loss.sum()  # an empty batch: 0, not the NaN of a mean over nothing
         if self.reduction == "mean":

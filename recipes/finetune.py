@@ -23,7 +23,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from common import RecipeRun, base_arguments, linear_warmup, token_cross_entropy  # noqa: E402
+from common import (  # noqa: E402
+    RecipeRun,
+    base_arguments,
+    linear_warmup,
+    lm_head_inputs,
+    token_cross_entropy,
+    token_cross_entropy_from_hidden,
+)
 
 from bsloss import BERTScoreLoss  # noqa: E402
 from bsloss.scorer.encoder import ScorerEncoder  # noqa: E402
@@ -107,17 +114,31 @@ def main(argv: list[str] | None = None) -> dict:
                             run.unwrapped, batch, max_target_length, sample=mode == "sample"
                         )
                     )
-                logits = collator.teacher_forced_logits(model, batch, label_sets)
-                loss = token_cross_entropy(logits[0], batch["labels"])
-                parts = {"ce": loss.detach()}
                 if weight > 0:
-                    bertscore_loss = loss_fn(
-                        logits=logits[-1].float(),
+                    # The LM head's input and weight instead of [B, L, V] logits: the BERTScore
+                    # term and the CE come from one chunked pass over the vocabulary.
+                    with lm_head_inputs(run.unwrapped) as head:
+                        hidden = collator.teacher_forced_logits(model, batch, label_sets)
+                    own = len(label_sets) == 1  # teacher forcing: CE and BERTScore share a pass
+                    out = loss_fn(
+                        hidden_states=hidden[-1],
+                        output_embeddings=head,
+                        logit_softcap=head.softcap,
                         candidate_mask=collator.content_mask(label_sets[-1]),
                         references=[e.target for e in examples],
+                        target_ids=batch["labels"] if own else None,
                     )
-                    loss = loss + weight * bertscore_loss
-                    parts["bertscore_loss"] = bertscore_loss.detach()
+                    if own:
+                        bertscore_loss, ce = out
+                    else:  # the CE is on the reference labels, the score on the model's own
+                        bertscore_loss = out
+                        ce = token_cross_entropy_from_hidden(hidden[0], head, batch["labels"])
+                    loss = ce + weight * bertscore_loss
+                    parts = {"ce": ce.detach(), "bertscore_loss": bertscore_loss.detach()}
+                else:
+                    logits = collator.teacher_forced_logits(model, batch, label_sets)
+                    loss = token_cross_entropy(logits[0], batch["labels"])
+                    parts = {"ce": loss.detach()}
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and train_spec.get("max_grad_norm"):
                     accelerator.clip_grad_norm_(model.parameters(), train_spec["max_grad_norm"])

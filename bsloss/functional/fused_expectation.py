@@ -1,0 +1,519 @@
+r"""Expected scorer inputs straight from hidden states and the LM head, without ``[N, V]``.
+
+For hidden states :math:`h \in \mathbb{R}^{N \times d}`, an LM head :math:`W \in \mathbb{R}^{V
+\times d}` (bias :math:`b`), a value table :math:`E \in \mathbb{R}^{V \times c}` (the scorer's
+input embeddings with the importance-weight column, :func:`bsloss.distributions.augment_table`,
+through the vocabulary bridge when vocabularies differ), an optional logit soft-cap :math:`\kappa`
+and a generator temperature :math:`T`:
+
+.. math::
+
+    z_{iv} = \kappa \tanh\big((h_i \cdot W_v + b_v) / \kappa\big), \qquad
+    s_{iv} = z_{iv} / T, \qquad
+    p_{iv} = \frac{e^{s_{iv}}}{\sum_u e^{s_{iu}}}, \qquad
+    e_i = \sum_v p_{iv} E_v .
+
+This is attention with queries :math:`h`, keys :math:`W` and values :math:`E`. It is computed over
+blocks of positions and chunks of the vocabulary with an online softmax (a running maximum
+:math:`m` and normaliser :math:`\ell`: at each chunk :math:`m' = \max(m, \max_v s_v)`,
+:math:`\ell' = \ell e^{m - m'} + \sum_v e^{s_v - m'}` and the accumulator rescaled the same way),
+as flash attention does; the backward pass recomputes the chunks from the saved log-normaliser
+:math:`\log Z_i = m_i + \log \ell_i`, with
+
+.. math::
+
+    \frac{\partial L}{\partial s_{iv}} = p_{iv}\big(g_i \cdot E_v - g_i \cdot e_i\big),
+    \qquad
+    \frac{\partial z}{\partial (h \cdot W + b)} = 1 - (z / \kappa)^2,
+
+so nothing of size :math:`N \times V` is ever stored. The same pass optionally gives the
+log-likelihood of target ids under the model's own logits (temperature 1, soft-capped):
+:math:`\log q_i(y_i) = z_{i y_i} - \log \sum_v e^{z_{iv}}`, whose gradient
+:math:`\delta_{v y_i} - q_{iv}` is added to the same recomputed chunks (the CE term of a
+training step without full logits).
+
+Options, with the semantics of the dense path (:func:`bsloss.distributions.token_distribution`
+followed by :func:`~bsloss.distributions.expected_inputs`):
+
+- ``top_k``: the :math:`k` largest :math:`s_{iv}` are found chunk by chunk (a running top-k),
+  their :math:`k` logits recomputed differentiably from :math:`k` gathered rows of :math:`W`,
+  renormalised by a softmax over the :math:`k` alone, and :math:`k` rows of :math:`E` gathered;
+- ``straight_through``: the forward value is the argmax token's row of :math:`E` (tracked with the
+  running maximum), the backward pass that of the expected row.
+
+Softmax arithmetic is float32 (float64 for float64 inputs) whatever the caller's autocast; the
+``h W^T`` products run in the autocast dtype when autocast is on (as the model's own LM head
+would), else in the inputs' dtype. On CUDA, the plain case (no top-k, soft-cap, straight-through
+or targets) goes through :func:`torch.nn.functional.scaled_dot_product_attention`'s
+memory-efficient backend, which accepts a value dimension different from the key dimension.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["FusedHeadOutput", "fused_expected_inputs", "fused_token_log_likelihood"]
+
+IGNORE_INDEX = -100
+# Elements of one logits chunk [rows, vocab]: ~16 MB in float32; a handful of temporaries of that
+# size live at once, so the pass needs ~100 MB whatever N and V.
+DEFAULT_CHUNK_ELEMENTS = 1 << 22
+_MAX_ROW_BLOCK = 4096
+
+
+class FusedHeadOutput(NamedTuple):
+    """What :func:`fused_expected_inputs` returns.
+
+    ``expected``: ``[N, c]`` expected rows of the table (``None`` when no table was given);
+    ``log_likelihood``: ``[N]`` log-probability of each target id (0 at ignored positions;
+    ``None`` without targets); ``tokens``: ``[N]`` the most probable token of each position
+    (the argmax the chunked pass tracks; ``None`` from the CUDA SDPA path)."""
+
+    expected: Tensor | None
+    log_likelihood: Tensor | None
+    tokens: Tensor | None = None
+
+
+def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
+    device = hidden.device.type
+    if hidden.dtype != torch.float64 and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+class _Options(NamedTuple):
+    softcap: float | None
+    temperature: float
+    top_k: int | None
+    row_block: int
+    vocab_chunk: int
+    matmul_dtype: torch.dtype
+    dtype: torch.dtype  # softmax arithmetic
+
+
+def _chunks(total: int, size: int):
+    for start in range(0, total, size):
+        yield start, min(start + size, total)
+
+
+def _logits(h: Tensor, weight: Tensor, bias: Tensor | None, o: _Options) -> tuple[Tensor, Tensor]:
+    """Soft-capped logits ``z`` of one chunk and the scaled scores ``s = z / T`` (``s is z`` at
+    T = 1). In-place steps: a chunk is megabytes, and every fresh one costs page faults."""
+    z = (h.to(o.matmul_dtype) @ weight.to(o.matmul_dtype).T).to(o.dtype)
+    if bias is not None:
+        z.add_(bias.to(o.dtype))
+    if o.softcap is not None:
+        z.div_(o.softcap).tanh_().mul_(o.softcap)
+    s = z if o.temperature == 1.0 else z / o.temperature
+    return z, s
+
+
+class _FusedHead(torch.autograd.Function):
+    """Forward: expected rows, target log-likelihoods, argmax and running top-k indices, chunk
+    by chunk. Backward: the chunks recomputed from the saved log-normalisers."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, table, targets, o: _Options):
+        n, vocab = hidden.shape[0], weight.shape[0]
+        device, dt = hidden.device, o.dtype
+        want_e = table is not None
+        want_ll = targets is not None
+        # the CE's normaliser is that of s = z / T when the expectation tracks it and T == 1;
+        # a pass for the top-k alone computes no softmax statistics at all
+        separate_ce = want_ll and (o.temperature != 1.0 or not want_e)
+        neg_inf = torch.full((n,), float("-inf"), dtype=dt, device=device)
+        m, norm = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
+        argmax = torch.zeros(n, dtype=torch.long, device=device)
+        acc = torch.zeros(n, table.shape[1], dtype=dt, device=device) if want_e else None
+        if separate_ce:
+            m1, norm1 = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
+        target_logit = torch.zeros(n, dtype=dt, device=device) if want_ll else None
+        top_values = top_indices = None
+        if o.top_k is not None:
+            # -inf placeholders: V >= k finite scores displace them all by the end
+            top_values = torch.full((n, o.top_k), float("-inf"), dtype=dt, device=device)
+            top_indices = torch.zeros(n, o.top_k, dtype=torch.long, device=device)
+        for v0, v1 in _chunks(vocab, o.vocab_chunk):
+            w = weight[v0:v1]
+            b = None if bias is None else bias[v0:v1]
+            e = table[v0:v1].to(dt) if want_e else None
+            for r0, r1 in _chunks(n, o.row_block):
+                z, s = _logits(hidden[r0:r1], w, b, o)
+                # CE and top-k read z and s first: the softmax below overwrites s (z at T = 1)
+                if separate_ce:
+                    old1 = m1[r0:r1]
+                    new1 = torch.maximum(old1, z.amax(dim=1))
+                    norm1[r0:r1] = norm1[r0:r1] * torch.exp(old1 - new1) + (
+                        (z - new1[:, None]).exp_().sum(dim=1)
+                    )
+                    m1[r0:r1] = new1
+                if want_ll:
+                    t = targets[r0:r1]
+                    inside = (t >= v0) & (t < v1)
+                    rows = inside.nonzero().squeeze(1)
+                    target_logit[r0 + rows] = z[rows, t[rows] - v0]
+                if o.top_k is not None:
+                    values, idx = s.topk(min(o.top_k, v1 - v0), dim=1)
+                    values = torch.cat([top_values[r0:r1], values], dim=1)
+                    idx = torch.cat([top_indices[r0:r1], idx + v0], dim=1)
+                    values, order = values.topk(o.top_k, dim=1)
+                    top_values[r0:r1] = values
+                    top_indices[r0:r1] = idx.gather(1, order)
+                if want_e:
+                    chunk_max, chunk_arg = s.max(dim=1)
+                    old = m[r0:r1]
+                    # strict: the first maximum wins across chunks, as argmax over all of V
+                    better = chunk_max > old
+                    argmax[r0:r1] = torch.where(better, chunk_arg + v0, argmax[r0:r1])
+                    new = torch.maximum(old, chunk_max)
+                    scale = torch.exp(old - new)
+                    p = s.sub_(new[:, None]).exp_()
+                    norm[r0:r1] = norm[r0:r1] * scale + p.sum(dim=1)
+                    acc[r0:r1] = torch.addmm(acc[r0:r1] * scale[:, None], p, e)
+                    m[r0:r1] = new
+        log_z = (m + torch.log(norm)) if want_e else None
+        expected = (acc / norm[:, None]) if want_e else None
+        log_z1 = (m1 + torch.log(norm1)) if separate_ce else log_z
+        log_likelihood = None
+        if want_ll:
+            ignored = targets == IGNORE_INDEX
+            log_likelihood = torch.where(ignored, 0.0, target_logit - log_z1)
+        ctx.options = o
+        ctx.want_e, ctx.want_ll, ctx.separate_ce = want_e, want_ll, separate_ce
+        ctx.save_for_backward(
+            hidden,
+            weight,
+            bias,
+            table,
+            targets,
+            log_z,
+            log_z1 if separate_ce else None,
+            expected,
+        )
+        outputs = (
+            expected if want_e else hidden.new_empty(0),
+            log_likelihood if want_ll else hidden.new_empty(0),
+            argmax,
+            top_indices if top_indices is not None else argmax.new_empty(0),
+        )
+        ctx.mark_non_differentiable(outputs[2], outputs[3])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, grad_expected, grad_ll, _argmax, _top):
+        hidden, weight, bias, table, targets, log_z, log_z1, expected = ctx.saved_tensors
+        o: _Options = ctx.options
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        use_e = ctx.want_e and grad_expected is not None
+        use_ll = ctx.want_ll and grad_ll is not None
+        dt = o.dtype
+        grad_h = torch.zeros(hidden.shape, dtype=dt, device=hidden.device) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=dt, device=bias.device) if need_b else None
+        if not (use_e or use_ll) or not (need_h or need_w or need_b):
+            return (
+                _cast(grad_h, hidden),
+                _cast(grad_w, weight),
+                _cast(grad_b, bias),
+                None,
+                None,
+                None,
+            )
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            if use_e:
+                g = grad_expected.to(dt)
+                g_dot_e = (g * expected).sum(dim=1)
+            if use_ll:
+                gl = grad_ll.to(dt)
+                gl = torch.where(targets == IGNORE_INDEX, 0.0, gl)
+                lz1 = log_z1 if ctx.separate_ce else log_z
+            n = hidden.shape[0]
+            for v0, v1 in _chunks(weight.shape[0], o.vocab_chunk):
+                w = weight[v0:v1]
+                b = None if bias is None else bias[v0:v1]
+                e = table[v0:v1].to(dt) if use_e else None
+                for r0, r1 in _chunks(n, o.row_block):
+                    h = hidden[r0:r1]
+                    z, s = _logits(h, w, b, o)
+                    cap_grad = None
+                    if o.softcap is not None:  # d(kappa tanh(x / kappa))/dx = 1 - (z / kappa)^2
+                        cap_grad = torch.div(z, o.softcap).square_().neg_().add_(1)
+                    dz = None
+                    if use_ll:  # before the softmax below overwrites z (at T = 1)
+                        dz = (z - lz1[r0:r1, None]).exp_().mul_(-gl[r0:r1, None])
+                        t = targets[r0:r1]
+                        rows = ((t >= v0) & (t < v1)).nonzero().squeeze(1)
+                        dz[rows, t[rows] - v0] += gl[r0:r1][rows]
+                    if use_e:
+                        p = s.sub_(log_z[r0:r1, None]).exp_()
+                        ds = (g[r0:r1] @ e.T).sub_(g_dot_e[r0:r1, None]).mul_(p)
+                        if o.temperature != 1.0:
+                            ds.div_(o.temperature)
+                        dz = ds if dz is None else dz.add_(ds)
+                    if cap_grad is not None:
+                        dz.mul_(cap_grad)
+                    same = o.matmul_dtype == dt
+                    if need_h:
+                        if same:
+                            grad_h[r0:r1].addmm_(dz, w)
+                        else:
+                            grad_h[r0:r1] += (dz.to(o.matmul_dtype) @ w.to(o.matmul_dtype)).to(dt)
+                    if need_w:
+                        if same:
+                            grad_w[v0:v1].addmm_(dz.T, h)
+                        else:
+                            part = dz.T.to(o.matmul_dtype) @ h.to(o.matmul_dtype)
+                            grad_w[v0:v1] += part.to(dt)
+                    if need_b:
+                        grad_b[v0:v1] += dz.sum(dim=0)
+        return _cast(grad_h, hidden), _cast(grad_w, weight), _cast(grad_b, bias), None, None, None
+
+
+def _cast(grad: Tensor | None, like: Tensor | None) -> Tensor | None:
+    return None if grad is None else grad.to(like.dtype)
+
+
+def _split_head(output_embeddings: Tensor | nn.Module, bias: Tensor | None):
+    if isinstance(output_embeddings, nn.Module):
+        weight = getattr(output_embeddings, "weight", None)
+        if not isinstance(weight, Tensor):
+            raise TypeError(
+                "output_embeddings must be a [V, d_model] tensor or a module with a .weight "
+                f"(an LM head), got {type(output_embeddings).__name__}"
+            )
+        if bias is None:
+            bias = getattr(output_embeddings, "bias", None)
+        return weight, bias
+    if not isinstance(output_embeddings, Tensor):
+        raise TypeError(
+            "output_embeddings must be a [V, d_model] tensor or an nn.Module, got "
+            f"{type(output_embeddings).__name__}"
+        )
+    return output_embeddings, bias
+
+
+def _check(hidden: Tensor, weight: Tensor, bias, table, targets, softcap, temperature, top_k):
+    if not isinstance(hidden, Tensor) or hidden.dim() != 2 or not hidden.is_floating_point():
+        raise ValueError(
+            "hidden_states must be a floating [N, d_model] tensor, got "
+            f"{list(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__}"
+        )
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[1]:
+        raise ValueError(
+            f"output_embeddings must be [V, {hidden.shape[1]}] (d_model of hidden_states), got "
+            f"{list(weight.shape)}"
+        )
+    vocab = weight.shape[0]
+    if bias is not None and tuple(bias.shape) != (vocab,):
+        raise ValueError(f"the LM head's bias must be [{vocab}], got {list(bias.shape)}")
+    if table is not None and (table.dim() != 2 or table.shape[0] != vocab):
+        raise ValueError(
+            f"table must be [{vocab}, c] (one row per LM-head token), got {list(table.shape)}"
+        )
+    if targets is not None:
+        if targets.shape != hidden.shape[:1] or targets.dtype not in (torch.long, torch.int):
+            raise ValueError(
+                f"target_ids must be integer [{hidden.shape[0]}], got {targets.dtype} "
+                f"{list(targets.shape)}"
+            )
+        bad = ((targets < 0) | (targets >= vocab)) & (targets != IGNORE_INDEX)
+        if bad.any():
+            raise ValueError(
+                f"target_ids has ids outside [0, {vocab}) (and not {IGNORE_INDEX}) at "
+                f"position {bad.nonzero()[0].item()}"
+            )
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be > 0, got {softcap}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k is not None and not 1 <= top_k <= vocab:
+        raise ValueError(f"top_k must be in [1, {vocab}], got {top_k}")
+
+
+def _sdpa_expectation(hidden: Tensor, weight: Tensor, table: Tensor, o: _Options) -> Tensor | None:
+    """``softmax(h W^T / T) E`` by the memory-efficient SDPA kernel on CUDA; ``None`` where no
+    kernel takes these shapes (the chunked path runs instead)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype = o.matmul_dtype if o.matmul_dtype != torch.float64 else None
+    if dtype is None:
+        return None
+
+    def padded(x: Tensor) -> Tensor:
+        # the kernel wants head dims aligned to 8 elements; zero columns change no dot product
+        extra = (-x.shape[-1]) % 8
+        return F.pad(x.to(dtype), (0, extra))[None, None]
+
+    q, k, v = padded(hidden), padded(weight), padded(table.detach())
+    try:
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+            out = F.scaled_dot_product_attention(q, k, v, scale=1.0 / o.temperature)
+    except RuntimeError:
+        return None
+    return out[0, 0, :, : table.shape[1]].to(o.dtype)
+
+
+def fused_expected_inputs(
+    hidden_states: Tensor,
+    output_embeddings: Tensor | nn.Module,
+    table: Tensor | None,
+    *,
+    bias: Tensor | None = None,
+    target_ids: Tensor | None = None,
+    softcap: float | None = None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    straight_through: bool = False,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    use_sdpa: bool = True,
+) -> FusedHeadOutput:
+    """``softmax(softcap(h W^T + b) / T) E`` and the targets' log-likelihood, chunked.
+
+    Args:
+        hidden_states: ``[N, d_model]`` final hidden states (the LM head's input).
+        output_embeddings: the LM head's weight ``[V, d_model]``, or the module (its ``weight``
+            and ``bias``). Differentiated when it requires grad.
+        table: ``[V, c]`` values (not differentiated), e.g. an :func:`augment_table`; ``None``
+            to compute only the log-likelihood.
+        bias: ``[V]`` logit bias (overrides the module's).
+        target_ids: ``[N]`` ids whose log-likelihood under the model's logits (soft-capped,
+            temperature 1) is returned; ``-100`` is ignored (0).
+        softcap: logit soft-cap ``kappa`` (logits ``kappa * tanh(z / kappa)``), e.g. Gemma 2's.
+        temperature: the generator temperature ``T`` of the distribution (not of the CE).
+        top_k, straight_through: as in :func:`bsloss.distributions.token_distribution`.
+        chunk_elements: positions x vocabulary entries of one logits chunk (memory bound).
+        use_sdpa: on CUDA, try the memory-efficient SDPA kernel in the plain case.
+
+    Returns:
+        :class:`FusedHeadOutput` ``(expected [N, c] | None, log_likelihood [N] | None)``.
+
+    Raises:
+        ValueError: for shapes that do not fit together, ids outside the vocabulary, or
+            non-positive ``softcap``, ``temperature`` or ``chunk_elements``.
+        TypeError: when ``output_embeddings`` is neither a tensor nor a module with a weight.
+
+    >>> import torch
+    >>> h, W, E = torch.randn(5, 8), torch.randn(50, 8), torch.randn(50, 3)
+    >>> out = fused_expected_inputs(h, W, E, chunk_elements=64)
+    >>> torch.allclose(out.expected, torch.softmax(h @ W.T, -1) @ E, atol=1e-6)
+    True
+    """
+    weight, bias = _split_head(output_embeddings, bias)
+    _check(hidden_states, weight, bias, table, target_ids, softcap, temperature, top_k)
+    if chunk_elements < 1:
+        raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+    n, vocab = hidden_states.shape[0], weight.shape[0]
+    row_block = max(1, min(n, _MAX_ROW_BLOCK, chunk_elements))
+    options = _Options(
+        softcap=None if softcap is None else float(softcap),
+        temperature=float(temperature),
+        top_k=top_k,
+        row_block=row_block,
+        vocab_chunk=max(1, min(vocab, chunk_elements // row_block)),
+        matmul_dtype=_matmul_dtype(hidden_states, weight),
+        dtype=_accumulate_dtype(hidden_states.dtype),
+    )
+    if table is not None:
+        table = table.detach()
+    plain = top_k is None and softcap is None and not straight_through and target_ids is None
+    if (
+        plain
+        and use_sdpa
+        and table is not None
+        and bias is None
+        and hidden_states.is_cuda
+        and n > 0
+    ):
+        expected = _sdpa_expectation(hidden_states, weight, table, options)
+        if expected is not None:
+            return FusedHeadOutput(expected, None)
+    with torch.autocast(device_type=hidden_states.device.type, enabled=False):
+        if n == 0:
+            empty = hidden_states.new_zeros(0, table.shape[1]) if table is not None else None
+            ll = hidden_states.new_zeros(0, dtype=options.dtype) if target_ids is not None else None
+            tokens = torch.zeros(0, dtype=torch.long, device=hidden_states.device)
+            return FusedHeadOutput(empty, ll, tokens)
+        # With top_k the table product runs on the k gathered rows only; the pass then finds the
+        # top k (and the CE's normaliser when asked) without the V-wide expectation.
+        full_table = table if top_k is None else None
+        if full_table is None and target_ids is None and top_k is not None:
+            with torch.no_grad():
+                _, _, argmax, top = _FusedHead.apply(
+                    hidden_states.detach(), weight.detach(), _detach(bias), None, None, options
+                )
+            log_likelihood = None
+        else:
+            expected, log_likelihood, argmax, top = _FusedHead.apply(
+                hidden_states, weight, bias, full_table, target_ids, options
+            )
+            log_likelihood = log_likelihood if target_ids is not None else None
+        if table is None:
+            return FusedHeadOutput(None, log_likelihood, argmax)
+        if top_k is not None:
+            expected = _top_k_expectation(
+                hidden_states, weight, bias, table, top, options, straight_through
+            )
+        elif straight_through:
+            # forward: the argmax row exactly (x + (y - y) == x); backward: the soft expectation's
+            hard = table[argmax].to(expected.dtype)
+            expected = hard + (expected - expected.detach())
+    return FusedHeadOutput(expected, log_likelihood, argmax)
+
+
+def _detach(x: Tensor | None) -> Tensor | None:
+    return None if x is None else x.detach()
+
+
+def _top_k_expectation(hidden, weight, bias, table, indices, o: _Options, straight_through: bool):
+    """Renormalised softmax over the k selected logits, recomputed from k gathered rows of the
+    head (differentiable in ``h`` and ``W``), times k gathered rows of the table."""
+    rows = weight[indices]  # [N, k, d]
+    z = torch.einsum("nd,nkd->nk", hidden.to(o.matmul_dtype), rows.to(o.matmul_dtype)).to(o.dtype)
+    if bias is not None:
+        z = z + bias[indices].to(o.dtype)
+    if o.softcap is not None:
+        z = torch.tanh(z / o.softcap) * o.softcap
+    p = torch.softmax(z / o.temperature, dim=-1)
+    if straight_through:
+        hard = torch.zeros_like(p).scatter_(-1, p.argmax(dim=-1, keepdim=True), 1.0)
+        p = hard + (p - p.detach())
+    summed = F.embedding_bag(indices, table.to(o.dtype), per_sample_weights=p, mode="sum")
+    return summed
+
+
+def fused_token_log_likelihood(
+    hidden_states: Tensor,
+    output_embeddings: Tensor | nn.Module,
+    target_ids: Tensor,
+    *,
+    bias: Tensor | None = None,
+    softcap: float | None = None,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> Tensor:
+    """``log softmax(softcap(h W^T + b))[target]`` per position ``[N]`` (0 where the target is
+    ``-100``), chunked: a cross-entropy without full logits.
+
+    >>> import torch
+    >>> h, W, y = torch.randn(4, 8), torch.randn(30, 8), torch.tensor([1, 2, -100, 29])
+    >>> ll = fused_token_log_likelihood(h, W, y, chunk_elements=16)
+    >>> ref = -torch.nn.functional.cross_entropy(h @ W.T, y, reduction="none")
+    >>> torch.allclose(ll, ref, atol=1e-6)
+    True
+    """
+    return fused_expected_inputs(
+        hidden_states,
+        output_embeddings,
+        None,
+        bias=bias,
+        target_ids=target_ids,
+        softcap=softcap,
+        chunk_elements=chunk_elements,
+    ).log_likelihood

@@ -1,0 +1,405 @@
+"""The fused LM-head path (bsloss.functional.fused_expectation) against the dense logits path:
+values and gradients of h and W, CE, gradcheck, autocast, the loss's hidden_states input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bsloss import BERTScoreLoss, VocabularyBridge
+from bsloss.distributions import expected_inputs, token_distribution
+from bsloss.functional.fused_expectation import (
+    fused_expected_inputs,
+    fused_token_log_likelihood,
+)
+from bsloss.loss import LossAndCrossEntropy
+
+VARIANTS = {
+    "plain": {},
+    "top_k": {"top_k": 5},
+    "straight_through": {"straight_through": True},
+    "softcap": {"softcap": 2.5},
+    "temperature": {"temperature": 0.6},
+    "all": {"top_k": 4, "straight_through": True, "softcap": 3.0, "temperature": 1.7},
+}
+
+
+def dense_logits(h, weight, bias=None, softcap=None):
+    z = h @ weight.T
+    if bias is not None:
+        z = z + bias
+    return z if softcap is None else softcap * torch.tanh(z / softcap)
+
+
+def dense_expected(h, weight, table, bias=None, **options):
+    """The dense path: full logits, token_distribution, expected_inputs."""
+    z = dense_logits(h, weight, bias, options.get("softcap")) / options.get("temperature", 1.0)
+    distribution = token_distribution(
+        logits=z[None],
+        top_k=options.get("top_k"),
+        straight_through=options.get("straight_through", False),
+    )
+    embeddings, weights = expected_inputs(distribution, table)
+    return torch.cat([embeddings, weights[..., None]], dim=-1)[0]
+
+
+def problem(n=9, d=12, vocab=257, c=6, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g, dtype=dtype).requires_grad_()
+    weight = (0.5 * torch.randn(vocab, d, generator=g, dtype=dtype)).requires_grad_()
+    table = torch.randn(vocab, c, generator=g, dtype=dtype)
+    return h, weight, table
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("chunk_elements", [40, 1 << 22])
+def test_matches_dense_values_and_gradients(name, chunk_elements):
+    """Several vocabulary chunks (and row blocks at 40 elements: 9 rows > 40 // 257 ... 1-row
+    vocab chunks) or a single chunk: the same values and gradients of h and W as dense."""
+    options = VARIANTS[name]
+    h, weight, table = problem()
+    grad = torch.randn(h.shape[0], table.shape[1], generator=torch.Generator().manual_seed(1))
+    ref = dense_expected(h, weight, table, **options)
+    ref_h, ref_w = torch.autograd.grad((ref * grad).sum(), [h, weight])
+    out = fused_expected_inputs(h, weight, table, chunk_elements=chunk_elements, **options)
+    assert out.log_likelihood is None
+    got_h, got_w = torch.autograd.grad((out.expected * grad).sum(), [h, weight])
+    torch.testing.assert_close(out.expected, ref, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got_h, ref_h, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got_w, ref_w, rtol=0, atol=1e-5)
+
+
+def test_row_blocks_and_bias():
+    """Fewer chunk elements than rows: the positions are split in blocks too; a bias (module)."""
+    h, weight, table = problem(n=11, vocab=40)  # 4-row blocks, 1-token vocabulary chunks
+    head = torch.nn.Linear(h.shape[1], weight.shape[0])
+    with torch.no_grad():
+        head.weight.copy_(weight)
+    out = fused_expected_inputs(h, head, table, chunk_elements=4, top_k=3)
+    ref = dense_expected(h, head.weight, table, bias=head.bias, top_k=3)
+    torch.testing.assert_close(out.expected, ref, rtol=0, atol=1e-5)
+    out = fused_expected_inputs(h, head, table, chunk_elements=4)
+    ref = dense_expected(h, head.weight, table, bias=head.bias)
+    torch.testing.assert_close(out.expected, ref, rtol=0, atol=1e-5)
+    got = torch.autograd.grad(out.expected.sum(), [head.bias])[0]
+    want = torch.autograd.grad(ref.sum(), [head.bias])[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_log_likelihood_is_cross_entropy(softcap):
+    h, weight, table = problem()
+    targets = torch.randint(0, weight.shape[0], (h.shape[0],), generator=torch.Generator())
+    targets[3] = -100
+    z = dense_logits(h, weight, softcap=softcap)
+    ce = F.cross_entropy(z, targets)
+    ref = torch.autograd.grad(ce, [h, weight])
+    for temperature in (1.0, 0.5):  # the CE is the model's, whatever the generator temperature
+        out = fused_expected_inputs(
+            h,
+            weight,
+            table,
+            target_ids=targets,
+            softcap=softcap,
+            temperature=temperature,
+            chunk_elements=50,
+        )
+        assert out.log_likelihood[3] == 0
+        fused_ce = -out.log_likelihood.sum() / (targets != -100).sum()
+        torch.testing.assert_close(fused_ce, ce, rtol=0, atol=1e-5)
+        got = torch.autograd.grad(fused_ce, [h, weight])
+        for a, b in zip(got, ref, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    only = fused_token_log_likelihood(h, weight, targets, softcap=softcap, chunk_elements=50)
+    torch.testing.assert_close(-only.sum() / 8, ce, rtol=0, atol=1e-5)
+
+
+def test_expectation_and_cross_entropy_in_one_pass():
+    """Both outputs of one pass, both differentiated: the gradient is the sum of the dense ones."""
+    h, weight, table = problem()
+    targets = torch.randint(0, weight.shape[0], (h.shape[0],), generator=torch.Generator())
+    z = dense_logits(h, weight, softcap=3.0)
+    dense = dense_expected(h, weight, table, softcap=3.0, temperature=0.8).sum()
+    dense = dense + F.cross_entropy(z, targets)
+    out = fused_expected_inputs(
+        h, weight, table, target_ids=targets, softcap=3.0, temperature=0.8, chunk_elements=30
+    )
+    fused = out.expected.sum() - out.log_likelihood.mean()
+    torch.testing.assert_close(fused, dense, rtol=0, atol=1e-5)
+    for a, b in zip(
+        torch.autograd.grad(fused, [h, weight]),
+        torch.autograd.grad(dense, [h, weight]),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"softcap": 2.0, "temperature": 0.7}, {"top_k": 3, "temperature": 1.3}]
+)
+def test_gradcheck_float64(options):
+    """Straight-through is left out: its forward (the argmax row) is piecewise constant, so its
+    numerical gradient is 0 by design; its backward is the plain one, checked above."""
+    h, weight, table = problem(n=3, d=4, vocab=23, c=3, dtype=torch.float64)
+    bias = torch.randn(23, dtype=torch.float64, requires_grad=True)
+    targets = torch.tensor([0, 22, -100]) if "top_k" not in options else None
+
+    def function(h, weight, bias):
+        out = fused_expected_inputs(
+            h, weight, table, bias=bias, target_ids=targets, chunk_elements=24, **options
+        )
+        return out if targets is None else (out.expected, out.log_likelihood)
+
+    def wrapped(h, weight, bias):
+        result = function(h, weight, bias)
+        return tuple(x for x in result if x is not None)
+
+    assert torch.autograd.gradcheck(wrapped, (h, weight, bias), fast_mode=True)
+
+
+def test_bf16_autocast_is_finite_and_close():
+    h, weight, table = problem(n=16, d=32, vocab=600)
+    targets = torch.randint(0, 600, (16,), generator=torch.Generator())
+    reference = fused_expected_inputs(h, weight, table, target_ids=targets, chunk_elements=256)
+    for options in ({}, {"top_k": 8}, {"straight_through": True, "softcap": 5.0}):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fused_expected_inputs(
+                h, weight, table, target_ids=targets, chunk_elements=256, **options
+            )
+        assert out.expected.dtype == torch.float32  # softmax arithmetic stays float32
+        assert torch.isfinite(out.expected).all() and torch.isfinite(out.log_likelihood).all()
+        grads = torch.autograd.grad(out.expected.sum() + out.log_likelihood.sum(), [h, weight])
+        assert all(torch.isfinite(g).all() for g in grads)
+        if not options:  # bf16 logits: close to float32, not equal
+            torch.testing.assert_close(out.expected, reference.expected, rtol=0, atol=0.05)
+            assert not torch.equal(out.expected, reference.expected)
+
+
+def test_nothing_vocabulary_sized_is_saved():
+    """The point of the pass: autograd keeps no [N, V] tensor for the backward."""
+    n, vocab = 8, 5000
+    h, weight, table = problem(n=n, vocab=vocab)
+    targets = torch.randint(0, vocab, (n,), generator=torch.Generator())
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for options in ({}, {"straight_through": True}, {"top_k": 4}):
+            fused_expected_inputs(
+                h, weight, table, target_ids=targets, chunk_elements=4000, **options
+            )
+    own = {weight.data_ptr(), table.data_ptr()}
+    sized = [t for t in saved if t.data_ptr() not in own and t.numel() >= n * vocab // 4]
+    assert not sized, [tuple(t.shape) for t in sized]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"weight": torch.randn(50, 5)}, "output_embeddings must be"),
+        ({"table": torch.randn(49, 3)}, "table must be"),
+        ({"target_ids": torch.tensor([0, 50, 1, 2])}, "target_ids has ids outside"),
+        ({"target_ids": torch.tensor([0, 1])}, "target_ids must be"),
+        ({"softcap": 0.0}, "softcap must be"),
+        ({"temperature": -1.0}, "temperature must be"),
+        ({"top_k": 51}, "top_k must be"),
+        ({"chunk_elements": 0}, "chunk_elements must be"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    args = {"hidden": torch.randn(4, 8), "weight": torch.randn(50, 8), "table": torch.randn(50, 3)}
+    for key in ("hidden", "weight", "table"):
+        if key in kwargs:
+            args[key] = kwargs.pop(key)
+    with pytest.raises(ValueError, match=match):
+        fused_expected_inputs(args["hidden"], args["weight"], args["table"], **kwargs)
+    with pytest.raises(TypeError, match="output_embeddings"):
+        fused_expected_inputs(torch.randn(4, 8), torch.nn.ReLU(), None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the SDPA path needs CUDA")
+def test_sdpa_path_matches_chunked_on_cuda():
+    h, weight, table = (x.detach().cuda() for x in problem(n=64, d=40, vocab=3000, c=385))
+    h.requires_grad_(), weight.requires_grad_()
+    outs = []
+    for use_sdpa in (True, False):
+        out = fused_expected_inputs(h, weight, table, use_sdpa=use_sdpa).expected
+        outs.append((out, *torch.autograd.grad(out.square().sum(), [h, weight])))
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- the loss
+@pytest.fixture(scope="module")
+def encoder(scorer):
+    return scorer.encoder
+
+
+@pytest.fixture(scope="module")
+def references(encoder):
+    """Reference ids (encoded at each call, cheaper here than a fresh loss's text cache)."""
+    texts = ["a cat sat on the mat", "the weather is cold today"]
+    batch = encoder.tokenizer(texts, padding=True, return_tensors="pt")
+    return {"reference_ids": batch["input_ids"], "reference_mask": batch["attention_mask"].bool()}
+
+
+def random_bridge(vocab: int, scorer_vocab: int) -> VocabularyBridge:
+    g = torch.Generator().manual_seed(3)
+    pieces = torch.randint(1000, scorer_vocab, (vocab, 3), generator=g)
+    pieces[torch.rand(vocab, 3, generator=g) < 0.4] = -1
+    pieces[:5] = -1  # five special tokens
+    return VocabularyBridge(pieces)
+
+
+@pytest.mark.parametrize("bridged", [False, True], ids=["scorer-vocab", "bridge"])
+@pytest.mark.parametrize("name", ["plain", "top_k", "straight_through", "all"])
+def test_loss_hidden_states_equal_logits(encoder, references, bridged, name):
+    options = dict(VARIANTS[name])
+    softcap, temperature = options.pop("softcap", None), options.pop("temperature", 1.0)
+    vocab = 700 if bridged else encoder.input_embeddings.num_embeddings
+    bridge = random_bridge(vocab, encoder.input_embeddings.num_embeddings) if bridged else None
+    loss = BERTScoreLoss(encoder=encoder, bridge=bridge, **options)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 6, 16, generator=g).requires_grad_()
+    weight = (0.8 * torch.randn(vocab, 16, generator=g)).requires_grad_()
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    logits = dense_logits(h, weight, softcap=softcap) / temperature
+    dense = loss(logits=logits, candidate_mask=mask, **references)
+    dense_grads = torch.autograd.grad(dense, [h, weight])
+    fused = loss(
+        hidden_states=h,
+        output_embeddings=weight,
+        logit_softcap=softcap,
+        generator_temperature=temperature,
+        candidate_mask=mask,
+        **references,
+    )
+    assert isinstance(fused, torch.Tensor) and fused.dim() == 0
+    torch.testing.assert_close(fused, dense, rtol=0, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(fused, [h, weight]), dense_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+        # the gradients can be small: equal relative to their scale too
+        assert (a - b).abs().max() <= 1e-3 * b.abs().max()
+
+
+def test_loss_with_targets_returns_cross_entropy(encoder, references):
+    bridge = random_bridge(500, encoder.input_embeddings.num_embeddings)
+    loss = BERTScoreLoss(encoder=encoder, bridge=bridge)
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(2, 5, 16, generator=g).requires_grad_()
+    head = torch.nn.Linear(16, 500, bias=False)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.bool)
+    targets = torch.randint(5, 500, (2, 5), generator=g)
+    targets[0, 4] = -100
+    out = loss(
+        hidden_states=h,
+        output_embeddings=head,
+        candidate_mask=mask,
+        **references,
+        target_ids=targets,
+    )
+    assert isinstance(out, LossAndCrossEntropy)
+    logits = head(h)
+    ce = F.cross_entropy(logits.transpose(1, 2), targets)
+    torch.testing.assert_close(out.cross_entropy, ce, rtol=0, atol=1e-5)
+    dense = loss(logits=logits, candidate_mask=mask, **references)
+    torch.testing.assert_close(out.loss, dense, rtol=0, atol=1e-5)
+    got = torch.autograd.grad(out.loss + out.cross_entropy, [h, head.weight])
+    want = torch.autograd.grad(dense + ce, [h, head.weight])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    per_token = BERTScoreLoss(encoder=encoder, bridge=bridge, reduction="none")(
+        hidden_states=h,
+        output_embeddings=head,
+        candidate_mask=mask,
+        **references,
+        target_ids=targets,
+    ).cross_entropy
+    ref = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+    torch.testing.assert_close(per_token, ref, rtol=0, atol=1e-5)
+
+
+def test_loss_hidden_states_bad_input(encoder, references):
+    loss = BERTScoreLoss(encoder=encoder)
+    vocab = encoder.input_embeddings.num_embeddings
+    h, mask = torch.randn(2, 3, 8), torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="needs output_embeddings"):
+        loss(hidden_states=h, candidate_mask=mask, **references)
+    with pytest.raises(ValueError, match="output_embeddings has a vocabulary of 100"):
+        loss(hidden_states=h, output_embeddings=torch.randn(100, 8), **references)
+    with pytest.raises(ValueError, match="go with hidden_states"):
+        loss(logits=torch.randn(2, 3, vocab), target_ids=torch.zeros(2, 3), **references)
+    with pytest.raises(ValueError, match=r"target_ids must have shape \[2, 3\]"):
+        loss(
+            hidden_states=h,
+            output_embeddings=torch.randn(vocab, 8),
+            target_ids=torch.zeros(2, 4, dtype=torch.long),
+            **references,
+        )
+    with pytest.raises(ValueError, match="gumbel_temperature"):
+        BERTScoreLoss(encoder=encoder, gumbel_temperature=1.0)(
+            hidden_states=h, output_embeddings=torch.randn(vocab, 8), **references
+        )
+    # the loss still works after the errors
+    value = loss(hidden_states=h, output_embeddings=torch.randn(vocab, 8), **references)
+    assert torch.isfinite(value)
+
+
+# ----------------------------------------------------------------------------- the recipes
+def _tiny_seq2seq(kind: str):
+    import transformers
+
+    torch.manual_seed(0)
+    if kind == "bart":
+        config = transformers.BartConfig(
+            vocab_size=97, d_model=16, encoder_layers=1, decoder_layers=1,
+            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+            decoder_ffn_dim=32, max_position_embeddings=32,
+        )  # fmt: skip
+        model = transformers.BartForConditionalGeneration(config)
+        with torch.no_grad():  # BART's bias after the head, nonzero so that it counts
+            model.final_logits_bias.normal_()
+        return model
+    if kind == "t5":
+        config = transformers.T5Config(
+            vocab_size=97, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+            decoder_start_token_id=0, tie_word_embeddings=True,
+        )  # fmt: skip
+        return transformers.T5ForConditionalGeneration(config)
+    bert = transformers.BertConfig(
+        vocab_size=97, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32,
+    )  # fmt: skip
+    decoder = transformers.BertConfig(**{**bert.to_dict(), "is_decoder": True})
+    decoder.add_cross_attention = True
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(bert, decoder)
+    config.decoder_start_token_id, config.pad_token_id = 1, 0
+    return transformers.EncoderDecoderModel(config=config)
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5", "bert2bert"])
+def test_recipe_lm_head_inputs_give_the_logits(kind):
+    """recipes/common.py's lm_head_inputs: hidden @ W^T + b equals the model's own logits, and
+    the model is restored afterwards."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
+    from common import lm_head_inputs
+
+    model = _tiny_seq2seq(kind).eval()
+    inputs = {
+        "input_ids": torch.randint(2, 97, (2, 7)),
+        "decoder_input_ids": torch.randint(2, 97, (2, 5)),
+    }
+    logits = model(**inputs).logits
+    with lm_head_inputs(model) as head:
+        hidden = model(**inputs).logits
+    assert hidden.shape == (2, 5, 16)
+    rebuilt = hidden @ head.weight.T + (0 if head.bias is None else head.bias)
+    torch.testing.assert_close(rebuilt, logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(model(**inputs).logits, logits, rtol=0, atol=0)
