@@ -453,3 +453,24 @@ def test_gemma_cached_build_is_a_load(
     assert torch.equal(again.flat, gemma_bridge.flat)
     assert torch.equal(again.special, gemma_bridge.special)
     assert files[0].stat().st_mtime_ns == stamp
+
+
+def test_hidden_states_path_retokenizes_like_logits(gemma_loss, gemma_tokenizer, encoder):
+    """The chunked LM-head path (issue 15) in retokenize mode: the argmax tokens it tracks are
+    decoded and scored exactly as from dense logits, with the same gradients."""
+    vocab = gemma_loss.generator_vocab_size
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(2, 6, 16, generator=g).requires_grad_()
+    weight = (0.5 * torch.randn(vocab, 16, generator=g)).requires_grad_()
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    references = ["A cat sat on the mat.", "The weather is cold today."]
+    dense = gemma_loss(logits=h @ weight.T, candidate_mask=mask, references=references)
+    dense_texts = list(gemma_loss.last_texts)
+    dense_grads = torch.autograd.grad(dense, [h, weight])
+    fused = gemma_loss(
+        hidden_states=h, output_embeddings=weight, candidate_mask=mask, references=references
+    )
+    assert gemma_loss.last_texts == dense_texts and any(t.strip() for t in dense_texts)
+    torch.testing.assert_close(fused, dense, rtol=0, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(fused, [h, weight]), dense_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
