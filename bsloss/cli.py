@@ -98,17 +98,36 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+class _LangModel(argparse.Action):
+    """bert-score's ``--lang``: its default model for the language, unless ``-m`` names one
+    (in either order on the command line)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from bsloss.metric import model_for_lang
+
+        namespace.lang = values
+        if not getattr(namespace, "model_given", False):
+            namespace.model = model_for_lang(values)
+
+
+class _Model(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.model, namespace.model_given = values, True
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bsloss", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
+            "-m",
             "--model",
+            action=_Model,
             default=None,
             help="hub name or local folder (default: embedded all-MiniLM-L6-v2)",
         )
-        p.add_argument("--batch-size", type=int, default=64)
+        p.add_argument("-b", "--batch-size", "--batch_size", type=int, default=64)
         p.add_argument("--device", default=None)
         p.add_argument(
             "--progress",
@@ -118,19 +137,59 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     score = sub.add_parser("score", help="BERTScore of candidate lines against reference lines")
-    score.add_argument("-c", "--candidates", required=True, help="file, one candidate per line")
+    # bert-score's own flags are accepted too (-c/--cand, -r/--ref, --lang, -m, -l, -b, -s, -v,
+    # --idf, --rescale_with_baseline, --baseline_path, --nthreads, --use_fast_tokenizer)
+    score.add_argument(
+        "-c", "--candidates", "--cand", required=True, help="file, one candidate per line"
+    )
     score.add_argument(
         "-r",
         "--references",
+        "--ref",
         required=True,
         nargs="+",
         help="file(s), one reference per line; several files = multiple references",
     )
-    score.add_argument("--num-layers", type=int, default=None)
+    score.add_argument(
+        "--lang",
+        action=_LangModel,
+        default=None,
+        help="bert-score's default model for this language (en: roberta-large, zh, tr, en-sci, "
+        "others: bert-base-multilingual-cased); needs that model offline-loadable",
+    )
+    score.add_argument("-l", "--num-layers", "--num_layers", type=int, default=None)
     score.add_argument("--idf", action="store_true", help="idf weights from the references")
-    score.add_argument("--rescale", action="store_true", help="rescale with the baseline")
-    score.add_argument("--baseline-path", default=None)
-    score.add_argument("--per-line", action="store_true", help="print P, R, F of every line")
+    score.add_argument(
+        "--rescale",
+        "--rescale_with_baseline",
+        action="store_true",
+        help="rescale with the baseline",
+    )
+    score.add_argument("--baseline-path", "--baseline_path", default=None)
+    score.add_argument(
+        "-s",
+        "--per-line",
+        "--seg_level",
+        action="store_true",
+        help="print P, R, F of every line",
+    )
+    score.add_argument(
+        "-v",
+        "--verbose",
+        dest="progress",
+        action="store_const",
+        const="on",
+        default="auto",
+        help="progress bars (as --progress on)",
+    )
+    score.add_argument(
+        "--nthreads", type=int, default=4, help="accepted for bert-score compatibility; no effect"
+    )
+    score.add_argument(
+        "--use_fast_tokenizer",
+        action="store_true",
+        help="accepted for bert-score compatibility; bsloss uses the fast tokenizer",
+    )
     common(score)
     score.set_defaults(run=_score)
 

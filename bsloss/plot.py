@@ -33,12 +33,28 @@ def plot_example(
     fname: str | Path | None = None,
     temperature: float | None = None,
     ax=None,
+    *,
+    model_type: str | None = None,
+    num_layers: int | None = None,
+    lang: str | None = None,
+    rescale_with_baseline: bool = False,
+    baseline_path: str | None = None,
+    use_fast_tokenizer: bool = False,
 ):
     """Heatmap of the token similarities; a dot marks each candidate token's best reference
     token (precision), a ring each reference token's best candidate token (recall). With
     ``temperature``, the cell shading is the row softmax ``softmax_j(s_ij / T)`` instead (the
     soft matching plan). Special tokens are not drawn, so a mark is the best match among the
-    words shown. Returns the matplotlib figure (saved to ``fname`` if given)."""
+    words shown. Returns the matplotlib figure (saved to ``fname`` if given).
+
+    Also a drop-in for ``bert_score.plot_example``: without ``scorer``, one is built from
+    ``model_type`` / ``num_layers`` / ``lang`` / ``rescale_with_baseline`` / ``baseline_path``
+    (a string third argument is taken as ``model_type``); ``fname=""`` saves nothing. The
+    shading is the raw cosine similarity (not rescaled).
+
+    Raises:
+        ImportError: matplotlib is not installed.
+    """
     try:
         import matplotlib
 
@@ -47,7 +63,18 @@ def plot_example(
         import matplotlib.pyplot as plt
     except ImportError as error:
         raise ImportError("plot_example needs matplotlib: pip install 'bsloss[plot]'") from error
-    scorer = scorer or BERTScorer()
+    if isinstance(scorer, str):
+        model_type, scorer = scorer, None
+    if scorer is None:
+        scorer = BERTScorer(
+            model_type,
+            num_layers,
+            lang=lang,
+            rescale_with_baseline=rescale_with_baseline,
+            baseline_path=baseline_path,
+            use_fast_tokenizer=use_fast_tokenizer,
+        )
+    fname = fname or None
     sim, cand_tokens, ref_tokens = pair_similarity(scorer, candidate, reference)
     shown: Tensor = sim if temperature is None else torch.softmax(sim / temperature, dim=1)
     if ax is None:
