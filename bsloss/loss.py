@@ -50,6 +50,22 @@ class BERTScoreLoss(nn.Module):
         top_k, straight_through, gumbel_temperature: see :mod:`bsloss.distributions`.
         gradient_checkpointing: recompute the scorer's layer activations in the backward pass.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+
+    Returns:
+        Calling it (:meth:`forward`) returns ``1 - score`` of ``target``, reduced by
+        ``reduction``; :meth:`score` returns the per-sample ``PRF``.
+
+    Raises:
+        ValueError: an unknown ``matching``, ``target`` or ``reduction``, a temperature that is
+            not positive, ``sinkhorn_iterations < 1`` or ``idf=True``; at call time, inputs
+            whose shapes or vocabulary do not fit (named in the message).
+
+    >>> import torch, bsloss
+    >>> loss_fn = bsloss.BERTScoreLoss(matching="softmax", temperature=0.05)
+    >>> logits = torch.randn(2, 6, 30522, requires_grad=True)  # a generator's [B, L, V] output
+    >>> loss = loss_fn(logits=logits, references=["a cat sat", "the dog ran"])
+    >>> loss.backward(); logits.grad.shape
+    torch.Size([2, 6, 30522])
     """
 
     def __init__(

@@ -52,8 +52,26 @@ def plot_example(
     (a string third argument is taken as ``model_type``); ``fname=""`` saves nothing. The
     shading is the raw cosine similarity (not rescaled).
 
+    Args:
+        candidate, reference: the pair of texts.
+        scorer: the :class:`~bsloss.BERTScorer` (default: built from the keywords below, the
+            embedded all-MiniLM-L6-v2 without them).
+        fname: image file to save to (``.png``, ``.pdf``); ``None`` or ``""``: not saved.
+        temperature: shade the soft matching plan ``softmax(s / T)`` instead of ``s``.
+        ax: a matplotlib axes to draw into.
+        model_type, num_layers, lang, rescale_with_baseline, baseline_path,
+            use_fast_tokenizer: bert_score's keywords, as for :class:`~bsloss.BERTScorer`.
+
+    Returns:
+        The matplotlib figure.
+
     Raises:
         ImportError: matplotlib is not installed.
+
+    >>> import bsloss
+    >>> figure = bsloss.plot_example("the cat sat", "a cat was sitting")
+    >>> len(figure.axes) >= 1
+    True
     """
     try:
         import matplotlib

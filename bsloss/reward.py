@@ -68,6 +68,21 @@ class BERTScoreReward:
         reference_cache_size: reference texts whose embeddings are kept across calls.
         scorer: an existing :class:`~bsloss.BERTScorer` to use; if its reference cache is off,
             it is switched on with ``reference_cache_size``.
+
+    Returns:
+        Called as TRL calls a reward function, ``reward(prompts=..., completions=...,
+        **columns)``, it returns one float per completion.
+
+    Raises:
+        ValueError: an unknown ``target`` or ``idf=True``; at call time, completions and
+            references of different lengths.
+        KeyError: at call time, no ``reference_column`` among the columns.
+
+    >>> import bsloss
+    >>> reward = bsloss.BERTScoreReward()
+    >>> scores = reward(completions=["a cat sat", "hello"], reference=["a cat sat", "bye"])
+    >>> round(scores[0], 4), scores[1] < 1
+    (1.0, True)
     """
 
     def __init__(
