@@ -171,6 +171,13 @@ def test_scorer_idf_sents_and_compute_idf(scorer, example_files):
     ours = bsloss.BERTScorer(encoder=scorer.encoder, idf=True, idf_sents=refs)
     assert (ours.score(cands, refs)[2] - theirs.score(cands, refs)[2]).abs().max() < 1e-5
     assert "_idf_" in ours.hash
+    # a precomputed idf dict from bert_score's own get_idf_dict
+    from bert_score.utils import get_idf_dict
+
+    idf_dict = get_idf_dict(refs[:6], scorer.encoder.tokenizer, nthreads=1)
+    ours_dict = bsloss.score(cands, refs, model_type=FOLDER, num_layers=6, idf=idf_dict)[2]
+    theirs_dict = bert_score.score(cands, refs, model_type=FOLDER, num_layers=6, idf=idf_dict)[2]
+    assert (ours_dict - theirs_dict).abs().max() < 1e-5
     later = bsloss.BERTScorer(encoder=scorer.encoder, idf=True)
     later.compute_idf(refs[:5])
     theirs.compute_idf(refs[:5])
