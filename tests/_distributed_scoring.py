@@ -34,19 +34,22 @@ def main() -> None:
 
     scorer.encoder.embed_token_ids = counting
     prf = scorer.score(pairs["cands"], pairs["refs"], progress=False)
-    layers = bsloss.BERTScorer(encoder=scorer.encoder, distributed=True)
+    plain = bsloss.BERTScorer(encoder=scorer.encoder, distributed=True)
     scorer.encoder.embed_token_ids = embed
     # a multi-reference call too, and a mismatch that must raise on every process
-    multi = layers.score(pairs["cands"], pairs["multi_refs"], progress=False)
+    multi = plain.score(pairs["cands"], pairs["multi_refs"], progress=False)
+    every_layer = bsloss.BERTScorer(all_layers=True, device="cpu", distributed=True)
+    all_layers = every_layer.score(pairs["cands"], pairs["refs"], progress=False)
     error = ""
     try:
-        layers.score(pairs["cands"][: 10 + rank], pairs["refs"][: 10 + rank])
+        plain.score(pairs["cands"][: 10 + rank], pairs["refs"][: 10 + rank])
     except ValueError as caught:
         error = str(caught)
     torch.save(
         {
             "prf": torch.stack(prf),
             "multi": torch.stack(multi),
+            "all_layers": torch.stack(all_layers),
             "encoded": sum(encoded),
             "error": error,
         },

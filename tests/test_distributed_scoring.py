@@ -40,11 +40,14 @@ def test_two_processes_split_the_pairs_and_match_one_process(tmp_path, stsb_dev)
     single = bsloss.BERTScorer(device="cpu", idf=True, rescale_with_baseline=True)
     expected = torch.stack(single.score(cands, refs, progress=False))
     expected_multi = torch.stack(bsloss.BERTScorer(encoder=single.encoder).score(cands, multi))
+    expected_layers = torch.stack(bsloss.BERTScorer(all_layers=True).score(cands, refs))
     unique_texts = len(set(cands) | set(refs))
     for result in results:
         assert result["prf"].shape == (3, 120)
         assert (result["prf"] - expected).abs().max().item() < 1e-6
         assert (result["multi"] - expected_multi).abs().max().item() < 1e-6
+        assert result["all_layers"].shape == (3, 7, 120)  # P/R/F x (embeddings + 6 layers) x N
+        assert (result["all_layers"] - expected_layers).abs().max().item() < 1e-6
         # about half of the texts each (pairs are split, not texts: a few may repeat)
         assert 0.4 * unique_texts <= result["encoded"] <= 0.6 * unique_texts
         assert "process(es) [1] passed different cands/refs" in result["error"]
