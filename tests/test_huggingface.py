@@ -218,10 +218,12 @@ def test_seq2seq_trainer_mixin_with_reference_column(loss, tokenizer, tmp_path):
         trainer.train()
     finally:
         del loss.score
-    assert seen and all(r.endswith(" indeed") for refs in seen for r in refs)
+    assert len(seen) == 4 and all(r.endswith(" indeed") for refs in seen for r in refs)
     logged = [e for e in trainer.state.log_history if "bertscore_f" in e]
     assert len(logged) == 2 and all("ce" in e and e["ce"] > 0 for e in logged)
     assert changed(model, before)
+    metrics = trainer.evaluate(datasets.Dataset.from_list(rows))
+    assert 0 < metrics["eval_bertscore_f"] <= 1 and metrics["eval_ce"] > 0
 
 
 def test_sft_trainer_mixin(loss, tokenizer, tmp_path):
@@ -272,3 +274,11 @@ def test_compute_metrics_scores_predict_outputs(scorer, tokenizer, tmp_path):
     assert abs(out.metrics["test_bertscore_f1"] - expected) < 1e-6
     # identical ids score 1
     assert metrics((out.label_ids, out.label_ids))["bertscore_f1"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_mixin_needs_the_tokenizer(loss, tokenizer, tmp_path):
+    class Trainer(BERTScoreTrainerMixin, transformers.Trainer):
+        pass
+
+    with pytest.raises(ValueError, match="processing_class"):
+        Trainer(model=tiny_gpt2(tokenizer), args=training_args(tmp_path), bertscore_loss=loss)

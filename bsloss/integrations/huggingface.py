@@ -206,7 +206,7 @@ class BERTScoreTrainerMixin:
     evaluation). The loss is normalised by ``num_items_in_batch`` as the trainer's own loss is.
 
     Raises:
-        ValueError: a negative ``bertscore_weight`` (from :class:`BERTScoreTerm`).
+        ValueError: no ``processing_class`` (tokenizer), or a negative ``bertscore_weight``.
     """
 
     def __init__(
@@ -221,6 +221,11 @@ class BERTScoreTrainerMixin:
         super().__init__(*args, **kwargs)
         tokenizer = self.processing_class
         tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's text tokenizer
+        if tokenizer is None:
+            raise ValueError(
+                "BERTScoreTrainerMixin needs the generator's tokenizer: pass processing_class="
+                "tokenizer (it decodes the labels into references)"
+            )
         if bertscore_loss is None:
             bertscore_loss = BERTScoreLoss()
             if tokenizer.get_vocab() != bertscore_loss.encoder.tokenizer.get_vocab():
