@@ -17,7 +17,7 @@ test: setup
 # defaults (vendored XSum sample, BERT2BERT warm-started from the embedded MiniLM): CE + soft
 # BERTScore loss, a before/after table of held-out F_BERT and ROUGE, and the path of the plot.
 demo: setup
-	$(PYTHON) recipes/finetune_seq2seq.py --config recipes/configs/xsum-bert2bert.yaml \
+	$(PYTHON) recipes/finetune.py --config recipes/configs/xsum-bert2bert.yaml \
 		--output_dir runs/demo --set loss.weight=1.0 --set loss.matching=softmax \
 		--set train.steps=$(DEMO_STEPS) --set train.eval_every=$(DEMO_STEPS) \
 		--set train.save_every=0 --set data.max_test=30 --set data.max_validation=20 \

@@ -163,16 +163,43 @@ def batch_indices(n: int, batch_size: int, seed: int, start_step: int) -> Iterat
 
 
 # ----------------------------------------------------------------------------- models
+MODEL_KINDS = ("auto", "seq2seq", "causal")
+
+
+def _pretrained(path: str, kind: str, setting: str):
+    """(model, tokenizer) of a folder or hub name, loaded as what its config says it is: an
+    encoder-decoder (seq2seq) or a decoder-only (causal) LM. ``kind`` (``model.kind``) checks it."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    found = (
+        "seq2seq"
+        if getattr(AutoConfig.from_pretrained(path), "is_encoder_decoder", False)
+        else "causal"
+    )
+    if kind not in MODEL_KINDS:
+        raise ValueError(f"model.kind must be one of {MODEL_KINDS}, got {kind!r}")
+    if kind != "auto" and kind != found:
+        raise ValueError(
+            f"model.kind is {kind!r} but {setting} is a {found} model; "
+            f"set model.kind: {found} (or auto)"
+        )
+    loader = AutoModelForSeq2SeqLM if found == "seq2seq" else AutoModelForCausalLM
+    return loader.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
+
+
 def load_generator(model_spec: dict, init_from: Path | None, scorer_encoder):  # noqa: C901
-    """(seq2seq model, tokenizer). ``generator: bert2bert-minilm`` warm-starts a BERT2BERT model
-    from the embedded scorer's weights; a hub name or folder loads that model; with
-    ``generator_config`` a model is built at random from a config and ``tokenizer``."""
+    """(model, tokenizer): a seq2seq or causal generator. ``generator: bert2bert-minilm``
+    warm-starts a BERT2BERT model from the embedded scorer's weights; a hub name, folder or offline
+    name (:mod:`bsloss.pretrained`, e.g. ``gemma-3-270m``) loads that model as the kind its config
+    says; with ``generator_config`` a seq2seq model is built at random from a config and
+    ``tokenizer``."""
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
+    from bsloss.pretrained import resolve_model
+
+    kind = model_spec.get("kind", "auto")
     if init_from is not None:
-        model = AutoModelForSeq2SeqLM.from_pretrained(init_from)
-        tokenizer = AutoTokenizer.from_pretrained(init_from)
-        return model, tokenizer
+        return _pretrained(str(init_from), kind, f"--init_from {init_from}")
     name = model_spec.get("generator")
     if model_spec.get("generator_config"):
         options = dict(model_spec["generator_config"])
@@ -214,7 +241,7 @@ def load_generator(model_spec: dict, init_from: Path | None, scorer_encoder):  #
             config.pad_token_id = tokenizer.pad_token_id
             config.bos_token_id = tokenizer.cls_token_id
         return model, tokenizer
-    return AutoModelForSeq2SeqLM.from_pretrained(name), AutoTokenizer.from_pretrained(name)
+    return _pretrained(resolve_model(name), kind, f"model.generator {name!r}")
 
 
 def special_ids(model, tokenizer) -> tuple[int, int, int]:
@@ -284,6 +311,17 @@ class Collator:
     def content_mask(self, labels: torch.Tensor) -> torch.Tensor:
         """Positions that hold a target token (not padding, not the final eos)."""
         return (labels != -100) & (labels != self.eos) & (labels != self.pad)
+
+    def teacher_forced_logits(self, model, batch, label_sets: list[torch.Tensor]) -> list:
+        return teacher_forced_logits(model, batch, label_sets, self)
+
+    def generate(self, model, batch, max_new_tokens: int, **options) -> torch.Tensor:
+        """The model's own output as labels-style ids."""
+        sequences = generate(model, batch, max_new_tokens, **options)
+        return generated_labels(sequences, self.pad, self.eos)
+
+    def decode(self, labels: torch.Tensor) -> list[str]:
+        return decode_texts(self.tokenizer, labels.clamp_min(0).masked_fill(labels < 0, self.pad))
 
 
 def pad_labels(label_sets: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -362,8 +400,8 @@ class Evaluator:
         for start in range(0, len(examples), self.batch_size):
             batch = collator(examples[start : start + self.batch_size])
             batch = {k: v.to(device) for k, v in batch.items()}
-            sequences = generate(model, batch, self.max_new_tokens, num_beams=self.num_beams)
-            outputs += decode_texts(tokenizer, sequences)
+            labels = collator.generate(model, batch, self.max_new_tokens, num_beams=self.num_beams)
+            outputs += collator.decode(labels)
         return outputs
 
     @torch.no_grad()
@@ -373,7 +411,9 @@ class Evaluator:
             batch = collator(examples[start : start + self.batch_size])
             batch = {k: v.to(device) for k, v in batch.items()}
             labels = batch["labels"]
-            mean = token_cross_entropy(model(**batch).logits, labels)
+            mean = token_cross_entropy(
+                collator.teacher_forced_logits(model, batch, [labels])[0], labels
+            )
             count = int((labels != -100).sum())
             total, tokens = total + mean.item() * count, tokens + count
         return total / max(tokens, 1)
@@ -577,12 +617,29 @@ class RecipeRun:
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
         data_spec = self.config["data"]
-        self.collator = Collator(
-            self.tokenizer,
-            self.model,
-            data_spec["max_source_length"],
-            data_spec["max_target_length"],
-        )
+        if getattr(self.model.config, "is_encoder_decoder", False):
+            if data_spec.get("prompt_format"):
+                raise ValueError(
+                    "data.prompt_format is for decoder-only generators; "
+                    "this generator is an encoder-decoder"
+                )
+            self.collator = Collator(
+                self.tokenizer,
+                self.model,
+                data_spec["max_source_length"],
+                data_spec["max_target_length"],
+            )
+        else:
+            from causal import CausalCollator
+
+            self.collator = CausalCollator(
+                self.tokenizer,
+                self.model,
+                self.config["task"],
+                data_spec["max_source_length"],
+                data_spec["max_target_length"],
+                data_spec.get("prompt_format"),
+            )
         self.evaluator = Evaluator(self.config["task"], self.scorer, self.config.get("eval", {}))
         self.results_path = self.output_dir / "results.json"
         self.results: dict = {}

@@ -10,7 +10,7 @@ loss is
 .. math::  -(r(y^s) - r(\\hat y)) \\frac{1}{|y^s|} \\sum_t \\log p(y^s_t \\mid y^s_{<t}, x)
 
 (the greedy reward is the baseline), plus ``rl.ce_weight`` times the teacher-forced CE. Shares
-the config, data, evaluation, log and checkpoints of ``finetune_seq2seq.py``; the ``rl`` section
+the config, data, evaluation, log and checkpoints of ``finetune.py``; the ``rl`` section
 of the config (optional) sets ``ce_weight`` and ``sample_top_k``.
 """
 
@@ -25,10 +25,6 @@ import torch  # noqa: E402
 from common import (  # noqa: E402
     RecipeRun,
     base_arguments,
-    decode_texts,
-    generate,
-    generated_labels,
-    teacher_forced_logits,
     token_cross_entropy,
 )
 
@@ -52,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = torch.optim.AdamW(run.model.parameters(), lr=train_spec["learning_rate"])
     model, optimizer, start_step = run.prepare(optimizer)
 
-    accelerator, collator, tokenizer = run.accelerator, run.collator, run.tokenizer
+    accelerator, collator = run.accelerator, run.collator
     ce_weight, top_k = rl_spec.get("ce_weight", 0.0), rl_spec.get("sample_top_k", 0)
     max_new = run.config["data"]["max_target_length"]
     batches = run.batches(start_step)
@@ -63,21 +59,21 @@ def main(argv: list[str] | None = None) -> dict:
         batch = run.collate(examples)
         references = [e.target for e in examples]
         with accelerator.autocast():
-            sampled = generate(run.unwrapped, batch, max_new, sample=True, top_k=top_k)
-            greedy = generate(run.unwrapped, batch, max_new)
+            sampled = collator.generate(run.unwrapped, batch, max_new, sample=True, top_k=top_k)
+            greedy = collator.generate(run.unwrapped, batch, max_new)
             # one reward call: both outputs are scored in the same encoder batches
             rewards = torch.tensor(
                 reward(
-                    completions=decode_texts(tokenizer, sampled) + decode_texts(tokenizer, greedy),
+                    completions=collator.decode(sampled) + collator.decode(greedy),
                     reference=references * 2,
                 )
             )
             sampled_reward, greedy_reward = rewards.chunk(2)
             advantage = (sampled_reward - greedy_reward).to(accelerator.device)
-            label_sets = [generated_labels(sampled, collator.pad, collator.eos)]
+            label_sets = [sampled]
             if ce_weight > 0:
                 label_sets.append(batch["labels"])
-            logits = teacher_forced_logits(model, batch, label_sets, collator)
+            logits = collator.teacher_forced_logits(model, batch, label_sets)
             loss = -(advantage * sequence_log_prob(logits[0], label_sets[0])).mean()
             parts = {}
             if ce_weight > 0:

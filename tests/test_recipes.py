@@ -54,7 +54,7 @@ def read_log(folder: Path) -> list[dict]:
 def test_finetune_two_steps(tmp_path, config, matching, candidates):
     out = tmp_path / "run"
     done = run_recipe(
-        "finetune_seq2seq.py", "--config", config, "--output_dir", out, *TINY,
+        "finetune.py", "--config", config, "--output_dir", out, *TINY,
         "--set", "loss.weight=1.0", "--set", f"loss.matching={matching}",
         "--set", f"loss.candidates={candidates}",
     )  # fmt: skip
@@ -77,7 +77,7 @@ def test_finetune_two_steps(tmp_path, config, matching, candidates):
 
 def test_loss_weight_zero_is_cross_entropy_only(tmp_path):
     out = tmp_path / "ce"
-    run_recipe("finetune_seq2seq.py", "--config", SUMMARIZATION, "--output_dir", out, *TINY,
+    run_recipe("finetune.py", "--config", SUMMARIZATION, "--output_dir", out, *TINY,
                "--set", "eval.before=false")  # fmt: skip
     train = [e for e in read_log(out) if e["kind"] == "train"]
     assert all("bertscore_loss" not in e and e["loss"] == e["ce"] for e in train)
@@ -91,14 +91,14 @@ def test_resume_loses_only_the_steps_since_the_checkpoint(tmp_path):
         "--set", "train.eval_every=0", "--set", "eval.before=false", "--set", "loss.weight=0.5",
     ]  # fmt: skip
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    run_recipe("finetune_seq2seq.py", *settings, "--output_dir", straight)
+    run_recipe("finetune.py", *settings, "--output_dir", straight)
     done = run_recipe(
-        "finetune_seq2seq.py", *settings, "--output_dir", interrupted, "--stop_after", "3"
+        "finetune.py", *settings, "--output_dir", interrupted, "--stop_after", "3"
     )
     assert "stopped after step 3" in done.stdout
     assert not (interrupted / "model").exists()
     assert [e["step"] for e in read_log(interrupted) if e["kind"] == "train"] == [1, 2, 3]
-    run_recipe("finetune_seq2seq.py", *settings, "--output_dir", interrupted, "--resume")
+    run_recipe("finetune.py", *settings, "--output_dir", interrupted, "--resume")
     resumed = [e for e in read_log(interrupted) if e["kind"] == "train"]
     reference = [e for e in read_log(straight) if e["kind"] == "train"]
     assert [e["step"] for e in resumed] == [1, 2, 3, 4]  # step 3 redone once, not logged twice
@@ -139,7 +139,7 @@ def test_random_t5_generator_through_the_bridge(tmp_path):
     )
     out = tmp_path / "t5run"
     run_recipe(
-        "finetune_seq2seq.py", "--config", config, "--output_dir", out, *TINY,
+        "finetune.py", "--config", config, "--output_dir", out, *TINY,
         "--set", f"model.tokenizer={tmp_path / 'tokenizer'}", "--set", "loss.weight=1.0",
         "--set", "loss.top_k=16",
     )  # fmt: skip

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from bsloss._warnings import warn_user
+from bsloss.pretrained import hub_name, resolve_model
 from bsloss.scorer.batching import (
     bucket_length,
     bucket_rows,
@@ -125,10 +126,13 @@ class ScorerEncoder(nn.Module):
         """Load ``model`` (hub name or local folder; ``None``: embedded all-MiniLM-L6-v2; its hub
         name also loads the embedded copy when installed). ``all_layers``: keep every layer and
         return all their hidden states from the no-grad path (bert_score's ``all_layers``)."""
-        name = DEFAULT_MODEL_NAME if model is None else str(model)
-        path = str(model)
+        # Offline short names ("all-mpnet-base-v2") load their converted folder and keep the
+        # hub name for the layer table and the shipped baselines.
+        name = DEFAULT_MODEL_NAME if model is None else hub_name(str(model))
         if model is None or (name == DEFAULT_MODEL_NAME and embedded_model_installed()):
             path = embedded_model_path()
+        else:
+            path = resolve_model(str(model))
         if num_layers is None:
             num_layers = default_num_layers(name)
         tokenizer, hf_model = _load(path)

@@ -1,7 +1,11 @@
-"""Fine-tune a seq2seq model (summarization or translation) against CE + lambda * (1 - F_BERT).
+"""Fine-tune a generator (summarization or translation) against CE + lambda * (1 - F_BERT).
 
-    accelerate launch recipes/finetune_seq2seq.py --config recipes/configs/xsum-bert2bert.yaml \\
+    accelerate launch recipes/finetune.py --config recipes/configs/xsum-bert2bert.yaml \\
         --output_dir runs/xsum [--set loss.weight=1.0 --set loss.matching=softmax] [--resume]
+
+The generator is an encoder-decoder (``xsum-bert2bert.yaml``) or a decoder-only LM prompted with
+the source (``xsum-gemma.yaml``: Gemma 3 270M, see :mod:`causal`); CE and the BERTScore term are
+over the target (completion) tokens only.
 
 The task, data, generator, scorer, loss and schedule come from the YAML config (see
 ``recipes/configs/``); ``--set key=value`` overrides an entry. Candidate distributions are the
@@ -19,15 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from common import (  # noqa: E402
-    RecipeRun,
-    base_arguments,
-    generate,
-    generated_labels,
-    linear_warmup,
-    teacher_forced_logits,
-    token_cross_entropy,
-)
+from common import RecipeRun, base_arguments, linear_warmup, token_cross_entropy  # noqa: E402
 
 from bsloss import BERTScoreLoss  # noqa: E402
 from bsloss.scorer.encoder import ScorerEncoder  # noqa: E402
@@ -105,11 +101,12 @@ def main(argv: list[str] | None = None) -> dict:
             with accelerator.accumulate(model), accelerator.autocast():
                 label_sets = [batch["labels"]]
                 if weight > 0 and mode != "teacher_forced":
-                    sequences = generate(
-                        run.unwrapped, batch, max_target_length, sample=mode == "sample"
+                    label_sets.append(
+                        collator.generate(
+                            run.unwrapped, batch, max_target_length, sample=mode == "sample"
+                        )
                     )
-                    label_sets.append(generated_labels(sequences, collator.pad, collator.eos))
-                logits = teacher_forced_logits(model, batch, label_sets, collator)
+                logits = collator.teacher_forced_logits(model, batch, label_sets)
                 loss = token_cross_entropy(logits[0], batch["labels"])
                 parts = {"ce": loss.detach()}
                 if weight > 0:

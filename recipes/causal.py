@@ -1,0 +1,148 @@
+"""Batches for a decoder-only generator: a prompt, then the completion it is trained to write.
+
+Every batch is laid out as ``[left padding][prompt][completion][right padding]``: prompts are
+left-padded to one width ``P``, so every completion starts at column ``P`` and the distributions
+that predict it are the model's outputs at columns ``P - 1 … P + C - 2``. The model computes
+logits for those ``C + 1`` columns only (``logits_to_keep``), never for the prompt: with a
+262,144-token vocabulary the prompt's logits would be most of a step's memory. Position ids
+count real tokens only, so left padding does not shift them (as ``generate`` does).
+
+The collator has the seq2seq :class:`common.Collator`'s interface (``teacher_forced_logits``,
+``generate``, ``decode``, ``content_mask``), so the recipes run either kind of model unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from prompting import answer, lead, prompt_text
+
+
+class CausalCollator:
+    """Prompt ids (``prompt_ids``/``prompt_mask`` ``[B, P]``, left-padded) and completion labels
+    (``labels`` ``[B, C]``: the target's tokens and eos, ``-100`` after). A source longer than
+    ``max_source_length`` tokens is cut to its lead (counted in ``truncated``), a target to
+    ``max_target_length - 1`` tokens before the eos."""
+
+    def __init__(
+        self,
+        tokenizer,
+        model,
+        task: str,
+        max_source_length: int,
+        max_target_length: int,
+        prompt_format: str | None = None,
+    ):
+        self.tokenizer, self.task, self.prompt_format = tokenizer, task, prompt_format
+        self.eos = tokenizer.eos_token_id
+        if self.eos is None:
+            self.eos = model.config.eos_token_id
+        if self.eos is None:
+            raise ValueError("the generator's tokenizer has no eos token to end completions with")
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+        self.max_source, self.max_target = max_source_length, max_target_length
+        self.context = getattr(model.config, "max_position_embeddings", None)
+        # A chat-formatted prompt ends where the answer starts; a plain one ends with ':'.
+        self.separator = "" if getattr(tokenizer, "chat_template", None) else " "
+        self.truncated = {"source": 0, "target": 0}
+        self._prompts: dict[str, list[int]] = {}
+        self._completions: dict[str, list[int]] = {}
+
+    def _prompt(self, source: str) -> list[int]:
+        if source not in self._prompts:
+            kept = lead(self.tokenizer, source, self.max_source)
+            self.truncated["source"] += kept != source
+            text = prompt_text(self.tokenizer, self.task, kept, self.prompt_format)
+            self._prompts[source] = self.tokenizer(text)["input_ids"]
+        return self._prompts[source]
+
+    def _completion(self, target: str) -> list[int]:
+        if target not in self._completions:
+            ids = self.tokenizer(self.separator + target, add_special_tokens=False)["input_ids"]
+            if len(ids) > self.max_target - 1:
+                ids = ids[: self.max_target - 1]
+                self.truncated["target"] += 1
+            self._completions[target] = ids + [self.eos]
+        return self._completions[target]
+
+    def __call__(self, examples) -> dict[str, torch.Tensor]:
+        prompts = [self._prompt(e.source) for e in examples]
+        width = max(len(p) for p in prompts)
+        if self.context is not None and width + self.max_target > self.context:
+            raise ValueError(
+                f"a prompt of {width} tokens plus data.max_target_length={self.max_target} "
+                f"exceeds the model's context of {self.context}; lower data.max_source_length"
+            )
+        prompt_ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts])
+        prompt_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        completions = [self._completion(e.target) for e in examples]
+        span = max(len(c) for c in completions)
+        labels = torch.tensor([c + [-100] * (span - len(c)) for c in completions])
+        return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "labels": labels}
+
+    def content_mask(self, labels: torch.Tensor) -> torch.Tensor:
+        """Positions that hold a target token (not padding, not the final eos)."""
+        return (labels != -100) & (labels != self.eos) & (labels != self.pad)
+
+    def teacher_forced_logits(self, model, batch, label_sets: list[torch.Tensor]) -> list:
+        """Logits ``[B, C_i, V]`` predicting each label set's completion after the batch's
+        prompts, all sets in one forward pass (one DDP reduction per step)."""
+        span = max(labels.shape[1] for labels in label_sets)
+        completions = torch.cat(
+            [torch.nn.functional.pad(x, (0, span - x.shape[1]), value=-100) for x in label_sets]
+        )
+        repeat = len(label_sets)
+        completion_mask = (completions != -100).long()
+        input_ids = torch.cat(
+            [batch["prompt_ids"].repeat(repeat, 1), completions.clamp_min(0)], dim=1
+        )
+        attention_mask = torch.cat([batch["prompt_mask"].repeat(repeat, 1), completion_mask], 1)
+        position_ids = (attention_mask.cumsum(1) - 1).clamp_min(0)
+        logits = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            logits_to_keep=span + 1,
+            use_cache=False,
+        ).logits[:, :span]
+        return [
+            part[:, : x.shape[1]] for part, x in zip(logits.chunk(repeat), label_sets, strict=True)
+        ]
+
+    @torch.no_grad()
+    def generate(
+        self,
+        model,
+        batch,
+        max_new_tokens: int,
+        *,
+        sample: bool = False,
+        top_k: int = 0,
+        num_beams: int = 1,
+    ) -> torch.Tensor:
+        """The model's own completions as labels-style ids (``-100`` after the first eos)."""
+        was_training = model.training
+        model.eval()
+        try:
+            sequences = model.generate(
+                input_ids=batch["prompt_ids"],
+                attention_mask=batch["prompt_mask"],
+                do_sample=sample,
+                top_k=top_k if sample else None,
+                num_beams=num_beams,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=self.pad,
+                eos_token_id=self.eos,
+            )
+        finally:
+            model.train(was_training)
+        labels = sequences[:, batch["prompt_ids"].shape[1] :].clone()
+        is_eos = labels == self.eos
+        after_eos = (is_eos.long().cumsum(1) - is_eos.long()) > 0
+        labels[after_eos] = -100
+        return labels
+
+    def decode(self, labels: torch.Tensor) -> list[str]:
+        """Answers of completion ids: the text's first line (a base model goes on after it)."""
+        rows = [[t for t in row.tolist() if t >= 0] for row in labels]
+        texts = self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+        return [answer(t) for t in texts]

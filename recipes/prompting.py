@@ -1,0 +1,85 @@
+"""Prompt -> completion for decoder-only generators: prompt formats, the answer a completion
+holds, and left-padded batched greedy generation for evaluation.
+
+A base (not instruction-tuned) LM such as Gemma 3 270M continues text, so each task has a plain
+prompt format ending where the answer starts; a tokenizer with a chat template gets the prompt as
+one user message instead. A completion's answer is its first line: a base model that has said its
+one-sentence summary or its translation goes on with more text, and only the answer is scored.
+"""
+
+from __future__ import annotations
+
+import torch
+
+PROMPT_FORMATS = {
+    "summarization": "Article: {source}\n\nSummary of the article in one sentence:",
+    "translation": "Spanish: {source}\nEnglish:",
+}
+
+
+def prompt_text(tokenizer, task: str, source: str, template: str | None = None) -> str:
+    """The prompt for one source text: ``template`` (with ``{source}``), else the task's plain
+    format; through the chat template when the tokenizer has one."""
+    if template is None:
+        if task not in PROMPT_FORMATS:
+            raise ValueError(f"task must be one of {sorted(PROMPT_FORMATS)}, got {task!r}")
+        template = PROMPT_FORMATS[task]
+    if "{source}" not in template:
+        raise ValueError(f"prompt_format must contain '{{source}}', got {template!r}")
+    text = template.format(source=source)
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": text}]
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return text
+
+
+def lead(tokenizer, text: str, max_tokens: int) -> str:
+    """The first ``max_tokens`` tokens of ``text`` (an article's lead), as text."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens])
+
+
+def answer(completion: str) -> str:
+    """The answer a completion holds: its first non-empty line, stripped."""
+    for line in completion.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+@torch.no_grad()
+def generate_completions(
+    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 8
+) -> list[str]:
+    """Greedy completions of ``prompts`` (left-padded batches, so every row ends at its prompt's
+    last token). Raises ValueError for a prompt longer than the model's context."""
+    context = getattr(model.config, "max_position_embeddings", None)
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    outputs: list[str] = []
+    try:
+        for start in range(0, len(prompts), batch_size):
+            batch = tokenizer(
+                prompts[start : start + batch_size], return_tensors="pt", padding=True
+            )
+            if context is not None and batch["input_ids"].shape[1] + max_new_tokens > context:
+                raise ValueError(
+                    f"prompts[{start}:{start + batch_size}] need "
+                    f"{batch['input_ids'].shape[1]} + {max_new_tokens} tokens, more than the "
+                    f"model's context of {context}; shorten the source (max_source_tokens)"
+                )
+            batch = batch.to(device)
+            sequences = model.generate(
+                **batch,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+            new = sequences[:, batch["input_ids"].shape[1] :]
+            outputs += tokenizer.batch_decode(new, skip_special_tokens=True)
+    finally:
+        tokenizer.padding_side = side
+        model.train(was_training)
+    return outputs

@@ -1,0 +1,122 @@
+"""The decoder-only layout of the recipes (recipes/causal.py) on a tiny random causal LM: the
+completion-only logits are the model's own next-token logits, left padding changes nothing,
+own-output completions are cut at eos, and mismatched settings fail with the setting named."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "recipes"))
+
+from causal import CausalCollator  # noqa: E402
+from common import Example, token_cross_entropy  # noqa: E402
+
+EXAMPLES = [
+    Example("the cat sat on the mat all day long and then it slept", "a cat sat"),
+    Example("rain", "it rained in the north of the country today"),
+    Example("dogs ran in the park", "dogs ran"),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(scorer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = copy.deepcopy(scorer.encoder.tokenizer)
+    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2,
+            eos_token_id=tokenizer.sep_token_id, pad_token_id=tokenizer.pad_token_id,
+        )
+    ).eval()  # fmt: skip
+    collator = CausalCollator(tokenizer, model, "summarization", 32, 12)
+    return model, tokenizer, collator
+
+
+def test_completion_logits_are_the_models_next_token_logits(tiny):
+    model, _, collator = tiny
+    batch = collator(EXAMPLES)
+    assert (batch["prompt_mask"][:, -1] == 1).all()  # left-padded: every prompt ends at P - 1
+    with torch.no_grad():
+        (batched,) = collator.teacher_forced_logits(model, batch, [batch["labels"]])
+        for row, example in enumerate(EXAMPLES):
+            prompt = collator._prompt(example.source)
+            completion = collator._completion(example.target)
+            alone = model(torch.tensor([prompt + completion])).logits[0]
+            # position t of the completion is predicted at column len(prompt) + t - 1
+            expected = alone[len(prompt) - 1 : len(prompt) + len(completion) - 1]
+            got = batched[row, : len(completion)]
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    # CE over completion tokens only equals the model's own loss with the prompt masked out.
+    prompt, completion = (
+        collator._prompt(EXAMPLES[0].source),
+        collator._completion(EXAMPLES[0].target),
+    )
+    ids = torch.tensor([prompt + completion])
+    labels = torch.tensor([[-100] * len(prompt) + completion])
+    with torch.no_grad():
+        reference = model(ids, labels=labels).loss
+        (single,) = collator.teacher_forced_logits(
+            model, collator(EXAMPLES[:1]), [labels[:, len(prompt) :]]
+        )
+    torch.testing.assert_close(token_cross_entropy(single, labels[:, len(prompt) :]), reference)
+
+
+def test_content_mask_and_labels(tiny):
+    _, tokenizer, collator = tiny
+    batch = collator(EXAMPLES)
+    labels, mask = batch["labels"], collator.content_mask(batch["labels"])
+    for row, example in enumerate(EXAMPLES):
+        real = labels[row][labels[row] != -100].tolist()
+        assert real[-1] == tokenizer.sep_token_id  # every completion ends with eos
+        assert int(mask[row].sum()) == len(real) - 1  # the eos is not a candidate token
+        assert tokenizer.decode(real[:-1]) == example.target
+
+
+def test_generated_completions_stop_at_eos(tiny):
+    model, tokenizer, collator = tiny
+    batch = collator(EXAMPLES[:2])
+    eos, word = collator.eos, tokenizer.vocab["cat"]
+    new = torch.tensor([[word, eos, word, word], [word, word, word, eos]])
+
+    class Recorded(torch.nn.Module):  # generate() output: the prompts, then the new tokens
+        def generate(self, input_ids, **_):
+            return torch.cat([input_ids, new], dim=1)
+
+    labels = collator.generate(Recorded(), batch, 4)
+    assert labels.tolist() == [[word, eos, -100, -100], [word, word, word, eos]]
+    assert collator.decode(labels) == ["cat", "cat cat cat"]
+    # and on the real model: a label row per prompt, nothing after an eos
+    labels = collator.generate(model, collator(EXAMPLES), 8)
+    assert labels.shape == (3, 8)
+    for row in labels:
+        ended = (row == eos).nonzero()
+        assert not len(ended) or (row[ended[0, 0] + 1 :] == -100).all()
+
+
+def test_prompt_longer_than_context_names_the_setting(tiny):
+    model, tokenizer, _ = tiny
+    collator = CausalCollator(tokenizer, model, "summarization", 1000, 40)
+    long = Example(" ".join(["word"] * 200), "short")
+    with pytest.raises(ValueError, match="max_source_length"):
+        collator([long])
+
+
+def test_kind_mismatch_names_the_setting(tmp_path, tiny):
+    model, tokenizer, _ = tiny
+    from common import _pretrained
+
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="model.kind is 'seq2seq' but .* is a causal model"):
+        _pretrained(str(tmp_path), "seq2seq", "model.generator")
+    loaded, _ = _pretrained(str(tmp_path), "auto", "model.generator")
+    assert not loaded.config.is_encoder_decoder

