@@ -15,7 +15,15 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["read_baseline", "shipped_baseline_path", "write_baseline", "compute_baseline"]
+from bsloss.inputs import check_int, check_texts
+
+__all__ = [
+    "load_baseline",
+    "read_baseline",
+    "shipped_baseline_path",
+    "write_baseline",
+    "compute_baseline",
+]
 
 BASELINE_DIR = Path(__file__).parent / "baselines"
 
@@ -24,18 +32,77 @@ def shipped_baseline_path(model_name: str) -> Path:
     return BASELINE_DIR / f"{model_name.replace('/', '__')}.tsv"
 
 
+_HEADER = ["LAYER", "P", "R", "F"]
+
+
+def load_baseline(path: str | Path | None, model_name: str, num_layers: int) -> torch.Tensor:
+    """``[3]`` float64 baseline of ``model_name``'s layer ``num_layers``: from ``path``, or
+    (``None``) from the file bsloss ships for the model.
+
+    Raises:
+        FileNotFoundError: no such file, or no shipped baseline for the model (the message says
+            how to compute one).
+        ValueError: see :func:`read_baseline`.
+    """
+    if not path:
+        path = shipped_baseline_path(model_name)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"bsloss ships no baseline for {model_name!r}; compute one with "
+                "`bsloss baseline --model NAME --corpus sentences.txt -o FILE` and pass "
+                "baseline_path=FILE"
+            )
+    return read_baseline(path, num_layers)
+
+
 def read_baseline(path: str | Path, num_layers: int) -> torch.Tensor:
-    """``[3]`` baseline (P, R, F) of layer ``num_layers`` from a bert_score-format file."""
-    with open(path, newline="") as handle:
-        rows = {int(float(row["LAYER"])): row for row in csv.DictReader(handle)}
+    """``[3]`` baseline (P, R, F) of layer ``num_layers`` from a bert_score-format file.
+
+    Raises:
+        FileNotFoundError, IsADirectoryError: ``path`` is not a file.
+        ValueError: not bert_score's comma-separated ``LAYER,P,R,F`` format (a tab-separated
+            file included), no row for the layer, or a value that is not a finite number below 1.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"baseline file {path} does not exist")
+    if path.is_dir():
+        raise IsADirectoryError(f"baseline file {path} is a directory, not a file")
+    with open(path, newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        header = [cell.strip() for cell in next(reader, [])]
+        if header[:4] != _HEADER:
+            raise ValueError(
+                f"baseline file {path} is not in bert_score's format: the first line must be the "
+                f"comma-separated header LAYER,P,R,F, got {','.join(header)[:80]!r}"
+                + (" (a tab-separated file?)" if "\t" in "".join(header) else "")
+            )
+        rows: dict[int, list[str]] = {}
+        for line, row in enumerate(reader, start=2):
+            if not row:
+                continue
+            try:
+                rows[int(float(row[0]))] = row
+            except (ValueError, IndexError):
+                raise ValueError(
+                    f"baseline file {path}, line {line}: the layer {row[:1]} is not a number"
+                ) from None
     if num_layers not in rows:
         raise ValueError(
             f"baseline file {path} has no row for layer {num_layers} (layers {sorted(rows)})"
         )
     row = rows[num_layers]
-    values = torch.tensor([float(row["P"]), float(row["R"]), float(row["F"])], dtype=torch.float64)
-    if not torch.all(values < 1):
-        raise ValueError(f"baseline file {path}: layer {num_layers} has a value >= 1: {values}")
+    try:
+        values = torch.tensor([float(x) for x in row[1:4]], dtype=torch.float64)
+    except ValueError:
+        raise ValueError(
+            f"baseline file {path}: layer {num_layers} has a value that is not a number: {row}"
+        ) from None
+    if values.numel() != 3 or not torch.isfinite(values).all() or not torch.all(values < 1):
+        raise ValueError(
+            f"baseline file {path}: layer {num_layers} must have three finite values below 1 "
+            f"(P, R, F), got {row[1:]}"
+        )
     return values
 
 
@@ -54,6 +121,7 @@ def random_pairs(
     sentences: Sequence[str], num_pairs: int, seed: int
 ) -> tuple[list[str], list[str]]:
     """``num_pairs`` pairs of distinct, randomly chosen sentences."""
+    num_pairs = check_int(num_pairs, "num_pairs", 1)
     rng = random.Random(seed)
     pool = [s for s in sentences if s.strip()]
     if len(pool) < 2:
@@ -83,6 +151,7 @@ def compute_baseline(
 
     from bsloss.metric import BERTScorer
 
+    sentences = check_texts(sentences, "sentences")
     cands, refs = random_pairs(sentences, num_pairs, seed)
     total_layers = int(AutoConfig.from_pretrained(_model_path(model)).num_hidden_layers)
     rows = []

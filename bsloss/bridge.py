@@ -1,31 +1,106 @@
-"""Vocabulary bridge: scorer input embeddings for the tokens of a different generator vocabulary.
+r"""Vocabulary bridge: score a generator whose tokenizer is not the scorer's.
 
-A T5 or Marian generator scored by a RoBERTa or BERT scorer emits distributions over its own
-vocabulary. The bridge maps every generator token, once, to the scorer pieces its text
-tokenises into, respecting word boundaries (SentencePiece ``▁``, byte-level BPE ``Ġ``, WordPiece
-``##`` continuations); its input embedding is the mean of those pieces' embeddings, and its
-importance weight the mean of theirs. Special tokens map to nothing (zero embedding, weight 0).
-Equal vocabularies give the identity. The piece table is cached on disk as safetensors.
+A Gemma, Llama, T5 or BART generator scored by a BERT, RoBERTa or MPNet scorer emits
+distributions over its own vocabulary. Two modes connect them (``BERTScoreLoss(bridge_mode=...)``).
 
-This is an approximation where a generator token spans several scorer pieces (one position
-instead of several); :meth:`VocabularyBridge.fidelity` reports how often that happens.
+**The bridge table** (both modes). Every generator token :math:`v` is mapped once to the scorer
+pieces its text tokenises into, respecting word boundaries (SentencePiece ``▁``, byte-level BPE
+``Ġ``, WordPiece ``##`` continuations): :math:`\pi(v) = (\pi_1, \dots, \pi_{n_v})`. Its bridge
+embedding and importance weight are the means
+
+.. math::
+    T[v] = \frac{1}{n_v}\sum_{k} E[\pi_k(v)], \qquad \omega[v] = \frac{1}{n_v}\sum_k w[\pi_k(v)]
+
+(:math:`E`, :math:`w`: the scorer's input-embedding table and token weights; :math:`T[v] = 0`,
+:math:`\omega[v] = 0` for special tokens, those that ``decode(skip_special_tokens=True)`` drops,
+and for text the scorer drops). The piece lists are stored flat (CSR: ``offsets [V+1]``,
+``flat [N]``) and :math:`T` is one ``embedding_bag`` over them, so building costs
+:math:`O(V d)` memory and time; the tokenisation is batched. The lists are cached on disk
+(safetensors), keyed by the contents of both tokenizers (vocabulary, normaliser, pre-tokenizer,
+decoder, special tokens), not by their names.
+
+**bridge_mode="average"**: candidate position :math:`t` gets the expected bridge embedding
+:math:`e_t = \sum_v p_t(v) T[v]` (weight :math:`\sum_v p_t(v)\,\omega[v]`), one scorer position per
+generator position. It approximates the metric wherever a token is several scorer pieces.
+
+**bridge_mode="retokenize"** (exact): the forward pass scores the decoded candidate text. The
+candidate tokens :math:`y_t = \arg\max_v p_t(v)` (the straight-through / Gumbel-sampled tokens when
+those options are on) are decoded with the generator's tokenizer
+(``decode(y, skip_special_tokens=True)``), the text is tokenised by the scorer's own tokenizer
+exactly as :class:`~bsloss.BERTScorer` tokenises it, and the scorer is fed those pieces
+:math:`q_1, \dots, q_m`: the loss value is the F_BERT of the decoded text.
+
+The alignment uses character offsets on both sides. Generator token :math:`t` covers the
+characters :math:`[c_t, c_{t+1})` of the decoded text, where :math:`c_t` is the length of the
+longest common prefix of the decoded text and the decoding of the first :math:`t` tokens (the
+incremental decoding that cross-tokenizer distillation uses, e.g. TRL's GOLD trainer), made
+non-decreasing (computed in linear time: each token is decoded with the 8 tokens before it,
+and the quadratic definition is the fallback when that does not rebuild the text). A token
+that adds no character by itself (the first byte of a multi-byte character under SentencePiece
+byte fallback, ``<0xC3>`` of ``é``) shares the span of the next token that does; special
+tokens cover nothing. Scorer piece :math:`j` covers the characters of its
+offset mapping :math:`[s_j, e_j)` (through the scorer's normaliser: lower-casing, accent
+stripping), and :math:`C(j)` is the set of generator positions whose spans overlap it. With
+:math:`a_{jt} = 1/|C(j)|` for :math:`t \in C(j)` (else 0), the piece's expected embedding is
+
+.. math::  \bar e_j = \sum_t a_{jt}\, e_t, \qquad e_t = \sum_v p_t(v)\, T[v],
+
+and the scorer input is the straight-through
+
+.. math::  x_j = E[q_j] + \bar e_j - \operatorname{sg}(\bar e_j)
+
+(:math:`\operatorname{sg}`: stop-gradient): the forward value is exactly the piece's own
+embedding, the backward pass that of the expected embedding (importance weights likewise:
+:math:`\tilde w_j = w[q_j] + \bar\omega_j - \operatorname{sg}(\bar\omega_j)`,
+:math:`\bar\omega_j = \sum_t a_{jt} \sum_v p_t(v)\,\omega[v]`). With
+:math:`g_j = \partial F / \partial x_j` and :math:`\gamma_j = \partial F / \partial \tilde w_j`,
+the gradient reaching the generator's distribution is
+
+.. math::
+    \frac{\partial F}{\partial p_t(v)}
+    = \sum_{j:\, t \in C(j)} a_{jt} \big( \langle g_j, T[v] \rangle + \gamma_j\, \omega[v] \big).
+
+- **One token, several pieces** (Gemma's ``▁unbelievably`` = MiniLM's
+  ``un ##bel ##ie ##va ##bly``): :math:`a_{jt} = 1` for each of its pieces, so the token
+  receives the *sum* of its pieces' gradients, projected on every candidate token's mean piece
+  embedding :math:`T[v]`.
+- **Several tokens, one piece** (Gemma's ``▁bas|ket|ball`` = MiniLM's ``basketball``): each of
+  the :math:`n` tokens receives :math:`g_j / n`, the piece's gradient shared equally.
+
+Consequences: a position covering no scorer piece (a special token, pure whitespace, text the
+scorer's normaliser drops) gets no gradient; an empty or whitespace-only decoded candidate scores
+0 (as in BERTScorer) with a zero gradient, and a warning says which.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-__all__ = ["VocabularyBridge", "token_convention"]
+from bsloss._warnings import warn_user
+
+__all__ = [
+    "VocabularyBridge",
+    "Retokenizer",
+    "RetokenizedBatch",
+    "retokenized_inputs",
+    "special_token_ids",
+    "token_convention",
+    "tokenizer_fingerprint",
+]
+
+_CACHE_FORMAT = "v3-csr"
+BRIDGE_MODES = ("retokenize", "average")
 
 
-def token_convention(tokenizer) -> str:
+def token_convention(tokenizer, vocab: dict[str, int] | None = None) -> str:
     """``"sentencepiece"``, ``"byte_level"`` or ``"wordpiece"``, read off the vocabulary."""
-    vocab = tokenizer.get_vocab()
+    vocab = tokenizer.get_vocab() if vocab is None else vocab
     counts = {
         "sentencepiece": sum(t.startswith("\u2581") for t in vocab),
         "byte_level": sum(t.startswith("\u0120") for t in vocab),
@@ -34,75 +109,145 @@ def token_convention(tokenizer) -> str:
     return max(counts, key=counts.get)
 
 
+def tokenizer_fingerprint(tokenizer) -> str:
+    """sha256 of what decides a tokenizer's output: for a fast tokenizer its whole serialised
+    pipeline (vocabulary, merges, normaliser, pre-tokenizer, decoder, added tokens); for a slow
+    one its vocabulary and init options. The class and the special tokens are always included."""
+    digest = hashlib.sha256()
+    digest.update(type(tokenizer).__name__.encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        digest.update(backend.to_str().encode())
+    else:
+        digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+        options = {
+            k: v
+            for k, v in sorted(getattr(tokenizer, "init_kwargs", {}).items())
+            if isinstance(v, (str, int, float, bool, type(None)))
+        }
+        digest.update(json.dumps(options, sort_keys=True).encode())
+    special = {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())}
+    digest.update(json.dumps([special, sorted(special_token_ids(tokenizer))]).encode())
+    return digest.hexdigest()
+
+
+def special_token_ids(tokenizer) -> set[int]:
+    """Ids that ``decode(..., skip_special_tokens=True)`` drops: the named special tokens and
+    every added token flagged special (Gemma has 6,249: ``<start_of_turn>``, ``<unusedN>``...)."""
+    ids = set(tokenizer.all_special_ids)
+    decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    ids.update(index for index, token in decoder.items() if getattr(token, "special", False))
+    return ids
+
+
 def _surface(tokenizer, convention: str, token: str) -> tuple[str, bool]:
     """(text, starts a word) of one generator token."""
     if convention == "wordpiece":
         return (token[2:], False) if token.startswith("##") else (token, True)
     if convention == "sentencepiece" and not token.startswith("<0x"):
-        return (token[1:], True) if token.startswith("\u2581") else (token, False)
+        # Every ▁ is a space (Gemma has tokens of several spaces, "▁▁▁"), not only the first.
+        text = token.replace("\u2581", " ")
+        return text.strip(), text[:1].isspace()
     text = tokenizer.convert_tokens_to_string([token])
     return text.strip(), text[:1].isspace()
 
 
 class _ScorerPieces:
-    """Tokenises a piece of text into scorer ids, as a word start or a continuation."""
+    """Tokenises the texts of many generator tokens into scorer ids, as word starts or
+    continuations, with batched tokenizer calls."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.vocab = tokenizer.get_vocab()
-        self.convention = token_convention(tokenizer)
+        self.convention = token_convention(tokenizer, self.vocab)
 
-    def __call__(self, text: str, word_start: bool) -> list[int]:
-        if not text:
+    def _batch(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
             return []
-        if not word_start and self.convention == "wordpiece":
-            return self._wordpiece_continuation(text)
-        if not word_start and self.convention == "byte_level":
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:  # a slow tokenizer
+            return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        # Straight to the Rust tokenizer: transformers' per-encoding conversion costs ~35 us a
+        # text, most of the build time for 262k tokens.
+        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+        return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
+
+    def __call__(self, items: list[tuple[str, bool]]) -> list[list[int]]:
+        """Scorer ids of each ``(text, starts a word)``."""
+        out: list[list[int]] = [[] for _ in items]
+        starts = [i for i, (text, start) in enumerate(items) if text and start]
+        glued = [i for i, (text, start) in enumerate(items) if text and not start]
+        for i, ids in zip(starts, self._batch([items[i][0] for i in starts]), strict=True):
+            out[i] = list(ids)
+        if self.convention == "wordpiece":
+            self._wordpiece_continuations([items[i][0] for i in glued], glued, out)
+        elif self.convention == "byte_level":
             # " ." is its own pre-token in GPT-2's split, so the text after it gets no "Ġ".
             marker = self.tokenizer(" .", add_special_tokens=False)["input_ids"]
-            ids = self.tokenizer(" ." + text, add_special_tokens=False)["input_ids"]
-            return ids[len(marker) :] if ids[: len(marker)] == marker else ids
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if not word_start and self.convention == "sentencepiece" and ids:
-            first = self.tokenizer.convert_ids_to_tokens(ids[0])
-            if first == "\u2581":
-                ids = ids[1:]
-            elif first.startswith("\u2581") and first[1:] in self.vocab:
-                ids[0] = self.vocab[first[1:]]
-        return ids
+            texts = [" ." + items[i][0] for i in glued]
+            for i, ids in zip(glued, self._batch(texts), strict=True):
+                out[i] = ids[len(marker) :] if ids[: len(marker)] == marker else list(ids)
+        else:
+            for i, ids in zip(glued, self._batch([items[i][0] for i in glued]), strict=True):
+                ids = list(ids)
+                if self.convention == "sentencepiece" and ids:
+                    first = self.tokenizer.convert_ids_to_tokens(ids[0])
+                    if first == "\u2581":
+                        ids = ids[1:]
+                    elif first.startswith("\u2581") and first[1:] in self.vocab:
+                        ids[0] = self.vocab[first[1:]]
+                out[i] = ids
+        return out
 
-    def _wordpiece_continuation(self, text: str) -> list[int]:
-        """Scorer pieces of ``text`` glued to the end of a word: the part the scorer's
+    def _wordpiece_continuations(self, texts: list[str], where: list[int], out) -> None:
+        """Scorer pieces of texts glued to the end of a word: the part the scorer's
         pre-tokenizer keeps in the same word becomes ``##`` pieces (greedy longest match, as
-        WordPiece does); what it splits off (punctuation, a new word) starts new words."""
+        WordPiece does); what it splits off (punctuation, a new word) starts new words. The
+        texts that need the scorer's own tokenizer are collected and tokenised in one call."""
         backend = self.tokenizer.backend_tokenizer
-        normalized = backend.normalizer.normalize_str(text) if backend.normalizer else text
-        words = backend.pre_tokenizer.pre_tokenize_str("a" + normalized)
-        if not words or len(words[0][0]) == 1:  # nothing glued to the word: a new word
-            return self.tokenizer(normalized, add_special_tokens=False)["input_ids"]
-        glued, end = words[0][0][1:], words[0][1][1] - 1
-        ids, start = [], 0
-        while start < len(glued):
-            for stop in range(len(glued), start, -1):
-                piece = self.vocab.get("##" + glued[start:stop])
-                if piece is not None:
-                    ids.append(piece)
-                    start = stop
+        deferred: list[tuple[int, str, bool]] = []  # (index, text, replaces the row)
+        for index, text in zip(where, texts, strict=True):
+            normalized = backend.normalizer.normalize_str(text) if backend.normalizer else text
+            words = backend.pre_tokenizer.pre_tokenize_str("a" + normalized)
+            if not words or len(words[0][0]) == 1:  # nothing glued to the word: a new word
+                deferred.append((index, normalized, True))
+                continue
+            glued, end = words[0][0][1:], words[0][1][1] - 1
+            ids, start = [], 0
+            while start < len(glued):
+                for stop in range(len(glued), start, -1):
+                    piece = self.vocab.get("##" + glued[start:stop])
+                    if piece is not None:
+                        ids.append(piece)
+                        start = stop
+                        break
+                else:  # no ## piece covers it: fall back to the scorer's own split
+                    deferred.append((index, normalized, True))
                     break
-            else:  # no ## piece covers it: fall back to the scorer's own split
-                return self.tokenizer(normalized, add_special_tokens=False)["input_ids"]
-        rest = normalized[end:]
-        if rest.strip():
-            ids += self.tokenizer(rest, add_special_tokens=False)["input_ids"]
-        return ids
+            else:
+                out[index] = ids
+                rest = normalized[end:]
+                if rest.strip():
+                    deferred.append((index, rest, False))
+        tokenised = self._batch([text for _, text, _ in deferred])
+        for (index, _, replace), ids in zip(deferred, tokenised, strict=True):
+            out[index] = list(ids) if replace else out[index] + list(ids)
+
+
+def _padded_to_csr(pieces: Tensor) -> tuple[Tensor, Tensor]:
+    present = pieces >= 0
+    offsets = torch.zeros(pieces.shape[0] + 1, dtype=torch.long)
+    offsets[1:] = present.sum(dim=1).cumsum(0)
+    return offsets, pieces[present]
 
 
 class VocabularyBridge:
-    """Generator token id -> scorer piece ids (``pieces [V_gen, P]``, ``-1`` = none), and which
-    generator tokens are special (``special [V_gen]``).
+    """Generator token id -> scorer piece ids, stored flat: the pieces of token ``v`` are
+    ``flat[offsets[v]:offsets[v + 1]]``; ``special [V_gen]`` marks the generator's special
+    tokens.
 
-    Build it with :meth:`build`; :class:`~bsloss.BERTScoreLoss` does so when given
-    ``generator_tokenizer``.
+    Build it with :meth:`build`; ``VocabularyBridge(pieces)`` takes a padded ``[V_gen, P]``
+    table (``-1`` = none) and :meth:`from_csr` the flat form.
 
     Args:
         pieces: ``[V_gen, P]`` scorer piece ids of each generator token, ``-1`` padded.
@@ -123,49 +268,113 @@ class VocabularyBridge:
     """
 
     def __init__(self, pieces: Tensor, special: Tensor | None = None, identity: bool = False):
-        self.pieces = pieces.long()
+        offsets, flat = _padded_to_csr(pieces.long())
+        self._init(offsets, flat, special, identity)
+
+    def _init(self, offsets: Tensor, flat: Tensor, special: Tensor | None, identity: bool):
+        self.offsets, self.flat = offsets.long(), flat.long()
+        counts = self.piece_counts
         # Without a special mask, tokens that map to nothing are taken as the special ones.
-        self.special = (self.pieces < 0).all(dim=1) if special is None else special.bool()
+        self.special = counts == 0 if special is None else special.bool()
         self.identity = identity
+        self._padded: Tensor | None = None
+
+    @classmethod
+    def from_csr(
+        cls, offsets: Tensor, flat: Tensor, special: Tensor | None = None, identity: bool = False
+    ) -> VocabularyBridge:
+        """Bridge from flat lists: token ``v``'s pieces are ``flat[offsets[v]:offsets[v + 1]]``."""
+        bridge = cls.__new__(cls)
+        bridge._init(offsets, flat, special, identity)
+        return bridge
 
     @property
     def generator_vocab_size(self) -> int:
-        return int(self.pieces.shape[0])
+        return int(self.offsets.shape[0] - 1)
+
+    @property
+    def piece_counts(self) -> Tensor:
+        """``[V_gen]``: the number of scorer pieces of each generator token."""
+        return self.offsets[1:] - self.offsets[:-1]
+
+    @property
+    def pieces(self) -> Tensor:
+        """The padded ``[V_gen, P]`` table (``-1`` = none), built on first use (P is the most
+        pieces of any token: this is for inspection, the bridge itself never pads)."""
+        if self._padded is None:
+            counts = self.piece_counts
+            width = max(1, int(counts.max())) if len(counts) else 1
+            padded = torch.full((self.generator_vocab_size, width), -1, dtype=torch.long)
+            rows = torch.repeat_interleave(torch.arange(len(counts)), counts)
+            cols = torch.arange(len(self.flat)) - self.offsets[:-1][rows]
+            padded[rows, cols] = self.flat
+            self._padded = padded
+        return self._padded
+
+    def pieces_of(self, index: int) -> list[int]:
+        """Scorer piece ids of generator token ``index``."""
+        return self.flat[self.offsets[index] : self.offsets[index + 1]].tolist()
 
     @classmethod
-    def build(cls, generator_tokenizer, scorer, cache_dir: str | Path | None = None):
-        """Bridge from ``generator_tokenizer`` to ``scorer`` (a ScorerEncoder or a tokenizer)."""
+    def build(
+        cls, generator_tokenizer, scorer, cache_dir: str | Path | None = None
+    ) -> VocabularyBridge:
+        """Bridge from ``generator_tokenizer`` to ``scorer`` (a ScorerEncoder or a tokenizer).
+
+        Args:
+            generator_tokenizer: the generator's Hugging Face tokenizer (fast or slow).
+            scorer: a :class:`~bsloss.scorer.encoder.ScorerEncoder` or the scorer's tokenizer.
+            cache_dir: folder of the safetensors cache (``None``: no cache). The file name is a
+                hash of both tokenizers' contents.
+
+        Returns:
+            the bridge; the identity when both vocabularies are equal.
+
+        >>> from transformers import AutoTokenizer
+        >>> from bsloss.scorer.default import embedded_model_path
+        >>> tok = AutoTokenizer.from_pretrained(embedded_model_path())
+        >>> VocabularyBridge.build(tok, tok).identity
+        True
+        """
         scorer_tokenizer = getattr(scorer, "tokenizer", scorer)
-        gen_vocab, scorer_vocab = generator_tokenizer.get_vocab(), scorer_tokenizer.get_vocab()
+        gen_vocab = generator_tokenizer.get_vocab()
         size = max(len(generator_tokenizer), max(gen_vocab.values()) + 1)
-        special = set(generator_tokenizer.all_special_ids)
+        special = special_token_ids(generator_tokenizer)
         special_mask = torch.zeros(size, dtype=torch.bool)
         special_mask[sorted(special)] = True
-        if gen_vocab == scorer_vocab:
+        if gen_vocab == scorer_tokenizer.get_vocab():
             pieces = torch.arange(size)[:, None]
             pieces[special_mask] = -1
             return cls(pieces, special_mask, identity=True)
-        key = hashlib.sha256(
-            json.dumps(
-                [sorted(gen_vocab.items()), sorted(scorer_vocab.items()), sorted(special), "v2"]
-            ).encode()
-        ).hexdigest()[:20]
-        path = Path(cache_dir) / f"bridge-{key}.safetensors" if cache_dir else None
-        if path is not None and path.exists():
-            return cls.load(path)
-        convention = token_convention(generator_tokenizer)
-        to_scorer = _ScorerPieces(scorer_tokenizer)
-        rows: list[list[int]] = [[] for _ in range(size)]
-        for token, index in gen_vocab.items():
-            if index in special:
-                continue
-            text, word_start = _surface(generator_tokenizer, convention, token)
-            rows[index] = to_scorer(text, word_start)
-        width = max(1, max(len(r) for r in rows))
-        pieces = torch.full((size, width), -1, dtype=torch.long)
-        for index, row in enumerate(rows):
-            pieces[index, : len(row)] = torch.tensor(row, dtype=torch.long)
-        bridge = cls(pieces, special_mask)
+        path = None
+        if cache_dir is not None:
+            key = hashlib.sha256(
+                "|".join(
+                    [
+                        _CACHE_FORMAT,
+                        tokenizer_fingerprint(generator_tokenizer),
+                        tokenizer_fingerprint(scorer_tokenizer),
+                    ]
+                ).encode()
+            ).hexdigest()[:24]
+            path = Path(cache_dir) / f"bridge-{key}.safetensors"
+            if path.exists():
+                return cls.load(path)
+        convention = token_convention(generator_tokenizer, gen_vocab)
+        indices = [index for index in gen_vocab.values() if index not in special]
+        tokens = generator_tokenizer.convert_ids_to_tokens(indices)
+        items = [_surface(generator_tokenizer, convention, token) for token in tokens]
+        rows = _ScorerPieces(scorer_tokenizer)(items)
+        counts = torch.zeros(size, dtype=torch.long)
+        counts[torch.tensor(indices, dtype=torch.long)] = torch.tensor(
+            [len(r) for r in rows], dtype=torch.long
+        )
+        offsets = torch.zeros(size + 1, dtype=torch.long)
+        offsets[1:] = counts.cumsum(0)
+        # rows in id order, so that the flat list follows the offsets
+        order = sorted(range(len(indices)), key=indices.__getitem__)
+        flat = torch.tensor([p for k in order for p in rows[k]], dtype=torch.long)
+        bridge = cls.from_csr(offsets, flat, special_mask)
         if path is not None:
             bridge.save(path)
         return bridge
@@ -175,9 +384,13 @@ class VocabularyBridge:
 
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         save_file(
-            {"pieces": self.pieces.contiguous(), "special": self.special.contiguous()},
+            {
+                "offsets": self.offsets.contiguous(),
+                "flat": self.flat.contiguous(),
+                "special": self.special.contiguous(),
+            },
             str(path),
-            metadata={"identity": str(self.identity)},
+            metadata={"identity": str(self.identity), "format": _CACHE_FORMAT},
         )
 
     @classmethod
@@ -185,35 +398,40 @@ class VocabularyBridge:
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as handle:
-            pieces, special = handle.get_tensor("pieces"), handle.get_tensor("special")
-            identity = handle.metadata().get("identity") == "True"
-        return cls(pieces, special, identity=identity)
+            metadata = handle.metadata() or {}
+            if metadata.get("format") != _CACHE_FORMAT:
+                raise ValueError(
+                    f"{path} is not a bridge cache of format {_CACHE_FORMAT!r} "
+                    f"(got {metadata.get('format')!r}); delete it to rebuild"
+                )
+            offsets, flat = handle.get_tensor("offsets"), handle.get_tensor("flat")
+            special = handle.get_tensor("special")
+        return cls.from_csr(offsets, flat, special, identity=metadata.get("identity") == "True")
 
     def _mean_over_pieces(self, values: Tensor) -> Tensor:
-        """Mean of ``values[piece]`` over each generator token's pieces (0 for none)."""
-        pieces = self.pieces.to(values.device)
-        present = (pieces >= 0).to(values.dtype)
-        gathered = values[pieces.clamp_min(0)]
-        if gathered.dim() == 3:
-            total = (gathered * present[..., None]).sum(dim=1)
-            return total / present.sum(dim=1, keepdim=True).clamp_min(1)
-        return (gathered * present).sum(dim=1) / present.sum(dim=1).clamp_min(1)
+        """``[V_gen, c]``: mean of ``values[piece]`` over each token's pieces (0 for none), one
+        ``embedding_bag`` over the flat lists (no ``[V, P, c]`` gather)."""
+        if len(self.flat) == 0:
+            return values.new_zeros(self.generator_vocab_size, values.shape[1])
+        return torch.nn.functional.embedding_bag(
+            self.flat.to(values.device),
+            values,
+            self.offsets[:-1].to(values.device),
+            mode="mean",
+        )
 
     def embedding_table(self, scorer_table: Tensor) -> Tensor:
-        """``[V_gen, d]`` input embeddings from the scorer's ``[V_scorer, d]`` table."""
-        if self.identity:
-            present = (self.pieces[:, 0] >= 0).to(scorer_table.device, scorer_table.dtype)
-            return scorer_table[: self.generator_vocab_size] * present[:, None]
+        """``[V_gen, d]`` input embeddings :math:`T` from the scorer's ``[V_scorer, d]`` table."""
         return self._mean_over_pieces(scorer_table)
 
     def weight_table(self, scorer_weights: Tensor) -> Tensor:
-        """``[V_gen]`` importance weights from the scorer's ``[V_scorer]`` weights."""
-        return self._mean_over_pieces(scorer_weights)
+        """``[V_gen]`` importance weights :math:`\\omega` from the scorer's ``[V_scorer]``."""
+        return self._mean_over_pieces(scorer_weights[:, None])[:, 0]
 
     def fidelity(self) -> dict[str, float]:
         """Shares of the non-special generator tokens that map to exactly one scorer piece, to
         several, and to none (text the scorer's normaliser drops, e.g. lone bytes)."""
-        counts = (self.pieces >= 0).sum(dim=1)
+        counts = self.piece_counts
         ordinary = ~self.special
         total = max(int(ordinary.sum()), 1)
 
@@ -227,3 +445,235 @@ class VocabularyBridge:
             "none_share": share(counts == 0),
             "max_pieces": float(counts.max()),
         }
+
+
+# --------------------------------------------------------------------------- retokenize
+@dataclass
+class RetokenizedBatch:
+    """The scorer's tokenisation of decoded candidates.
+
+    Attributes:
+        texts: the decoded candidate texts.
+        piece_ids: ``[B, P]`` scorer ids of the content pieces (special tokens excluded).
+        piece_mask: ``[B, P]`` true on real pieces.
+        alignment: ``[B, P, L]`` :math:`a_{jt}`: each piece's share of the generator positions
+            covering it (rows sum to 1, or 0 for a piece no position covers).
+    """
+
+    texts: list[str]
+    piece_ids: Tensor
+    piece_mask: Tensor
+    alignment: Tensor
+
+
+def _common_prefix(a: str, b: str) -> int:
+    if b.startswith(a):
+        return len(a)
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Retokenizer:
+    """Decodes generator tokens to text and tokenises it as the scorer does, with the
+    alignment of scorer pieces to generator positions (see the module docstring).
+
+    Args:
+        generator_tokenizer: the generator's tokenizer (fast or slow; only ``batch_decode`` and
+            ``all_special_ids`` are used).
+        encoder: the :class:`~bsloss.scorer.encoder.ScorerEncoder`; its tokenizer must be a fast
+            one (it needs the offsets mapping).
+
+    Raises:
+        ValueError: the scorer's tokenizer has no offsets mapping (a slow tokenizer).
+    """
+
+    def __init__(self, generator_tokenizer, encoder):
+        if not getattr(encoder.tokenizer, "is_fast", False):
+            raise ValueError(
+                "bridge_mode='retokenize' needs the scorer's character offsets, which only a fast "
+                f"tokenizer gives; the scorer's tokenizer is {type(encoder.tokenizer).__name__}. "
+                "Load the scorer with a fast tokenizer (tokenizer.json) or pass "
+                "bridge_mode='average'"
+            )
+        self.generator_tokenizer = generator_tokenizer
+        self.encoder = encoder
+        self.special_ids = special_token_ids(generator_tokenizer)
+
+    def decode(self, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+        """The decoded text of ``ids`` and each token's character span ``(start, end)`` in it."""
+        if not ids:
+            return "", []
+        lengths = self._prefix_lengths(ids)
+        text = lengths.pop()
+        bounds = [0, *lengths]
+        bounds[-1] = len(text)
+        for k in range(len(bounds) - 2, -1, -1):  # non-decreasing: a later token can't end earlier
+            bounds[k] = min(bounds[k], bounds[k + 1])
+        spans = [(bounds[k], bounds[k + 1]) for k in range(len(ids))]
+        next_end = None
+        for k in range(len(ids) - 1, -1, -1):
+            start, end = spans[k]
+            if ids[k] in self.special_ids:
+                spans[k] = (start, start)
+            elif end > start:
+                next_end = end
+            elif next_end is not None:  # adds no character alone: shares the next token's
+                spans[k] = (start, next_end)
+        return text, spans
+
+    _WINDOW = 8
+
+    def _prefix_lengths(self, ids: list[int]) -> list:
+        """``[c_1, ..., c_n, text]``: how much of the decoded text the first ``k`` tokens
+        account for, and the text.
+
+        Decoding every prefix is quadratic in the length; instead each token's contribution is
+        the difference between decoding it with the ``_WINDOW`` tokens before it and without it
+        (a byte-fallback character retracts the placeholder its first bytes decoded to). If the
+        contributions do not rebuild the decoded text exactly, every prefix is decoded: ``c_k``
+        is then its common prefix with the text."""
+        decode = self.generator_tokenizer.batch_decode
+        windows = []
+        for k in range(len(ids)):
+            start = max(0, k - self._WINDOW)
+            windows += [ids[start:k], ids[start : k + 1]]
+        decoded = decode([*windows, ids], skip_special_tokens=True)
+        text = decoded[-1]
+        built: list[str] = []
+        lengths, cuts = [], []  # after each token; what it left of the text before it
+        for k in range(len(ids)):
+            before, after = decoded[2 * k], decoded[2 * k + 1]
+            keep = _common_prefix(before, after)
+            if len(before) > keep:  # what the previous tokens decoded to alone, replaced now
+                del built[max(0, len(built) - (len(before) - keep)) :]
+            cuts.append(len(built))
+            built.extend(after[keep:])
+            lengths.append(len(built))
+        if "".join(built) == text:
+            # a token's characters count once no later token takes them back
+            for k in range(len(ids) - 2, -1, -1):
+                cuts[k] = min(cuts[k], cuts[k + 1])
+            committed = cuts[1:] + [len(text)]
+            return [*(min(n, c) for n, c in zip(lengths, committed, strict=True)), text]
+        return self._prefix_lengths_exact(ids)
+
+    def _prefix_lengths_exact(self, ids: list[int]) -> list:
+        """:meth:`_prefix_lengths` by decoding every prefix (quadratic in the length)."""
+        prefixes = self.generator_tokenizer.batch_decode(
+            [ids[: k + 1] for k in range(len(ids))], skip_special_tokens=True
+        )
+        text = prefixes[-1]
+        return [*(_common_prefix(p, text) for p in prefixes), text]
+
+    def _scorer_pieces(self, texts: list[str]) -> tuple[list[list[int]], list[list[tuple]]]:
+        """Content piece ids and their character offsets in each text, tokenised as
+        :meth:`ScorerEncoder.tokenize_checked` tokenises (strip, prefix space, special tokens,
+        truncation at the scorer's maximum length with the same warning)."""
+        encoder = self.encoder
+        prepared = [t.strip() for t in texts]
+        lead = [len(t) - len(t.lstrip()) for t in texts]
+        shift = [0] * len(texts)
+        if encoder.prefix_space:
+            shift = [1 if p else 0 for p in prepared]
+            prepared = [" " + p if p else p for p in prepared]
+        encoded = encoder.tokenizer(
+            prepared,
+            add_special_tokens=True,
+            truncation=False,
+            return_offsets_mapping=True,
+            verbose=False,
+        )
+        n_prefix, n_suffix = len(encoder.prefix_ids), len(encoder.suffix_ids)
+        all_ids, all_offsets, too_long = [], [], []
+        for b, (ids, offsets) in enumerate(
+            zip(encoded["input_ids"], encoded["offset_mapping"], strict=True)
+        ):
+            if list(ids[:n_prefix]) != encoder.prefix_ids or (
+                n_suffix and list(ids[len(ids) - n_suffix :]) != encoder.suffix_ids
+            ):
+                raise ValueError(
+                    f"the scorer's tokenizer wrapped candidate {b} in {ids[:n_prefix]} ... "
+                    f"{ids[len(ids) - n_suffix :]}, not its usual special tokens"
+                )
+            stop = len(ids) - n_suffix
+            if len(ids) > encoder.max_length:
+                too_long.append(b)
+                stop = encoder.max_length - n_suffix
+            all_ids.append(list(ids[n_prefix:stop]))
+            all_offsets.append(
+                [
+                    (s - shift[b] + lead[b], e - shift[b] + lead[b])
+                    for s, e in offsets[n_prefix:stop]
+                ]
+            )
+        if too_long:
+            shown = ", ".join(f"candidates[{i}]" for i in too_long[:10])
+            warn_user(encoder.truncation_message(len(too_long), len(texts), shown))
+        return all_ids, all_offsets
+
+    def __call__(self, token_ids: Tensor, mask: Tensor) -> RetokenizedBatch:
+        """Retokenise a batch of generator tokens ``[B, L]`` (``mask``: real positions)."""
+        batch, length = token_ids.shape
+        rows = token_ids.detach().cpu().tolist()
+        keep = mask.detach().cpu().tolist()
+        positions = [[t for t in range(length) if keep[b][t]] for b in range(batch)]
+        decoded = [self.decode([rows[b][t] for t in positions[b]]) for b in range(batch)]
+        texts = [text for text, _ in decoded]
+        piece_ids, piece_offsets = self._scorer_pieces(texts)
+        width = max([len(p) for p in piece_ids] + [1])
+        ids = torch.zeros(batch, width, dtype=torch.long)
+        piece_mask = torch.zeros(batch, width, dtype=torch.bool)
+        alignment = torch.zeros(batch, width, length)
+        for b in range(batch):
+            n = len(piece_ids[b])
+            if n == 0:
+                continue
+            ids[b, :n] = torch.tensor(piece_ids[b])
+            piece_mask[b, :n] = True
+            spans = torch.tensor(decoded[b][1], dtype=torch.long).reshape(-1, 2)
+            offsets = torch.tensor(piece_offsets[b], dtype=torch.long).reshape(-1, 2)
+            starts, ends = offsets[:, :1], torch.maximum(offsets[:, 1:], offsets[:, :1] + 1)
+            cover = (spans[None, :, 0] < ends) & (spans[None, :, 1] > starts)  # [n, positions]
+            share = cover.float() / cover.sum(dim=1, keepdim=True).clamp_min(1)
+            alignment[b, :n, positions[b]] = share
+        empty = [b for b in range(batch) if not piece_ids[b]]
+        if empty:
+            warn_user(
+                f"{len(empty)} decoded candidate(s) are empty or whitespace-only for the scorer "
+                f"(candidates {empty[:10]}): they score 0 and give no gradient"
+            )
+        device = token_ids.device
+        return RetokenizedBatch(texts, ids.to(device), piece_mask.to(device), alignment.to(device))
+
+
+def retokenized_inputs(
+    batch: RetokenizedBatch,
+    scorer_table: Tensor,
+    scorer_weights: Tensor,
+    expected: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """Straight-through scorer inputs ``[B, P, d]`` and importance weights ``[B, P]``.
+
+    Args:
+        batch: the :class:`Retokenizer`'s output.
+        scorer_table: the scorer's ``[V_scorer, d]`` input embeddings :math:`E`.
+        scorer_weights: the scorer's ``[V_scorer]`` token weights :math:`w`.
+        expected: ``[B, L, d + 1]`` expected bridge embeddings and weights of the generator
+            positions, or ``None`` (token ids: no gradient).
+
+    Returns:
+        :math:`x_j = E[q_j] + \\bar e_j - sg(\\bar e_j)` and the weights likewise.
+    """
+    inputs = scorer_table.detach()[batch.piece_ids]
+    weights = scorer_weights.detach()[batch.piece_ids].to(inputs.dtype)
+    if expected is not None:
+        bar = torch.bmm(batch.alignment.to(expected.dtype), expected)
+        bar_inputs, bar_weights = bar[..., :-1].to(inputs.dtype), bar[..., -1].to(weights.dtype)
+        # zero in value, the expected embedding's gradient in the backward pass
+        inputs = inputs + (bar_inputs - bar_inputs.detach())
+        weights = weights + (bar_weights - bar_weights.detach())
+    return inputs, weights

@@ -1,28 +1,54 @@
-"""Command line: ``bsloss score`` (corpus and per-line BERTScore) and ``bsloss baseline``."""
+"""Command line: ``bsloss score`` (corpus and per-line BERTScore) and ``bsloss baseline``.
+
+A user error (a missing or unreadable file, a bad option value, a model that cannot be loaded)
+prints one line ``bsloss: error: ...`` on stderr and exits with status 2, as argparse does for a
+bad option; ``--debug`` shows the traceback instead.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 __all__ = ["main"]
 
+# what a user's input or environment can raise; anything else is a bug and keeps its traceback
+_USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
 
-def _read_lines(path: str) -> list[str]:
-    with open(path, encoding="utf-8") as handle:
-        return [line.rstrip("\n") for line in handle]
+
+def _read_lines(path: str, option: str) -> list[str]:
+    """The lines of ``path`` (``-``: standard input), with errors that name the option."""
+    if path == "-":
+        return [line.rstrip("\n") for line in sys.stdin]
+    file = Path(path)
+    if file.is_dir():
+        raise ValueError(f"{option} {path} is a directory, not a text file")
+    if not file.exists():
+        raise ValueError(f"{option} {path} does not exist")
+    try:
+        with open(file, encoding="utf-8") as handle:
+            return [line.rstrip("\n") for line in handle]
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{option} {path} is not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
+
+
+def _check_stdin(paths: list[str]) -> None:
+    if sum(p == "-" for p in paths) > 1:
+        raise ValueError("only one input can be read from standard input ('-')")
 
 
 def _read_references(paths: list[str]) -> list[str] | list[list[str]]:
-    files = [_read_lines(p) for p in paths]
+    files = [_read_lines(p, "--references") for p in paths]
     if len(files) == 1:
         return files[0]
     lengths = {len(f) for f in files}
     if len(lengths) != 1:
-        raise SystemExit(
-            f"bsloss: the reference files {paths} have different line counts "
-            f"{[len(f) for f in files]}"
+        raise ValueError(
+            f"the reference files {paths} have different line counts {[len(f) for f in files]}"
         )
     return [list(group) for group in zip(*files, strict=True)]
 
@@ -30,12 +56,15 @@ def _read_references(paths: list[str]) -> list[str] | list[list[str]]:
 def _score(args: argparse.Namespace) -> int:
     from bsloss import BERTScorer
 
-    cands = _read_lines(args.candidates)
+    _check_stdin([args.candidates, *args.references])
+    cands = _read_lines(args.candidates, "--candidates")
     refs = _read_references(args.references)
     if len(cands) != len(refs):
-        raise SystemExit(
-            f"bsloss: {args.candidates} has {len(cands)} lines but the references have {len(refs)}"
+        raise ValueError(
+            f"{args.candidates} has {len(cands)} lines but the references have {len(refs)}"
         )
+    if not cands:
+        raise ValueError(f"{args.candidates} is empty: no line to score")
     idf: bool | list[str] = False
     if args.idf:
         idf = [r for group in refs for r in ([group] if isinstance(group, str) else group)]
@@ -61,7 +90,14 @@ def _score(args: argparse.Namespace) -> int:
 def _baseline(args: argparse.Namespace) -> int:
     from bsloss.baseline import compute_baseline, write_baseline
 
-    sentences = [s for s in _read_lines(args.corpus) if s.strip()]
+    if args.output.is_dir():
+        raise ValueError(f"-o {args.output} is a directory; give the baseline file's name")
+    sentences = [s for s in _read_lines(args.corpus, "--corpus") if s.strip()]
+    if len(sentences) < 2:
+        raise ValueError(
+            f"--corpus {args.corpus} has {len(sentences)} non-empty line(s); a baseline pairs "
+            "unrelated sentences and needs at least two"
+        )
     progress = None if args.progress == "auto" else args.progress == "on"
     table = compute_baseline(
         sentences,
@@ -84,8 +120,9 @@ def _baseline(args: argparse.Namespace) -> int:
 
 def _plot(args: argparse.Namespace) -> int:
     from bsloss import BERTScorer
-    from bsloss.plot import plot_example
+    from bsloss.plot import check_image_path, plot_example
 
+    check_image_path(args.output)  # before loading the model
     scorer = BERTScorer(model=args.model, num_layers=args.num_layers, device=args.device)
     plot_example(
         args.candidate,
@@ -96,6 +133,30 @@ def _plot(args: argparse.Namespace) -> int:
     )
     print(f"wrote {args.output}")
     return 0
+
+
+def _int_at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
 
 
 class _LangModel(argparse.Action):
@@ -117,6 +178,7 @@ class _Model(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bsloss", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -127,8 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help="hub name or local folder (default: embedded all-MiniLM-L6-v2)",
         )
-        p.add_argument("-b", "--batch-size", "--batch_size", type=int, default=64)
+        p.add_argument("-b", "--batch-size", "--batch_size", type=_int_at_least(1), default=64)
         p.add_argument("--device", default=None)
+        p.add_argument(
+            "--debug",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="show tracebacks of errors",
+        )
         p.add_argument(
             "--progress",
             choices=["auto", "on", "off"],
@@ -157,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="bert-score's default model for this language (en: roberta-large, zh, tr, en-sci, "
         "others: bert-base-multilingual-cased); needs that model offline-loadable",
     )
-    score.add_argument("-l", "--num-layers", "--num_layers", type=int, default=None)
+    score.add_argument("-l", "--num-layers", "--num_layers", type=_int_at_least(0), default=None)
     score.add_argument("--idf", action="store_true", help="idf weights from the references")
     score.add_argument(
         "--rescale",
@@ -200,10 +268,10 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "-f", "--output", "--file", required=True, type=Path, help="image file (.png, .pdf)"
     )
     plot.add_argument("--lang", action=_LangModel, default=None, help="as for `bsloss score`")
-    plot.add_argument("-l", "--num-layers", "--num_layers", type=int, default=None)
+    plot.add_argument("-l", "--num-layers", "--num_layers", type=_int_at_least(0), default=None)
     plot.add_argument(
         "--temperature",
-        type=float,
+        type=_positive_float,
         default=None,
         help="shade the soft matching plan softmax(s/T) instead of s",
     )
@@ -213,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     baseline = sub.add_parser("baseline", help="compute a rescaling baseline for any model")
     baseline.add_argument("--corpus", required=True, help="text file, one sentence per line")
     baseline.add_argument("-o", "--output", required=True, type=Path)
-    baseline.add_argument("--num-pairs", type=int, default=10_000)
+    baseline.add_argument("--num-pairs", type=_int_at_least(1), default=10_000)
     baseline.add_argument("--seed", type=int, default=0)
     common(baseline)
     baseline.set_defaults(run=_baseline)
@@ -221,8 +289,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (2 for a user error)."""
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    try:
+        return args.run(args)
+    except _USER_ERRORS as error:
+        if args.debug:
+            raise
+        message = " ".join(str(error).split()) or type(error).__name__
+        print(f"bsloss: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

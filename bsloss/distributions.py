@@ -31,6 +31,8 @@ __all__ = [
     "expected_embeddings",
     "expected_inputs",
     "augment_table",
+    "check_finite_tensor",
+    "most_probable_tokens",
 ]
 
 
@@ -46,7 +48,8 @@ class TokenDistribution:
     logits: Tensor | None = None
 
 
-def _check_finite(tensor: Tensor, name: str) -> None:
+def check_finite_tensor(tensor: Tensor, name: str) -> None:
+    """ValueError naming ``name`` and the first position of a NaN or Inf in ``tensor``."""
     # One reduction decides the common case; the elementwise scan only runs to name the culprit
     # (or when a huge finite tensor overflows the sum).
     if torch.isfinite(tensor.sum()):
@@ -88,7 +91,7 @@ def token_distribution(
             raise ValueError("gumbel_temperature needs logits, not probs")
         if not gumbel_temperature > 0:
             raise ValueError(f"gumbel_temperature must be > 0, got {gumbel_temperature}")
-    _check_finite(source, name)
+    check_finite_tensor(source, name)
     with torch.autocast(device_type=source.device.type, enabled=False):
         if logits is not None:
             scores = _math(logits)
@@ -175,3 +178,15 @@ def expected_inputs(distribution: TokenDistribution, augmented: Tensor) -> tuple
     (probability moved onto a special token, which weighs 0, lowers that position's weight)."""
     out = _expectation(distribution, augmented)
     return out[..., :-1], out[..., -1]
+
+
+def most_probable_tokens(distribution: TokenDistribution) -> Tensor:
+    """``[B, L]`` token ids of the largest weight at each position: the argmax tokens, the
+    one-hot tokens under ``straight_through``, the sampled tokens under ``gumbel_temperature``
+    (whose perturbed scores the distribution holds)."""
+    if distribution.weights is None:
+        return distribution.logits.argmax(dim=-1)
+    best = distribution.weights.detach().argmax(dim=-1, keepdim=True)
+    if distribution.indices is None:
+        return best.squeeze(-1)
+    return distribution.indices.gather(-1, best).squeeze(-1)

@@ -1,47 +1,107 @@
-"""Validation of user text input: clear errors that name the argument and the position."""
+"""Validation of user input at the public boundary: clear errors that name the argument and the
+position, so that the code inside can trust what it is given.
+
+Texts (a list, not a string; each a string of valid Unicode), reference groups, and numbers
+(integers, finite floats) are checked here once, by every public entry point.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 
-__all__ = ["validate_pairs", "flatten_groups"]
+__all__ = [
+    "check_text",
+    "check_texts",
+    "check_reference_groups",
+    "check_int",
+    "validate_pairs",
+    "flatten_groups",
+]
 
 
-def _check_texts(texts: object, name: str) -> list:
+def check_text(text: object, name: str) -> str:
+    """``text`` itself if it is a string the tokenizers can read.
+
+    Raises:
+        TypeError: not a string.
+        ValueError: a lone surrogate (``"\\ud800"``, e.g. from a bad decode with
+            ``errors="surrogatepass"``), which no tokenizer can encode.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a string, got {type(text).__name__}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(
+                f"{name} is not valid Unicode: a lone surrogate {text[error.start]!r} at "
+                f"character {error.start}"
+            ) from None
+    return text
+
+
+def check_texts(texts: object, name: str) -> list[str]:
+    """A list of strings (a single string is refused: it would be read character by
+    character)."""
     if isinstance(texts, str) or not isinstance(texts, Sequence):
         raise TypeError(f"{name} must be a list of strings, got {type(texts).__name__}")
-    return list(texts)
+    return [check_text(text, f"{name}[{i}]") for i, text in enumerate(texts)]
+
+
+def check_reference_groups(refs: object, name: str) -> list[list[str]]:
+    """One reference group per item: a string, or a non-empty list of strings."""
+    if isinstance(refs, str) or not isinstance(refs, Sequence):
+        raise TypeError(
+            f"{name} must be a list of strings (or of lists of strings), got {type(refs).__name__}"
+        )
+    groups: list[list[str]] = []
+    for i, ref in enumerate(refs):
+        if isinstance(ref, str):
+            groups.append([check_text(ref, f"{name}[{i}]")])
+            continue
+        if not isinstance(ref, Sequence):
+            raise TypeError(
+                f"{name}[{i}] must be a string or a list of strings, got {type(ref).__name__}"
+            )
+        if len(ref) == 0:
+            raise ValueError(f"{name}[{i}] is an empty list: candidate {i} has no reference")
+        groups.append([check_text(item, f"{name}[{i}][{k}]") for k, item in enumerate(ref)])
+    return groups
+
+
+def check_int(value: object, name: str, minimum: int) -> int:
+    """An integer (not a bool, not a float) ``>= minimum``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_finite(value: object, name: str) -> float:
+    """A finite real number."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(float(value)):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return float(value)
 
 
 def validate_pairs(cands: object, refs: object) -> tuple[list[str], list[list[str]]]:
     """``cands`` (list of str) and ``refs`` (list of str, or list of lists of str) -> candidates
     and reference groups (one group per candidate)."""
-    cands = _check_texts(cands, "cands")
-    refs = _check_texts(refs, "refs")
+    if isinstance(cands, str) or not isinstance(cands, Sequence):
+        raise TypeError(f"cands must be a list of strings, got {type(cands).__name__}")
+    if isinstance(refs, str) or not isinstance(refs, Sequence):
+        raise TypeError(f"refs must be a list of strings, got {type(refs).__name__}")
     if len(cands) != len(refs):
         raise ValueError(
             f"cands and refs must have the same length: got {len(cands)} candidates and "
             f"{len(refs)} references (groups)"
         )
-    for i, cand in enumerate(cands):
-        if not isinstance(cand, str):
-            raise TypeError(f"cands[{i}] must be a string, got {type(cand).__name__}")
-    groups: list[list[str]] = []
-    for i, ref in enumerate(refs):
-        if isinstance(ref, str):
-            groups.append([ref])
-            continue
-        if not isinstance(ref, Sequence):
-            raise TypeError(
-                f"refs[{i}] must be a string or a list of strings, got {type(ref).__name__}"
-            )
-        if len(ref) == 0:
-            raise ValueError(f"refs[{i}] is an empty list: candidate {i} has no reference")
-        for k, item in enumerate(ref):
-            if not isinstance(item, str):
-                raise TypeError(f"refs[{i}][{k}] must be a string, got {type(item).__name__}")
-        groups.append(list(ref))
-    return cands, groups
+    return check_texts(cands, "cands"), check_reference_groups(refs, "refs")
 
 
 def flatten_groups(cands: list[str], groups: list[list[str]]):

@@ -14,20 +14,49 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from bsloss.baseline import read_baseline, shipped_baseline_path
-from bsloss.bridge import VocabularyBridge
-from bsloss.distributions import augment_table, expected_inputs, token_distribution
+from bsloss._warnings import warn_user
+from bsloss.baseline import load_baseline
+from bsloss.bridge import BRIDGE_MODES, Retokenizer, VocabularyBridge, retokenized_inputs
+from bsloss.distributions import (
+    augment_table,
+    check_finite_tensor,
+    expected_inputs,
+    most_probable_tokens,
+    token_distribution,
+)
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
 from bsloss.functional.matching import check_temperature, get_matching
-from bsloss.inputs import flatten_groups
+from bsloss.inputs import check_int, check_reference_groups, check_texts, flatten_groups
 from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.checkpointing import set_gradient_checkpointing
 from bsloss.scorer.encoder import ScorerEncoder
+from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder
 from bsloss.scorer.weights import IdfSpec, weight_table
 
 __all__ = ["BERTScoreLoss"]
 
 _TARGETS = ("precision", "recall", "f1")
+
+
+def _float32(hidden: Tensor) -> Tensor:
+    return hidden.float()
+
+
+def _check_tensor(value: object, name: str, kind: str) -> Tensor:
+    """``value`` is a tensor of ``kind`` ``"float"`` or ``"integer"`` dtype (``"mask"``: bool or
+    integer)."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    floating, complex_ = value.is_floating_point(), value.is_complex()
+    ok = {
+        "float": floating,
+        "integer": not floating and not complex_ and value.dtype != torch.bool,
+        "mask": not floating and not complex_,
+    }[kind]
+    if not ok:
+        wanted = {"float": "a floating", "integer": "an integer", "mask": "a bool or integer"}
+        raise TypeError(f"{name} must have {wanted[kind]} dtype, got {value.dtype}")
+    return value
 
 
 class BERTScoreLoss(nn.Module):
@@ -47,18 +76,33 @@ class BERTScoreLoss(nn.Module):
         rescale_with_baseline, baseline_path: baseline rescaling of the score.
         generator_tokenizer: the generator's tokenizer when it differs from the scorer's (a
             :class:`~bsloss.bridge.VocabularyBridge` is built, or pass ``bridge``).
+        bridge_mode: ``"retokenize"`` (exact: the decoded candidate text is scored with the
+            scorer's own tokenisation, gradient straight-through the bridge) or ``"average"``
+            (one averaged scorer position per generator token); see :mod:`bsloss.bridge`.
+            ``None``: ``"retokenize"`` when the vocabularies differ and ``generator_tokenizer``
+            is given, ``"average"`` for a ``bridge`` passed without it. After a retokenize
+            call, ``loss.last_texts`` holds the decoded candidates that were scored.
         top_k, straight_through, gumbel_temperature: see :mod:`bsloss.distributions`.
+            ``top_k=1`` is refused: the renormalised top-1 weight is always 1, so its gradient
+            is exactly zero.
         gradient_checkpointing: recompute the scorer's layer activations in the backward pass.
-        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``. An empty batch (``B = 0``) gives the
+            loss 0 (with a zero gradient) for ``"mean"`` and ``"sum"``.
+        long_inputs: reference texts longer than the scorer's maximum: ``"truncate"`` (with a
+            warning naming them) or ``"window"`` (encoded whole with overlapping windows, as
+            :class:`~bsloss.BERTScorer` does). Candidates with more real tokens than the scorer
+            takes are truncated with a warning (the tokens beyond get no score and no gradient).
+        reference_cache_size: reference texts whose hidden states are kept across calls, on the
+            scorer's device, least recently used evicted first (``0``: none); :meth:`clear_cache`
+            empties it.
 
     Returns:
         Calling it (:meth:`forward`) returns ``1 - score`` of ``target``, reduced by
         ``reduction``; :meth:`score` returns the per-sample ``PRF``.
 
     Raises:
-        ValueError: an unknown ``matching``, ``target`` or ``reduction``, a temperature that is
-            not positive, ``sinkhorn_iterations < 1`` or ``idf=True``; at call time, inputs
-            whose shapes or vocabulary do not fit (named in the message).
+        ValueError, TypeError: an argument of the wrong type or out of range, named.
+        FileNotFoundError: no baseline file for ``rescale_with_baseline``.
 
     >>> import torch, bsloss
     >>> loss_fn = bsloss.BERTScoreLoss(matching="softmax", temperature=0.05)
@@ -85,12 +129,15 @@ class BERTScoreLoss(nn.Module):
         generator_tokenizer=None,
         bridge: VocabularyBridge | None = None,
         bridge_cache_dir: str | None = None,
+        bridge_mode: str | None = None,
         top_k: int | None = None,
         straight_through: bool = False,
         gumbel_temperature: float | None = None,
         gradient_checkpointing: bool = True,
         reduction: str = "mean",
         device: str | torch.device | None = None,
+        long_inputs: str = "truncate",
+        reference_cache_size: int = 10_000,
     ):
         super().__init__()
         get_matching(matching)
@@ -100,8 +147,17 @@ class BERTScoreLoss(nn.Module):
             raise ValueError(f"target must be one of {_TARGETS}, got {target!r}")
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-        if sinkhorn_iterations < 1:
-            raise ValueError(f"sinkhorn_iterations must be >= 1, got {sinkhorn_iterations}")
+        sinkhorn_iterations = check_int(sinkhorn_iterations, "sinkhorn_iterations", 1)
+        if top_k is not None and check_int(top_k, "top_k", 1) == 1:
+            raise ValueError(
+                "top_k=1 gives an exactly zero gradient (the renormalised top-1 weight is "
+                "always 1); use top_k >= 2, or candidate_ids to score decoded tokens"
+            )
+        if gumbel_temperature is not None:
+            gumbel_temperature = check_temperature(gumbel_temperature, "gumbel_temperature")
+        if long_inputs not in ("truncate", "window"):
+            raise ValueError(f"long_inputs must be 'truncate' or 'window', got {long_inputs!r}")
+        self.long_inputs = long_inputs
         self.encoder = encoder or ScorerEncoder.from_pretrained(model, num_layers, device)
         set_gradient_checkpointing(self.encoder.model, gradient_checkpointing)
         self.matching, self.temperature = matching, temperature
@@ -109,11 +165,17 @@ class BERTScoreLoss(nn.Module):
         self.target, self.center, self.reduction = target, center, reduction
         self.top_k, self.straight_through = top_k, straight_through
         self.gumbel_temperature = gumbel_temperature
+        if bridge_mode is not None and bridge_mode not in BRIDGE_MODES:
+            raise ValueError(
+                f"bridge_mode must be one of {BRIDGE_MODES} or None, got {bridge_mode!r}"
+            )
         if bridge is None and generator_tokenizer is not None:
             bridge = VocabularyBridge.build(
                 generator_tokenizer, self.encoder, cache_dir=bridge_cache_dir
             )
         self.bridge = bridge
+        self.bridge_mode, self.retokenizer = self._bridge_mode(bridge_mode, generator_tokenizer)
+        self.last_texts: list[str] = []  # the decoded candidates of the last retokenize call
         if idf is True:
             raise ValueError(
                 "idf=True (from each call's references) is for BERTScorer; pass the "
@@ -124,10 +186,48 @@ class BERTScoreLoss(nn.Module):
         self.register_buffer("scorer_weights", weights.float(), persistent=False)
         self.baseline: Tensor | None = None
         if rescale_with_baseline:
-            path = baseline_path or shipped_baseline_path(self.encoder.name)
-            self.baseline = read_baseline(path, self.encoder.num_layers).float()
-        self._reference_cache: dict[str, tuple[Tensor, Tensor]] = {}
+            baseline = load_baseline(baseline_path, self.encoder.name, self.encoder.num_layers)
+            self.baseline = baseline.float()
+        # raw float32 hidden states under the caller's autocast (part of the cache key)
+        self._references = ReferenceEmbedder(
+            self.encoder,
+            reference_cache_size,
+            transform=_float32,
+            autocast_dtype="ambient",
+            inference_mode=False,
+        )
         self._generator_tables: dict[tuple, Tensor] = {}
+
+    # ------------------------------------------------------------------ caches
+    @property
+    def reference_cache(self) -> ReferenceCache:
+        """The cached reference hidden states (text -> (hidden ``[L, d]``, ids ``[L]``))."""
+        return self._references.cache
+
+    def clear_cache(self) -> None:
+        """Forget the cached reference hidden states and generator embedding tables."""
+        self._references.cache.clear()
+        self._generator_tables.clear()
+
+    def _bridge_mode(self, mode: str | None, generator_tokenizer) -> tuple[str | None, object]:
+        if self.bridge is None or self.bridge.identity:
+            return None, None
+        if mode is None:
+            mode = "average" if generator_tokenizer is None else "retokenize"
+            if mode == "retokenize" and not getattr(self.encoder.tokenizer, "is_fast", False):
+                warn_user(
+                    "the scorer's tokenizer is a slow one (no character offsets), so the bridge "
+                    "falls back to bridge_mode='average' (approximate); load the scorer with a "
+                    "fast tokenizer for the exact 'retokenize' mode"
+                )
+                mode = "average"
+        if mode == "average":
+            return mode, None
+        if generator_tokenizer is None:
+            raise ValueError(
+                "bridge_mode='retokenize' decodes the candidates: pass generator_tokenizer=..."
+            )
+        return mode, Retokenizer(generator_tokenizer, self.encoder)
 
     # ------------------------------------------------------------------ candidates
     @property
@@ -144,12 +244,16 @@ class BERTScoreLoss(nn.Module):
         key = (table.device, table.dtype)
         if key not in self._generator_tables:
             weights = self.scorer_weights
-            if self.bridge is not None:
-                table, weights = (
-                    self.bridge.embedding_table(table.detach()),
-                    self.bridge.weight_table(weights),
-                )
-            self._generator_tables = {key: augment_table(table, weights)}
+            # a plain tensor even when first built under torch.inference_mode(): a later
+            # training call saves it for backward
+            with torch.inference_mode(False), torch.no_grad():
+                table = table.detach()
+                if self.bridge is not None:
+                    table, weights = (
+                        self.bridge.embedding_table(table),
+                        self.bridge.weight_table(weights),
+                    )
+                self._generator_tables = {key: augment_table(table, weights)}
         return self._generator_tables[key]
 
     def _check_vocab(self, size: int, name: str) -> None:
@@ -164,6 +268,61 @@ class BERTScoreLoss(nn.Module):
             f"{self.generator_vocab_size}{hint}"
         )
 
+    def _check_candidates(self, logits, probs, candidate_ids, embeddings, candidate_mask):
+        """The one candidate input and its ``[B, L]`` bool mask, validated."""
+        named = {
+            "logits": logits,
+            "probs": probs,
+            "candidate_ids": candidate_ids,
+            "embeddings": embeddings,
+        }
+        given = [name for name, x in named.items() if x is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "pass exactly one of logits, probs, candidate_ids or embeddings"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        name = given[0]
+        source = _check_tensor(named[name], name, "integer" if name == "candidate_ids" else "float")
+        rank = 2 if name == "candidate_ids" else 3
+        if source.dim() != rank:
+            shape = "[B, L]" if rank == 2 else "[B, L, V]" if name != "embeddings" else "[B, L, d]"
+            raise ValueError(f"{name} must be {shape}, got shape {list(source.shape)}")
+        if source.device.type != self.encoder.device.type:
+            raise ValueError(
+                f"{name} is on {source.device} but the scorer is on {self.encoder.device}; "
+                "move the loss with .to(device)"
+            )
+        if candidate_mask is None:
+            candidate_mask = torch.ones(source.shape[:2], dtype=torch.bool, device=source.device)
+        _check_tensor(candidate_mask, "candidate_mask", "mask")
+        if tuple(candidate_mask.shape) != tuple(source.shape[:2]):
+            raise ValueError(
+                f"candidate_mask must have shape {list(source.shape[:2])} "
+                f"([B, L] of the candidates), got {list(candidate_mask.shape)}"
+            )
+        return name, source, candidate_mask.to(source.device).bool()
+
+    def _fit_candidates(self, mask: Tensor, name: str) -> Tensor:
+        """Keep at most as many real tokens per row as the scorer takes between its special
+        tokens; warn naming the rows cut (their later tokens get no score and no gradient)."""
+        limit = self.encoder.max_length - len(self.encoder.prefix_ids)
+        limit -= len(self.encoder.suffix_ids)
+        if mask.shape[1] <= limit:
+            return mask
+        rank = torch.cumsum(mask.long(), dim=1)
+        cut = mask & (rank > limit)
+        rows = cut.any(dim=1).nonzero().flatten().tolist()
+        if not rows:
+            return mask
+        shown = ", ".join(f"{name}[{i}]" for i in rows[:10]) + (", ..." if len(rows) > 10 else "")
+        warn_user(
+            f"{len(rows)} of {mask.shape[0]} candidates have more than {limit} real tokens, "
+            f"the most {self.encoder.name} takes between its special tokens ({shown}); only "
+            "their first tokens are scored, the rest get no score and no gradient"
+        )
+        return mask & ~cut
+
     def encode_candidates(
         self,
         *,
@@ -173,31 +332,33 @@ class BERTScoreLoss(nn.Module):
         embeddings: Tensor | None = None,
         candidate_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Scorer hidden states ``[B, L', d]``, real-token mask and importance weights."""
-        given = [x is not None for x in (logits, probs, candidate_ids, embeddings)]
-        if sum(given) != 1:
-            raise ValueError("pass exactly one of logits, probs, candidate_ids or embeddings")
-        source = next(x for x in (logits, probs, candidate_ids, embeddings) if x is not None)
-        if candidate_mask is None:
-            candidate_mask = torch.ones(source.shape[:2], dtype=torch.bool, device=source.device)
-        if tuple(candidate_mask.shape) != tuple(source.shape[:2]):
-            raise ValueError(
-                f"candidate_mask must have shape {list(source.shape[:2])} "
-                f"([B, L] of the candidates), got {list(candidate_mask.shape)}"
-            )
-        candidate_mask = candidate_mask.bool()
+        """Scorer hidden states ``[B, L', d]``, real-token mask and importance weights.
+
+        Raises:
+            TypeError, ValueError: not exactly one candidate input, a non-tensor, a wrong dtype,
+                shape or device, NaN/Inf, ids outside the vocabulary (all named).
+        """
+        name, source, candidate_mask = self._check_candidates(
+            logits, probs, candidate_ids, embeddings, candidate_mask
+        )
+        if source.shape[0] == 0:
+            # an empty batch: nothing to encode (kept on the graph of the input)
+            nothing = source.reshape(-1)[:0].float()
+            empty_mask = torch.zeros(0, 0, dtype=torch.bool, device=source.device)
+            hidden = nothing.reshape(0, 0, self.encoder.hidden_size)
+            return hidden, empty_mask, nothing.reshape(0, 0)
         if embeddings is not None:
-            if embeddings.dim() != 3 or embeddings.shape[-1] != self.encoder.hidden_size:
+            if embeddings.shape[-1] != self.encoder.hidden_size:
                 raise ValueError(
                     f"embeddings must be [B, L, {self.encoder.hidden_size}] scorer "
                     f"hidden states, got {list(embeddings.shape)}"
                 )
+            check_finite_tensor(embeddings, "embeddings")
             weights = candidate_mask.to(torch.float32)
             return embeddings, candidate_mask, weights
+        candidate_mask = self._fit_candidates(candidate_mask, name)
         table = self._generator_table()
         if candidate_ids is not None:
-            if candidate_ids.dim() != 2:
-                raise ValueError(f"candidate_ids must be [B, L], got {list(candidate_ids.shape)}")
             bad = (candidate_ids < 0) | (candidate_ids >= table.shape[0])
             if (bad & candidate_mask).any():
                 raise ValueError(
@@ -205,10 +366,11 @@ class BERTScoreLoss(nn.Module):
                     f"{(bad & candidate_mask).nonzero()[0].tolist()}"
                 )
             ids = candidate_ids.clamp(0, table.shape[0] - 1)
+            if self.retokenizer is not None:
+                return self._retokenized(ids, candidate_mask, None)
             rows = table[ids]
             inputs, weights = rows[..., :-1], rows[..., -1]
         else:
-            name = "logits" if logits is not None else "probs"
             self._check_vocab(source.shape[-1], name)
             distribution = token_distribution(
                 logits,
@@ -218,6 +380,26 @@ class BERTScoreLoss(nn.Module):
                 gumbel_temperature=self.gumbel_temperature,
             )
             inputs, weights = expected_inputs(distribution, table)
+            # float64 logits give float64 expectations; the scorer runs in its own dtype
+            inputs = inputs.to(table.dtype)
+            if self.retokenizer is not None:
+                expected = torch.cat([inputs, weights[..., None].to(inputs.dtype)], dim=-1)
+                return self._retokenized(
+                    most_probable_tokens(distribution), candidate_mask, expected
+                )
+        return self._encode_inputs(inputs, weights, candidate_mask)
+
+    def _retokenized(self, tokens: Tensor, mask: Tensor, expected: Tensor | None):
+        """The scorer's own pieces of the decoded ``tokens``, straight-through the bridge
+        (:mod:`bsloss.bridge`); ``self.last_texts`` keeps the decoded texts."""
+        batch = self.retokenizer(tokens, mask)
+        self.last_texts = batch.texts
+        inputs, weights = retokenized_inputs(
+            batch, self.encoder.input_embeddings.weight, self.scorer_weights, expected
+        )
+        return self._encode_inputs(inputs, weights, batch.piece_mask)
+
+    def _encode_inputs(self, inputs: Tensor, weights: Tensor, candidate_mask: Tensor):
         hidden, attention, special = self.encoder.forward_token_embeddings(inputs, candidate_mask)
         # Weights follow the tokens to their packed slots; special tokens weigh 0.
         packed = torch.zeros(attention.shape, dtype=weights.dtype, device=hidden.device)
@@ -226,31 +408,79 @@ class BERTScoreLoss(nn.Module):
         return hidden, attention, packed
 
     # ------------------------------------------------------------------ references
-    @torch.no_grad()
+    def _embed_references(self, texts: list[str]) -> tuple[Tensor, Tensor, Tensor, set[str]]:
+        embedded, truncated = self._references.embed(
+            texts, cache_texts=texts, window=self.long_inputs == "window", batch_size=64
+        )
+        hidden, mask, weights = pad_embedded([embedded[t] for t in texts], self.scorer_weights)
+        return hidden, mask, weights, truncated
+
     def encode_references(self, texts: Sequence[str]) -> tuple[Tensor, Tensor, Tensor]:
-        """Hidden states of reference texts, computed once per text and cached."""
-        missing = [t for t in dict.fromkeys(texts) if t not in self._reference_cache]
-        if missing:
-            token_ids = self.encoder.tokenize(missing, name="references")
-            hidden = self.encoder.embed_token_ids(token_ids, batch_size=64)
-            device = self.encoder.device
-            for text, ids, h in zip(missing, token_ids, hidden, strict=True):
-                # clone: a row must not keep the whole packed tensor of this call alive
-                self._reference_cache[text] = (h.float().clone(), torch.tensor(ids, device=device))
-        return pad_embedded([self._reference_cache[t] for t in texts], self.scorer_weights)
+        """Padded hidden states ``[N, L, d]``, mask and importance weights of reference texts,
+        each encoded once and cached (:attr:`reference_cache`).
+
+        Raises:
+            TypeError, ValueError: ``texts`` is not a list of valid strings (position named).
+        """
+        texts = check_texts(texts, "texts")
+        hidden, mask, weights, truncated = self._embed_references(texts)
+        if truncated:
+            where = [f"texts[{i}]" for i, t in enumerate(texts) if t in truncated]
+            self._warn_truncated(where, len(texts))
+        return hidden, mask, weights
+
+    def _warn_truncated(self, where: list[str], total: int) -> None:
+        shown = ", ".join(where[:10]) + (", ..." if len(where) > 10 else "")
+        warn_user(self.encoder.truncation_message(len(where), total, shown))
 
     @torch.no_grad()
     def encode_reference_ids(self, reference_ids: Tensor, reference_mask: Tensor | None):
+        """Hidden states ``[B, L, d]``, mask and importance weights of reference token ids
+        (special tokens included, as the scorer's tokenizer adds them).
+
+        Raises:
+            TypeError, ValueError: a wrong dtype, shape or device, ids outside the scorer's
+                vocabulary, or a row with more tokens than the scorer takes (all named).
+        """
+        _check_tensor(reference_ids, "reference_ids", "integer")
+        if reference_ids.dim() != 2:
+            raise ValueError(f"reference_ids must be [B, L], got {list(reference_ids.shape)}")
         if reference_mask is None:
             reference_mask = torch.ones_like(reference_ids, dtype=torch.bool)
+        _check_tensor(reference_mask, "reference_mask", "mask")
         if reference_mask.shape != reference_ids.shape:
             raise ValueError(
                 f"reference_mask must have shape {list(reference_ids.shape)}, got "
                 f"{list(reference_mask.shape)}"
             )
-        hidden = self.encoder(input_ids=reference_ids, attention_mask=reference_mask.long()).float()
-        mask = reference_mask.bool()
-        return hidden, mask, self.scorer_weights[reference_ids] * mask
+        if reference_ids.device.type != self.encoder.device.type:
+            raise ValueError(
+                f"reference_ids is on {reference_ids.device} but the scorer is on "
+                f"{self.encoder.device}; move the loss with .to(device)"
+            )
+        mask = reference_mask.to(reference_ids.device).bool()
+        vocab = self.encoder.input_embeddings.num_embeddings
+        bad = ((reference_ids < 0) | (reference_ids >= vocab)) & mask
+        if bad.any():
+            raise ValueError(
+                f"reference_ids has ids outside the scorer's vocabulary [0, {vocab}) at "
+                f"{bad.nonzero()[0].tolist()}"
+            )
+        # padding after the last real column is dropped: a long padded batch of short rows fits
+        if mask.shape[1] > self.encoder.max_length:
+            columns = mask.any(dim=0).nonzero()
+            width = int(columns.max()) + 1 if len(columns) else 0
+            if width > self.encoder.max_length:
+                row = int(mask[:, self.encoder.max_length :].any(dim=1).nonzero()[0])
+                raise ValueError(
+                    f"reference_ids[{row}] has tokens past position {self.encoder.max_length}, "
+                    f"the most {self.encoder.name} takes; pass the reference texts as "
+                    "references=[...] (long_inputs='window' scores them whole) or shorten them"
+                )
+            reference_ids, mask = reference_ids[:, :width], mask[:, :width]
+        ids = reference_ids.clamp(0, vocab - 1)
+        hidden = self.encoder(input_ids=ids, attention_mask=mask.long()).float()
+        return hidden, mask, self.scorer_weights[ids] * mask
 
     # ------------------------------------------------------------------ scoring
     def score(
@@ -266,7 +496,28 @@ class BERTScoreLoss(nn.Module):
         reference_mask: Tensor | None = None,
     ) -> PRF:
         """Per-sample (P, R, F) ``[B]``, differentiable in the candidates. With several
-        references per sample, the max of each over the references."""
+        references per sample, the max of each over the references.
+
+        Args:
+            logits, probs: the generator's ``[B, L, V]`` distributions; or
+            candidate_ids: ``[B, L]`` token ids; or
+            embeddings: ``[B, L, d]`` scorer hidden states of the candidates.
+            candidate_mask: ``[B, L]``, true on real candidate tokens (default: all).
+            references: one reference text, or a non-empty list of them, per sample; or
+            reference_ids: ``[B, L_r]`` scorer token ids with special tokens, and
+            reference_mask: ``[B, L_r]`` (default: all).
+
+        Raises:
+            TypeError, ValueError: bad input, with the argument and position named.
+
+        >>> loss = BERTScoreLoss()  # doctest: +SKIP
+        >>> loss.score(logits=logits, references=["A cat sat."]).f1  # doctest: +SKIP
+        """
+        groups = None
+        if (references is None) == (reference_ids is None):
+            raise ValueError("pass exactly one of references (texts) or reference_ids")
+        if references is not None:
+            groups = check_reference_groups(references, "references")
         cand_hidden, cand_mask, cand_weights = self.encode_candidates(
             logits=logits,
             probs=probs,
@@ -276,25 +527,31 @@ class BERTScoreLoss(nn.Module):
         )
         batch = cand_hidden.shape[0]
         owner = list(range(batch))
-        if (references is None) == (reference_ids is None):
-            raise ValueError("pass exactly one of references (texts) or reference_ids")
-        if references is not None:
-            if len(references) != batch:
+        if groups is not None:
+            if len(groups) != batch:
                 raise ValueError(
-                    f"references has {len(references)} entries for a batch of {batch} candidates"
+                    f"references has {len(groups)} entries for a batch of {batch} candidates"
                 )
-            groups = [[r] if isinstance(r, str) else list(r) for r in references]
-            for i, group in enumerate(groups):
-                if not group:
-                    raise ValueError(f"references[{i}] is an empty list")
+        elif reference_ids.shape[0] != batch:
+            raise ValueError(
+                f"reference_ids has {reference_ids.shape[0]} rows for a batch of {batch} candidates"
+            )
+        if batch == 0:
+            # an empty batch scores nothing; kept on the graph so that backward() still works
+            empty = cand_hidden.reshape(-1)[:0].float()
+            return PRF(empty, empty, empty)
+        if groups is not None:
             _, flat_refs, owner = flatten_groups([""] * batch, groups)
-            ref_hidden, ref_mask, ref_weights = self.encode_references(flat_refs)
+            ref_hidden, ref_mask, ref_weights, truncated = self._embed_references(flat_refs)
+            if truncated:
+                where = [
+                    f"references[{i}]" if len(group) == 1 else f"references[{i}][{k}]"
+                    for i, group in enumerate(groups)
+                    for k, ref in enumerate(group)
+                    if ref in truncated
+                ]
+                self._warn_truncated(where, len(flat_refs))
         else:
-            if reference_ids.shape[0] != batch:
-                raise ValueError(
-                    f"reference_ids has {reference_ids.shape[0]} rows for a batch "
-                    f"of {batch} candidates"
-                )
             ref_hidden, ref_mask, ref_weights = self.encode_reference_ids(
                 reference_ids, reference_mask
             )
@@ -339,6 +596,8 @@ class BERTScoreLoss(nn.Module):
         """``1 - score`` (the ``target``), reduced by ``reduction``."""
         prf = self.score(**inputs)
         loss = 1 - getattr(prf, self.target)
+        if self.reduction == "mean" and loss.numel() == 0:
+            return loss.sum()  # an empty batch: 0, not the NaN of a mean over nothing
         if self.reduction == "mean":
             return loss.mean()
         if self.reduction == "sum":

@@ -11,6 +11,7 @@ return what it returns: ``(P, R, F)``, each ``[N]`` (``[num_layers + 1, N]`` wit
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import time
 import warnings
@@ -21,13 +22,14 @@ from torch import Tensor
 
 from bsloss import __version__
 from bsloss._warnings import warn_user
-from bsloss.baseline import read_baseline, shipped_baseline_path
+from bsloss.baseline import load_baseline
 from bsloss.functional import bert_score, rescale_with_baseline
 from bsloss.functional.idf import document_frequency, idf_from_frequency
-from bsloss.inputs import flatten_groups, validate_pairs
+from bsloss.inputs import check_int, check_texts, flatten_groups, validate_pairs
 from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.layers import num_hidden_layers
+from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder
 from bsloss.scorer.weights import IdfSpec, weight_table
 
 __all__ = ["BERTScorer", "score", "LANG_TO_MODEL", "model_for_lang"]
@@ -144,10 +146,11 @@ class BERTScorer:
             evaluation pattern, would wait forever for the others. Without an initialised
             process group it scores locally.
 
+    The reference cache (``reference_cache_size``) is emptied by :meth:`clear_cache`.
+
     Raises:
-        ValueError: a bad ``batch_size``, ``chunk_size``, ``long_inputs``, ``autocast_dtype``,
-            ``reference_cache_size`` or ``num_layers``, or ``model_type`` and ``model`` naming
-            different scorers.
+        ValueError, TypeError: an argument of the wrong type or out of range (named), or
+            ``model_type`` and ``model`` naming different scorers.
         OSError: the model cannot be loaded (offline and not a local folder); for a ``lang``
             default, the message says how to pass a local copy or use the embedded scorer.
         FileNotFoundError: ``rescale_with_baseline`` without a shipped or given baseline.
@@ -189,21 +192,16 @@ class BERTScorer:
         if long_inputs not in ("truncate", "window"):
             raise ValueError(f"long_inputs must be 'truncate' or 'window', got {long_inputs!r}")
         self.long_inputs = long_inputs
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-        if reference_cache_size < 0:
-            raise ValueError(f"reference_cache_size must be >= 0, got {reference_cache_size}")
-        self.reference_cache_size = reference_cache_size
-        # text -> (embeddings, ids); insertion order is the eviction order
-        self._reference_cache: dict[str, tuple[Tensor, Tensor]] = {}
-        self._truncated_references: set[str] = set()
+        batch_size = check_int(batch_size, "batch_size", 1)
+        chunk_size = check_int(chunk_size, "chunk_size", 1)
+        reference_cache_size = check_int(reference_cache_size, "reference_cache_size", 0)
         if autocast_dtype not in (None, torch.bfloat16, torch.float16):
             raise ValueError(
                 f"autocast_dtype must be None, torch.bfloat16 or torch.float16, "
                 f"got {autocast_dtype}"
             )
+        if encoder is not None and not isinstance(encoder, ScorerEncoder):
+            raise TypeError(f"encoder must be a ScorerEncoder, got {type(encoder).__name__}")
         if encoder is not None and all_layers and not encoder.all_layers:
             raise ValueError(
                 "all_layers=True needs an encoder that keeps every layer: "
@@ -221,27 +219,19 @@ class BERTScorer:
                 encoder.keep_linear_weights_in(autocast_dtype)
         self.encoder = encoder
         self.all_layers = encoder.all_layers
+        self.autocast_dtype = autocast_dtype
+        self._references = self._embedder(reference_cache_size)
         if compile:
             self.encoder.compile_inference()
         self.batch_size = batch_size
-        self.autocast_dtype = autocast_dtype
         self.chunk_size = chunk_size
         self.rescale = rescale_with_baseline
         self.use_custom_baseline = baseline_path is not None
         self.baseline: Tensor | None = None
         if rescale_with_baseline:
-            path = baseline_path or shipped_baseline_path(self.encoder.name)
-            if not baseline_path and not path.exists():
-                raise FileNotFoundError(
-                    f"bsloss ships no baseline for {self.encoder.name!r}; compute one with "
-                    "`bsloss baseline --model NAME --corpus sentences.txt -o FILE` and pass "
-                    "baseline_path=FILE"
-                )
-            if self.all_layers:
-                depth = num_hidden_layers(self.encoder.model)
-                self.baseline = torch.stack([read_baseline(path, k) for k in range(depth + 1)])
-            else:
-                self.baseline = read_baseline(path, self.encoder.num_layers)
+            layers = range(self._layer_count()) if self.all_layers else [self.encoder.num_layers]
+            rows = [load_baseline(baseline_path, self.encoder.name, k) for k in layers]
+            self.baseline = torch.stack(rows) if self.all_layers else rows[0]
         if idf is True and idf_sents is not None:
             idf = list(idf_sents)
         self.idf = idf
@@ -328,43 +318,71 @@ class BERTScorer:
         return signature
 
     # ----------------------------------------------------------------- embedding
+    @property
+    def reference_cache_size(self) -> int:
+        """Reference texts whose embeddings are kept across :meth:`score` calls."""
+        return self._references.cache.max_size
+
+    @reference_cache_size.setter
+    def reference_cache_size(self, size: int) -> None:
+        self._references.cache.max_size = size
+
+    @property
+    def _reference_cache(self) -> ReferenceCache:
+        return self._references.cache
+
+    def clear_cache(self) -> None:
+        """Forget the cached reference embeddings (:class:`ReferenceCache`)."""
+        self._references.cache.clear()
+
+    clear_reference_cache = clear_cache
+
+    def with_reference_cache(self, size: int) -> BERTScorer:
+        """A scorer that shares this one's encoder and settings, with its own reference cache of
+        ``size`` texts (this scorer is left as it is).
+
+        >>> cached = BERTScorer().with_reference_cache(10_000)  # doctest: +SKIP
+        """
+        clone = copy.copy(self)
+        clone._references = self._embedder(size)
+        return clone
+
+    def _embedder(self, cache_size: int) -> ReferenceEmbedder:
+        """Texts -> float32 unit-norm token embeddings, the references cached."""
+        return ReferenceEmbedder(
+            self.encoder,
+            cache_size,
+            transform=lambda hidden: _unit_norm_float32(hidden, self._layer_count()),
+            autocast_dtype=self.autocast_dtype,
+            inference_mode=True,
+        )
+
     def embed(
         self, texts: Sequence[str], progress: bool | None = None
     ) -> dict[str, tuple[Tensor, Tensor]]:
-        """Unique text -> (unit-norm token embeddings ``[L, d]`` float32, token ids ``[L]``)."""
-        unique = list(dict.fromkeys(texts))
-        return self._embed_ids(
-            dict(zip(unique, self.encoder.tokenize(unique), strict=True)), progress
-        )
+        """Unique text -> (unit-norm token embeddings ``[L, d]`` float32, token ids ``[L]``).
 
-    def _autocast(self):
-        return torch.autocast(
-            self.encoder.device.type,
-            dtype=self.autocast_dtype or torch.bfloat16,
-            enabled=self.autocast_dtype is not None,
-        )
+        Args:
+            texts: a list of strings.
+            progress: a progress bar (``None``: only on a terminal).
 
-    @torch.inference_mode()
-    def _embed_ids(
-        self, token_ids: dict[str, list[int]], progress: bool | None
-    ) -> dict[str, tuple[Tensor, Tensor]]:
-        """Each text's unit-norm token embeddings (float32) and ids, encoded once."""
-        texts = list(token_ids)
-        with self._autocast():
-            # normalised batch by batch: one op per batch, and the raw hidden states of a batch
-            # are freed at once
-            unit = self.encoder.embed_token_ids(
-                [token_ids[t] for t in texts],
-                self.batch_size,
-                progress,
-                lambda hidden: _unit_norm_float32(hidden, self._layer_count()),
-            )
-        if not texts:
-            return {}
-        ids = torch.tensor(
-            [i for t in texts for i in token_ids[t]], dtype=torch.long, device=self.encoder.device
-        ).split([len(token_ids[t]) for t in texts])
-        return {text: (u, i) for text, u, i in zip(texts, unit, ids, strict=True)}
+        Raises:
+            TypeError, ValueError: ``texts`` is not a list of valid strings (position named).
+
+        >>> scorer = BERTScorer()  # doctest: +SKIP
+        >>> embeddings, ids = scorer.embed(["A cat."])["A cat."]  # doctest: +SKIP
+        """
+        texts = check_texts(texts, "texts")
+        embedded, truncated = self._references.embed(
+            texts,
+            window=self.long_inputs == "window",
+            batch_size=self.batch_size,
+            progress=progress,
+        )
+        if truncated:
+            where = ", ".join(f"texts[{i}]" for i, t in enumerate(texts) if t in truncated)
+            warn_user(self.encoder.truncation_message(len(truncated), len(embedded), where))
+        return embedded
 
     def _warn_truncated(self, long_texts: set[str], cands, groups, offset: int = 0) -> None:
         where = [f"cands[{i}]" for i, c in enumerate(cands, offset) if c in long_texts]
@@ -416,9 +434,9 @@ class BERTScorer:
             whitespace-only candidate or reference makes its pair score 0, with one warning.
 
         Raises:
-            TypeError: ``cands`` / ``refs`` (or an item, named by position) is not text.
-            ValueError: ``cands`` and ``refs`` differ in length, an empty reference list, or
-                (``distributed=True``) the processes passed different inputs.
+            TypeError, ValueError: input of the wrong type, lengths that differ, an empty list of
+                references, a text that is not valid Unicode, ``batch_size < 1`` (all named), or
+                (``distributed=True``) processes that passed different inputs.
 
         >>> import bsloss
         >>> scorer = bsloss.BERTScorer()
@@ -427,6 +445,8 @@ class BERTScorer:
         True
         """
         cands, groups = validate_pairs(cands, refs)
+        if batch_size is not None:
+            batch_size = check_int(batch_size, "batch_size", 1)
         start_time = time.perf_counter()
         if verbose:
             print("calculating scores...")
@@ -505,16 +525,14 @@ class BERTScorer:
         long_texts: set[str] = set()
         for start in range(0, len(pair_cands), self.chunk_size):
             chunk = slice(start, start + self.chunk_size)
-            unique = list(dict.fromkeys(pair_cands[chunk] + pair_refs[chunk]))
-            embeddings = {t: self._reference_cache[t] for t in unique if t in self._reference_cache}
-            long_texts.update(t for t in embeddings if t in self._truncated_references)
-            missing = [t for t in unique if t not in embeddings]
-            window = self.long_inputs == "window"
-            ids, truncated = self.encoder.tokenize_checked(missing, truncate=not window)
-            if not window:
-                long_texts.update(missing[i] for i in truncated)
-            embeddings.update(self._embed_ids(dict(zip(missing, ids, strict=True)), progress))
-            self._cache_references(pair_refs[chunk], embeddings, long_texts)
+            embeddings, truncated = self._references.embed(
+                pair_cands[chunk] + pair_refs[chunk],
+                cache_texts=pair_refs[chunk],
+                window=self.long_inputs == "window",
+                batch_size=self.batch_size,
+                progress=progress,
+            )
+            long_texts.update(truncated)
             pair_scores[chunk] = self._score_pairs(
                 pair_cands[chunk],
                 pair_refs[chunk],
@@ -534,26 +552,6 @@ class BERTScorer:
     def _layer_count(self) -> int:
         """Layers scored: all of them (embeddings included) with all_layers, else one."""
         return num_hidden_layers(self.encoder.model) + 1 if self.all_layers else 1
-
-    def _cache_references(self, refs: list[str], embeddings: dict, long_texts: set[str]) -> None:
-        if not self.reference_cache_size:
-            return
-        for text in dict.fromkeys(refs):
-            if text in self._reference_cache:
-                continue
-            # clones: the embeddings are views of the chunk's packed tensor, which must not stay
-            emb, ids = embeddings[text]
-            self._reference_cache[text] = (emb.clone(), ids.clone())
-            if text in long_texts:
-                self._truncated_references.add(text)
-            if len(self._reference_cache) > self.reference_cache_size:
-                oldest = next(iter(self._reference_cache))
-                del self._reference_cache[oldest]
-                self._truncated_references.discard(oldest)
-
-    def clear_reference_cache(self) -> None:
-        self._reference_cache.clear()
-        self._truncated_references.clear()
 
     def _score_pairs(self, pair_cands, pair_refs, embeddings, table, batch_size) -> Tensor:
         """``[num_pairs, layers, 3]`` raw P, R, F, in batches of pairs of similar lengths."""

@@ -8,22 +8,57 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from bsloss.functional.matching import check_temperature
 from bsloss.functional.similarity import cosine_similarity
+from bsloss.inputs import check_text
 from bsloss.metric import BERTScorer
 
-__all__ = ["pair_similarity", "plot_example"]
+__all__ = ["pair_similarity", "plot_example", "check_image_path"]
 
 
 @torch.inference_mode()
 def pair_similarity(scorer: BERTScorer, candidate: str, reference: str):
-    """Cosine similarities ``[Lc, Lr]`` of one pair (special tokens dropped), and the tokens."""
+    """Cosine similarities ``[Lc, Lr]`` of one pair (special tokens dropped), and the tokens.
+
+    Raises:
+        TypeError, ValueError: a text that is not a string, or has no token to draw.
+    """
+    for text, name in ((candidate, "candidate"), (reference, "reference")):
+        check_text(text, name)
     embedded = scorer.embed([candidate, reference])
     (cand, cand_ids), (ref, ref_ids) = embedded[candidate], embedded[reference]
     keep_c = ~torch.isin(cand_ids, torch.tensor(scorer.encoder.special_token_ids))
     keep_r = ~torch.isin(ref_ids, torch.tensor(scorer.encoder.special_token_ids))
     sim = cosine_similarity(cand[keep_c][None], ref[keep_r][None], normalized=True)[0]
+    for kept, name in ((keep_c, "candidate"), (keep_r, "reference")):
+        if not kept.any():
+            raise ValueError(f"{name} has no token to draw (empty or whitespace-only text)")
     tokens = scorer.encoder.tokenizer.convert_ids_to_tokens
     return sim.cpu(), tokens(cand_ids[keep_c].tolist()), tokens(ref_ids[keep_r].tolist())
+
+
+def check_image_path(fname: str | Path) -> Path:
+    """``fname`` as a path matplotlib can write: its extension a format it knows (none: PNG),
+    not a directory, in an existing folder.
+
+    Raises:
+        ValueError: an unknown extension, a directory, or a missing folder.
+    """
+    from matplotlib.figure import Figure
+
+    path = Path(fname)
+    if path.is_dir():
+        raise ValueError(f"output {path} is a directory; give an image file name")
+    formats = Figure().canvas.get_supported_filetypes()
+    extension = path.suffix.lower().lstrip(".")
+    if extension and extension not in formats:
+        raise ValueError(
+            f"output {path}: matplotlib cannot write .{extension} images; use one of "
+            f"{', '.join('.' + f for f in sorted(formats))}"
+        )
+    if not path.parent.is_dir():
+        raise ValueError(f"output {path}: the folder {path.parent} does not exist")
+    return path
 
 
 def plot_example(
@@ -67,12 +102,16 @@ def plot_example(
 
     Raises:
         ImportError: matplotlib is not installed.
+        TypeError, ValueError: a text that is not a string or has no token, a ``temperature``
+            that is not a finite number > 0, or an image format matplotlib cannot write.
 
     >>> import bsloss
     >>> figure = bsloss.plot_example("the cat sat", "a cat was sitting")
     >>> len(figure.axes) >= 1
     True
     """
+    if temperature is not None:
+        temperature = check_temperature(temperature)
     try:
         import matplotlib
 
@@ -81,6 +120,9 @@ def plot_example(
         import matplotlib.pyplot as plt
     except ImportError as error:
         raise ImportError("plot_example needs matplotlib: pip install 'bsloss[plot]'") from error
+    fname = fname or None
+    if fname is not None:
+        check_image_path(fname)
     if isinstance(scorer, str):
         model_type, scorer = scorer, None
     if scorer is None:
@@ -92,7 +134,6 @@ def plot_example(
             baseline_path=baseline_path,
             use_fast_tokenizer=use_fast_tokenizer,
         )
-    fname = fname or None
     sim, cand_tokens, ref_tokens = pair_similarity(scorer, candidate, reference)
     shown: Tensor = sim if temperature is None else torch.softmax(sim / temperature, dim=1)
     if ax is None:

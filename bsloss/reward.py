@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bsloss.inputs import check_int, check_reference_groups, check_text
 from bsloss.metric import BERTScorer
 
 __all__ = ["BERTScoreReward"]
@@ -30,7 +31,7 @@ _TRAINER_KEYWORDS = {"completion_ids", "trainer_state", "log_extra", "log_metric
 def completion_text(completion: Any, index: int) -> str:
     """The text of one completion: a string, or the ``content`` of the last chat message."""
     if isinstance(completion, str):
-        return completion
+        return check_text(completion, f"completions[{index}]")
     if isinstance(completion, dict) and "content" in completion:
         return _content(completion["content"], index)
     if isinstance(completion, Sequence) and completion:
@@ -45,11 +46,13 @@ def completion_text(completion: Any, index: int) -> str:
 
 def _content(content: Any, index: int) -> str:
     if isinstance(content, str):
-        return content
+        return check_text(content, f"completions[{index}]")
     # multimodal messages: content is a list of {"type": "text", "text": ...} parts
     if isinstance(content, list):
         parts = [
-            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            check_text(p.get("text", ""), f"completions[{index}]")
+            for p in content
+            if isinstance(p, dict) and p.get("type") == "text"
         ]
         return " ".join(parts)
     raise TypeError(
@@ -66,16 +69,17 @@ class BERTScoreReward:
         reference_column: the dataset column that holds the reference(s).
         target: ``"f1"``, ``"precision"`` or ``"recall"``.
         reference_cache_size: reference texts whose embeddings are kept across calls.
-        scorer: an existing :class:`~bsloss.BERTScorer` to use; if its reference cache is off,
-            it is switched on with ``reference_cache_size``.
+        scorer: an existing :class:`~bsloss.BERTScorer` to use. If its reference cache is off,
+            the reward scores with :meth:`~bsloss.BERTScorer.with_reference_cache` (the same
+            encoder and settings, its own cache of ``reference_cache_size``): the scorer passed
+            in is not changed.
 
     Returns:
         Called as TRL calls a reward function, ``reward(prompts=..., completions=...,
         **columns)``, it returns one float per completion.
 
     Raises:
-        ValueError: an unknown ``target`` or ``idf=True``; at call time, completions and
-            references of different lengths.
+        ValueError, TypeError: an argument of the wrong type or out of range, named.
         KeyError: at call time, no ``reference_column`` among the columns.
 
     >>> import bsloss
@@ -108,6 +112,9 @@ class BERTScoreReward:
                 "idf=True would weigh each call by its own references; pass the reference "
                 "corpus as idf=[...] for a reward that is stable across calls"
             )
+        reference_cache_size = check_int(reference_cache_size, "reference_cache_size", 0)
+        if scorer is not None and not isinstance(scorer, BERTScorer):
+            raise TypeError(f"scorer must be a BERTScorer, got {type(scorer).__name__}")
         self.scorer = scorer or BERTScorer(
             model,
             num_layers,
@@ -119,8 +126,8 @@ class BERTScoreReward:
             autocast_dtype=autocast_dtype,
             reference_cache_size=reference_cache_size,
         )
-        if scorer is not None and not scorer.reference_cache_size:
-            scorer.reference_cache_size = reference_cache_size
+        if scorer is not None and not scorer.reference_cache_size and reference_cache_size:
+            self.scorer = scorer.with_reference_cache(reference_cache_size)
         self.reference_column = reference_column
         self.target = target
         # trainers log each reward function under its __name__
@@ -132,8 +139,21 @@ class BERTScoreReward:
         completions: Sequence[Any] | None = None,
         **columns: Any,
     ) -> list[float]:
+        """The reward of each completion: a list of floats.
+
+        Raises:
+            TypeError: completions or references that are not lists (a single string is refused:
+                it would be scored character by character), or an entry of the wrong type.
+            KeyError: no reference column among the keyword arguments.
+            ValueError: lengths that differ, an empty list of references, invalid Unicode.
+        """
         if completions is None:
             raise TypeError("BERTScoreReward needs completions=[...]")
+        if isinstance(completions, str) or not isinstance(completions, Sequence):
+            raise TypeError(
+                f"completions must be a list (of strings or of chat messages), got "
+                f"{type(completions).__name__}"
+            )
         if self.reference_column not in columns:
             given = sorted(k for k in columns if k not in _TRAINER_KEYWORDS)
             raise KeyError(
@@ -141,12 +161,17 @@ class BERTScoreReward:
                 f"passed to the reward ({given}); set reference_column= to the column that holds "
                 "the references"
             )
-        references = list(columns[self.reference_column])
+        references = columns[self.reference_column]
+        check_reference_groups(references, self.reference_column)
         if len(references) != len(completions):
             raise ValueError(
                 f"{len(completions)} completions but {len(references)} references in column "
                 f"{self.reference_column!r}"
             )
         texts = [completion_text(c, i) for i, c in enumerate(completions)]
-        scores = self.scorer.score(texts, references, progress=False)
+        scores = self.scorer.score(texts, list(references), progress=False)
         return scores[_TARGETS[self.target]].tolist()
+
+    def clear_cache(self) -> None:
+        """Forget the cached reference embeddings."""
+        self.scorer.clear_cache()

@@ -43,6 +43,7 @@ def build_loss(config: dict, encoder: ScorerEncoder, generator_tokenizer) -> BER
         top_k=spec.get("top_k"),
         straight_through=spec.get("straight_through", False),
         generator_tokenizer=None if same_vocabulary else generator_tokenizer,
+        bridge_mode=spec.get("bridge_mode"),
         gradient_checkpointing=config["train"].get("scorer_gradient_checkpointing", True),
     )
 

@@ -56,7 +56,7 @@ class ScriptArguments:
     max_test: int = 30
     scorer: str | None = field(default=None, metadata={"help": "None: the embedded MiniLM"})
     independent_scorer: str | None = field(
-        default="all-mpnet-base-v2", metadata={"help": "held-out only; None to skip"}
+        default="all-mpnet-base-v2", metadata={"help": "held-out only; 'none' to skip"}
     )
 
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     train, test = rows("train"), rows("test")
     scorer = BERTScorer(script.scorer, device=model.device)
     scorers = {"f_bert": scorer}
-    if script.independent_scorer:
+    if script.independent_scorer and script.independent_scorer.lower() != "none":
         try:
             scorers["f_bert_independent"] = BERTScorer(
                 script.independent_scorer, num_layers=12, device=model.device

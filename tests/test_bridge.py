@@ -235,7 +235,9 @@ def test_mpnet_layout_end_to_end(encoder, stsb100, mpnet_tok, mpnet_bridge, brid
         generator_tokenizer=mpnet_tok,
         bridge_cache_dir=str(bridge_cache),
         encoder=encoder,
+        bridge_mode="average",
     )
+    assert loss.bridge_mode == "average" and loss.retokenizer is None
     assert torch.equal(loss.bridge.pieces, mpnet_bridge.pieces)
     cands, refs, expected = first(stsb100, 50)
     ids, mask = padded(encode(mpnet_tok, cands), encoder.device)

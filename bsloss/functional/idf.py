@@ -10,6 +10,7 @@ Pure: token ids in, a dense weight table out.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -50,6 +51,18 @@ def uniform_table(vocab_size: int, special_token_ids: Iterable[int] = ()) -> Ten
     return table
 
 
+def _weight(value: object, name: str) -> float:
+    if isinstance(value, bool | str | bytes):
+        raise TypeError(f"idf: {name} must be a number, got {type(value).__name__}")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"idf: {name} must be a number, got {type(value).__name__}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"idf: {name} is {value}: weights must be finite and >= 0")
+    return value
+
+
 def table_from_mapping(
     weights: Mapping[int, float], vocab_size: int, special_token_ids: Iterable[int] = ()
 ) -> Tensor:
@@ -57,20 +70,26 @@ def table_from_mapping(
 
     Ids missing from the mapping get its ``default_factory()`` for a ``defaultdict``, else the
     largest weight in it (an unseen token is at least as rare as the rarest one seen).
+
+    Raises:
+        TypeError: a key that is not an integer or a weight that is not a number.
+        ValueError: a key outside ``[0, vocab_size)``, or a weight (the default's included)
+            that is negative, NaN or infinite.
     """
     default_factory = getattr(weights, "default_factory", None)
     if default_factory is not None:
-        fill = float(default_factory())
+        fill = _weight(default_factory(), "the defaultdict's default weight")
     else:
-        fill = max((float(v) for v in weights.values()), default=1.0)
+        given = (_weight(v, f"weight of token id {k!r}") for k, v in weights.items())
+        fill = max(given, default=1.0)
     table = torch.full((vocab_size,), fill, dtype=torch.float64)
     for token_id, value in weights.items():
+        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
+            raise TypeError(f"idf: token id {token_id!r} is not an integer")
         if not 0 <= int(token_id) < vocab_size:
             raise ValueError(
                 f"idf: token id {token_id} is outside the vocabulary [0, {vocab_size})"
             )
-        if not math.isfinite(float(value)):
-            raise ValueError(f"idf: weight of token id {token_id} is {value}, not finite")
-        table[int(token_id)] = float(value)
+        table[int(token_id)] = _weight(value, f"weight of token id {token_id}")
     table[list(special_token_ids)] = 0.0
     return table

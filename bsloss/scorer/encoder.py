@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from bsloss._warnings import warn_user
+from bsloss.inputs import check_int
 from bsloss.pretrained import hub_name, resolve_model
 from bsloss.scorer.batching import (
     bucket_length,
@@ -47,9 +48,25 @@ _HUGE_MAX_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a ``torch.device`` (``None``: CUDA when available, else CPU).
+
+    Raises:
+        ValueError: not a device name, or a CUDA device on a machine without CUDA.
+    """
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device {device!r} is not a torch device ({error})") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    return resolved
 
 
 def _load(name_or_path: str):
@@ -126,6 +143,10 @@ class ScorerEncoder(nn.Module):
         """Load ``model`` (hub name or local folder; ``None``: embedded all-MiniLM-L6-v2; its hub
         name also loads the embedded copy when installed). ``all_layers``: keep every layer and
         return all their hidden states from the no-grad path (bert_score's ``all_layers``)."""
+        if model is not None and not isinstance(model, str | Path):
+            raise TypeError(f"model must be a name or a folder, got {type(model).__name__}")
+        if num_layers is not None:
+            num_layers = check_int(num_layers, "num_layers", 0)
         # Offline short names ("all-mpnet-base-v2") load their converted folder and keep the
         # hub name for the layer table and the shipped baselines.
         name = DEFAULT_MODEL_NAME if model is None else hub_name(str(model))
@@ -156,6 +177,25 @@ class ScorerEncoder(nn.Module):
             limit = int(getattr(self.model.config, "max_position_embeddings", 512))
         return limit
 
+    def keep_frozen(self) -> None:
+        """Undo ``requires_grad_(True)`` on a module that holds the scorer.
+
+        ``parent.requires_grad_(True)`` reaches every parameter below ``parent``, the scorer's
+        too; the scorer would then collect ``.grad`` (memory, and an optimizer would update it).
+        Checked at every forward pass (a scan of the parameter flags, microseconds).
+        """
+        thawed = [p for p in self.parameters() if p.requires_grad]
+        if not thawed:
+            return
+        for parameter in thawed:
+            parameter.requires_grad_(False)
+            parameter.grad = None
+        warn_user(
+            f"{len(thawed)} parameters of the frozen scorer {self.name} were set to require "
+            "grad (requires_grad_(True) on a module that holds it?); they were frozen again: "
+            "the scorer is a fixed instrument and is never trained"
+        )
+
     def train(self, mode: bool = True) -> ScorerEncoder:
         """The scorer is a fixed instrument: it stays in eval mode (no dropout) even when a
         module that contains it is put in training mode."""
@@ -185,6 +225,8 @@ class ScorerEncoder(nn.Module):
         """Token ids with special tokens, and the indices of the texts longer than
         ``max_length``: truncated there (the caller warns, naming its own positions), or kept
         whole with ``truncate=False`` (for :meth:`embed_windows`)."""
+        if not texts:  # a tokenizer given an empty batch fails inside transformers
+            return [], []
         prepared = [text.strip() for text in texts]
         if self.prefix_space:
             prepared = [" " + text if text else text for text in prepared]
@@ -260,6 +302,7 @@ class ScorerEncoder(nn.Module):
         inputs_embeds: Tensor | None = None,
     ) -> Tensor:
         """Hidden states ``[B, L, d]`` of layer ``num_layers``."""
+        self.keep_frozen()
         self._check_precision()
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds
@@ -292,14 +335,21 @@ class ScorerEncoder(nn.Module):
             mask: ``[B, L]``, true on real tokens (any pattern; real tokens are packed left).
 
         Returns:
-            hidden states ``[B, P + L + S, d]``, attention mask, and a mask of the special
-            positions (``P``/``S``: the number of prefix/suffix special tokens).
+            hidden states ``[B, P + L' + S, d]``, attention mask, and a mask of the special
+            positions (``P``/``S``: the number of prefix/suffix special tokens, ``L'`` the
+            largest number of real tokens in a row: padding beyond it is dropped, so a long
+            padded batch of short rows fits the encoder).
         """
-        batch, length, _ = token_embeddings.shape
+        batch = token_embeddings.shape[0]
         mask = mask.bool()
         device = token_embeddings.device
         n_prefix, n_suffix = len(self.prefix_ids), len(self.suffix_ids)
         lengths = mask.sum(dim=1)
+        length = token_embeddings.shape[1]
+        if n_prefix + length + n_suffix > self.max_length:
+            # padding past the scorer's maximum: keep only the columns some row uses (a sync,
+            # paid only by such batches)
+            length = int(lengths.max()) if batch else 0
         total = n_prefix + length + n_suffix
         # Slot of each real token: right after the prefix, packed left in their original order.
         slot = n_prefix + torch.cumsum(mask.long(), dim=1) - 1

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from torch import Tensor
 
 from bsloss.functional.idf import idf_table, table_from_mapping, uniform_table
+from bsloss.inputs import check_texts
 from bsloss.scorer.encoder import ScorerEncoder
 
 __all__ = ["IdfSpec", "weight_table"]
@@ -25,9 +26,9 @@ def weight_table(encoder: ScorerEncoder, idf: IdfSpec, vocab_size: int) -> Tenso
     if isinstance(idf, Mapping):
         return table_from_mapping(idf, vocab_size, specials)
     if isinstance(idf, Sequence) and not isinstance(idf, str):
-        sentences = list(idf)
-        for i, sentence in enumerate(sentences):
-            if not isinstance(sentence, str):
-                raise TypeError(f"idf[{i}] must be a string, got {type(sentence).__name__}")
+        sentences = check_texts(idf, "idf")
+        if not sentences:
+            # log((0 + 1) / (0 + 1)) = 0 for every token: every score would be 0
+            raise ValueError("idf is an empty list: pass the reference sentences to count")
         return idf_table(encoder.tokenize(sentences, name="idf"), vocab_size, specials)
     raise TypeError(f"idf must be a bool, a dict or a list of sentences, got {type(idf)}")

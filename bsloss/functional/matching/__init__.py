@@ -40,9 +40,14 @@ def get_matching(name: str) -> Matching:
         raise ValueError(f"matching must be one of {sorted(MATCHINGS)}, got {name!r}") from None
 
 
-def check_temperature(temperature: float) -> float:
+def check_temperature(temperature: float, name: str = "temperature") -> float:
     """A temperature must be a finite number > 0."""
-    value = float(temperature)
+    try:
+        value = float(temperature)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {temperature!r}") from None
+    if isinstance(temperature, bool):
+        raise TypeError(f"{name} must be a number, got {temperature!r}")
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+        raise ValueError(f"{name} must be a finite number > 0, got {temperature!r}")
     return value

@@ -1,0 +1,637 @@
+"""Issue 13: each of the 18 root causes found by trying bsloss as a demanding user and an
+attacker would, and each decision taken, has a test here (named ``test_rcN_...`` and
+``test_decision_...``). The CLI cases (root causes 11-13) are in the ``cli`` section."""
+
+from __future__ import annotations
+
+import collections
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import bsloss
+from bsloss import BERTScoreLoss, BERTScorer, BERTScoreReward
+from bsloss.baseline import compute_baseline, read_baseline
+from bsloss.cli import main
+from bsloss.scorer.reference_cache import ReferenceCache
+
+LONG_WORDS = [
+    "the",
+    "river",
+    "ran",
+    "past",
+    "old",
+    "stone",
+    "houses",
+    "while",
+    "children",
+    "played",
+    "near",
+    "a",
+    "bridge",
+]
+
+
+def long_text(words: int = 600) -> str:
+    return " ".join(LONG_WORDS[i % len(LONG_WORDS)] for i in range(words))
+
+
+def caught_warnings(fn, *args, **kwargs):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args, **kwargs)
+    return result, [str(w.message) for w in caught]
+
+
+@pytest.fixture(scope="module")
+def encoder(scorer):
+    return scorer.encoder
+
+
+@pytest.fixture(scope="module")
+def vocab(encoder) -> int:
+    return encoder.input_embeddings.num_embeddings
+
+
+def token_ids(encoder, texts):
+    """``[B, L]`` scorer ids (no special tokens), 0-padded, and the mask."""
+    rows = [encoder.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    length = max(map(len, rows))
+    ids = torch.zeros(len(rows), length, dtype=torch.long)
+    mask = torch.zeros(len(rows), length, dtype=torch.bool)
+    for b, row in enumerate(rows):
+        ids[b, : len(row)] = torch.tensor(row)
+        mask[b, : len(row)] = True
+    return ids, mask
+
+
+def one_hot(ids, vocab, value=1e4):
+    return torch.zeros(*ids.shape, vocab).scatter_(-1, ids[..., None], value)
+
+
+# ----------------------------------------------------------------------------- 1: caches
+def test_rc1_reward_chunk_of_only_cached_texts(scorer):
+    """Every text of the second call is cached: nothing is left to tokenise."""
+    reward = BERTScoreReward(scorer=BERTScorer(encoder=scorer.encoder))
+    first = reward(completions=["Yes", "No"], reference=["Yes", "No"])
+    second = reward(completions=["No", "Yes"], reference=["Yes", "No"])
+    expected = scorer.score(["No", "Yes"], ["Yes", "No"])[2].tolist()
+    assert second == pytest.approx(expected, abs=1e-6)
+    assert first == pytest.approx([1.0, 1.0], abs=1e-6)
+
+
+def test_rc1_tokenising_nothing(encoder):
+    assert encoder.tokenize_checked([]) == ([], [])
+
+
+def test_rc1_idf_empty_list(encoder):
+    with pytest.raises(ValueError, match=r"idf is an empty list"):
+        BERTScorer(encoder=encoder, idf=[])
+
+
+def test_rc1_scorer_passed_to_reward_is_left_unchanged(encoder):
+    plain = BERTScorer(encoder=encoder)
+    reward = BERTScoreReward(scorer=plain, reference_cache_size=8)
+    reward(completions=["A dog.", "A cat."], reference=["A dog.", "A cat."])
+    assert plain.reference_cache_size == 0 and len(plain._reference_cache) == 0
+    assert len(reward.scorer._reference_cache) == 2 and reward.scorer is not plain
+    # the plain scorer's own score() still works on those texts, all of them now cached by the
+    # reward's copy
+    p, r, f = plain.score(["A cat.", "A dog."], ["A dog.", "A cat."])
+    assert torch.isfinite(f).all() and f.shape == (2,)
+    reward.clear_cache()
+    assert len(reward.scorer._reference_cache) == 0
+
+
+def test_rc1_cached_scorer_passed_to_reward_is_shared(encoder):
+    cached = BERTScorer(encoder=encoder, reference_cache_size=4)
+    reward = BERTScoreReward(scorer=cached)
+    reward(completions=["A dog."], reference=["A cat."])
+    assert reward.scorer is cached and list(cached._reference_cache) == ["A cat."]
+
+
+# ----------------------------------------------------------------------------- 2, 3, 4: numbers
+@pytest.mark.parametrize(
+    "batch_size, error", [(-1, ValueError), (0, ValueError), (1.5, TypeError), (True, TypeError)]
+)
+def test_rc2_score_batch_size(scorer, batch_size, error):
+    with pytest.raises(error, match="batch_size"):
+        scorer.score(["a cat"], ["a dog"], batch_size=batch_size)
+
+
+@pytest.mark.parametrize("name", ["batch_size", "chunk_size", "reference_cache_size"])
+def test_rc2_constructor_numbers(encoder, name):
+    with pytest.raises(ValueError, match=name):
+        BERTScorer(encoder=encoder, **{name: -1})
+    with pytest.raises(TypeError, match=name):
+        BERTScorer(encoder=encoder, **{name: 2.0})
+
+
+@pytest.mark.parametrize(
+    "idf, error, match",
+    [
+        (collections.defaultdict(lambda: float("nan")), ValueError, "default weight is nan"),
+        (collections.defaultdict(lambda: -1.0), ValueError, "default weight"),
+        ({2000: float("inf")}, ValueError, "token id 2000"),
+        ({2000: -0.5}, ValueError, "token id 2000"),
+        ({2000: "heavy"}, TypeError, "token id 2000"),
+        ({"the": 1.0}, TypeError, "token id 'the'"),
+    ],
+)
+def test_rc3_idf_weights_must_be_finite_and_non_negative(encoder, idf, error, match):
+    with pytest.raises(error, match=match):
+        BERTScorer(encoder=encoder, idf=idf)
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "x"])
+def test_rc4_baseline_with_a_non_finite_value(tmp_path, encoder, value):
+    path = tmp_path / "baseline.tsv"
+    rows = "".join(f"{layer},0.5,{value},0.5\n" for layer in range(7))
+    path.write_text("LAYER,P,R,F\n" + rows)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}.*layer 6"):
+        read_baseline(path, 6)
+    with pytest.raises(ValueError, match="layer 6"):
+        BERTScorer(encoder=encoder, rescale_with_baseline=True, baseline_path=str(path))
+
+
+# ------------------------------------------------------------------------- 5-8: loss input
+def test_rc5_float64_logits(encoder, vocab):
+    loss = BERTScoreLoss(encoder=encoder, reduction="none")
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, vocab, dtype=torch.float64, requires_grad=True)
+    value = loss(logits=logits, references=["a dog runs", "a cat sleeps"])
+    value.sum().backward()
+    assert value.dtype == torch.float32 and torch.isfinite(value).all()
+    assert logits.grad.dtype == torch.float64 and torch.isfinite(logits.grad).all()
+    as_float32 = loss(logits=logits.detach().float(), references=["a dog runs", "a cat sleeps"])
+    torch.testing.assert_close(value.detach(), as_float32, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["logits", "probs", "candidate_ids", "embeddings"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_rc6_empty_batch(encoder, vocab, kind, reduction):
+    inputs = {
+        "logits": torch.zeros(0, 3, vocab, requires_grad=True),
+        "probs": torch.zeros(0, 3, vocab, requires_grad=True),
+        "candidate_ids": torch.zeros(0, 3, dtype=torch.long),
+        "embeddings": torch.zeros(0, 3, encoder.hidden_size, requires_grad=True),
+    }
+    loss = BERTScoreLoss(encoder=encoder, reduction=reduction)
+    value = loss(**{kind: inputs[kind]}, references=[])
+    assert value.shape == ((0,) if reduction == "none" else ())
+    if reduction != "none":
+        assert value.item() == 0.0
+    if inputs[kind].requires_grad:
+        value.sum().backward()
+        assert inputs[kind].grad.shape == inputs[kind].shape
+    prf = loss.score(**{kind: inputs[kind]}, reference_ids=torch.zeros(0, 2, dtype=torch.long))
+    assert prf.f1.shape == (0,)
+
+
+def test_rc7_references_as_a_string(encoder, vocab):
+    loss = BERTScoreLoss(encoder=encoder)
+    with pytest.raises(TypeError, match="references must be a list"):
+        loss(logits=torch.randn(2, 3, vocab), references="ab")
+    with pytest.raises(TypeError, match=re.escape("references[1][0]")):
+        loss(logits=torch.randn(2, 3, vocab), references=["a", [3]])
+    with pytest.raises(ValueError, match=re.escape("references[0] is an empty list")):
+        loss(logits=torch.randn(2, 3, vocab), references=[[], "b"])
+
+
+def test_rc8_reference_ids_outside_the_vocabulary(encoder, vocab):
+    loss = BERTScoreLoss(encoder=encoder, reduction="none")
+    logits = torch.randn(2, 3, vocab)
+    ids = torch.tensor([[101, 2000, 102], [101, vocab + 5, 102]])
+    with pytest.raises(ValueError, match=r"reference_ids has ids outside .*\[1, 1\]"):
+        loss(logits=logits, reference_ids=ids)
+    with pytest.raises(ValueError, match="reference_ids has ids outside"):
+        loss(logits=logits, reference_ids=-ids)
+    with pytest.raises(TypeError, match="reference_ids must have an integer dtype"):
+        loss(logits=logits, reference_ids=ids.float())
+    # a bad id on a masked-out position is padding: ignored
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    padded = loss(logits=logits, reference_ids=ids, reference_mask=mask)
+    clean = loss(logits=logits, reference_ids=torch.where(mask, ids, 0), reference_mask=mask)
+    torch.testing.assert_close(padded, clean)
+
+
+# ----------------------------------------------------------------------------- 9: inference mode
+@pytest.mark.parametrize("cache_size", [0, 10])
+def test_rc9_inference_mode_call_does_not_poison_training(encoder, vocab, cache_size):
+    refs = ["a dog runs in the park", "a cat sleeps"]
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, vocab)
+    poisoned = BERTScoreLoss(encoder=encoder, reference_cache_size=cache_size)
+    with torch.inference_mode():
+        poisoned(logits=logits, references=refs)  # as PyTorch Lightning validates
+    fresh = BERTScoreLoss(encoder=encoder, reference_cache_size=cache_size)
+    grads = []
+    for loss in (poisoned, fresh):
+        x = logits.clone().requires_grad_(True)
+        loss(logits=x, references=refs).backward()
+        grads.append(x.grad)
+    assert torch.isfinite(grads[0]).all() and grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-7, rtol=1e-5)
+    for hidden, ids in poisoned.reference_cache.values():
+        assert not hidden.is_inference() and not ids.is_inference()
+
+
+# ----------------------------------------------------------------------------- 10: reward input
+def test_rc10_reward_completions_as_a_string(scorer):
+    reward = BERTScoreReward(scorer=scorer)
+    with pytest.raises(TypeError, match="completions must be a list"):
+        reward(completions="ab", reference=["a", "b"])
+    with pytest.raises(TypeError, match="summary must be a list"):
+        BERTScoreReward(scorer=scorer, reference_column="summary")(
+            completions=["a", "b"], summary="ab"
+        )
+    with pytest.raises(TypeError, match="reference_cache_size"):
+        BERTScoreReward(scorer=scorer, reference_cache_size=0.5)
+    with pytest.raises(TypeError, match="scorer must be a BERTScorer"):
+        BERTScoreReward(scorer="all-MiniLM-L6-v2")
+
+
+# ----------------------------------------------------------------------------- 14, 15: plot
+def test_rc14_plot_temperature_zero(scorer):
+    pytest.importorskip("matplotlib")
+    from bsloss.plot import plot_example
+
+    for temperature in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            plot_example("a dog", "a cat", scorer=scorer, temperature=temperature)
+
+
+@pytest.mark.parametrize(
+    "cand, ref, name", [("", "a dog", "candidate"), ("a dog", "  ", "reference")]
+)
+def test_rc15_plot_empty_text(scorer, cand, ref, name):
+    pytest.importorskip("matplotlib")
+    from bsloss.plot import plot_example
+
+    with pytest.raises(ValueError, match=f"{name} has no token"):
+        plot_example(cand, ref, scorer=scorer)
+    with pytest.raises(TypeError, match="candidate must be a string"):
+        plot_example(None, ref, scorer=scorer)
+
+
+# ----------------------------------------------------------------------------- 16: long candidates
+@pytest.mark.parametrize("kind", ["logits", "candidate_ids"])
+def test_rc16_padding_past_the_scorer_maximum(encoder, vocab, kind):
+    ids, mask = token_ids(encoder, ["a man is playing a guitar on the stage tonight"])
+    length = ids.shape[1]
+    padded_ids = torch.zeros(1, 600, dtype=torch.long)
+    padded_ids[:, :length] = ids
+    padded_mask = torch.zeros(1, 600, dtype=torch.bool)
+    padded_mask[:, :length] = mask
+    loss = BERTScoreLoss(encoder=encoder, matching="hard", reduction="none")
+    refs = ["a man plays the guitar"]
+    if kind == "logits":
+        short, long = {"logits": one_hot(ids, vocab)}, {"logits": one_hot(padded_ids, vocab)}
+    else:
+        short, long = {"candidate_ids": ids}, {"candidate_ids": padded_ids}
+    expected = loss(**short, candidate_mask=mask, references=refs)
+    got = loss(**long, candidate_mask=padded_mask, references=refs)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+
+def test_rc16_more_real_tokens_than_the_scorer_takes(encoder, vocab):
+    loss = BERTScoreLoss(encoder=encoder, matching="hard", reduction="none")
+    ids, mask = token_ids(encoder, [long_text(700), "a short one"])
+    assert mask[0].sum() > encoder.max_length
+    value, messages = caught_warnings(
+        loss, candidate_ids=ids, candidate_mask=mask, references=["a river", "a short one"]
+    )
+    (message,) = [m for m in messages if "real tokens" in m]
+    assert "1 of 2 candidates" in message and "candidate_ids[0]" in message
+    limit = encoder.max_length - 2
+    cut = loss(candidate_ids=ids[:1, :limit], references=["a river"])
+    torch.testing.assert_close(value[0], cut[0], atol=1e-6, rtol=0)
+    assert value[1].item() == pytest.approx(0.0, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- 17: loss long refs
+def test_rc17_truncation_warning_names_the_right_reference(encoder, vocab):
+    loss = BERTScoreLoss(encoder=encoder)
+    logits = torch.randn(3, 3, vocab)
+    refs = ["a dog", ["a cat", long_text(600)], long_text(650)]
+    _, messages = caught_warnings(loss, logits=logits, references=refs)
+    (message,) = [m for m in messages if "longer than" in m]
+    assert "references[1][1], references[2]" in message and "2 of 4 inputs" in message
+    suggested = re.findall(r"\b(\w+)=", message)
+    assert suggested == ["long_inputs"]
+    # the same warning when the references come from the cache
+    _, messages = caught_warnings(loss, logits=logits[:1], references=[long_text(650)])
+    assert any("references[0]" in m for m in messages if "longer than" in m)
+
+
+def test_rc17_loss_long_inputs_window_equals_the_metric(encoder, vocab):
+    cands = ["the river ran past old stone houses", "a dog"]
+    refs = [long_text(600), "a dog sleeps"]
+    ids, mask = token_ids(encoder, cands)
+    loss = BERTScoreLoss(encoder=encoder, matching="hard", long_inputs="window")
+    (prf, messages) = caught_warnings(
+        loss.score, logits=one_hot(ids, vocab), candidate_mask=mask, references=refs
+    )
+    assert not [m for m in messages if "longer than" in m]
+    exact = BERTScorer(encoder=encoder, long_inputs="window").score(cands, refs)
+    truncated = BERTScorer(encoder=encoder).score(cands, refs)
+    for ours, want in zip(prf, exact, strict=True):
+        torch.testing.assert_close(ours.detach(), want, atol=1e-5, rtol=0)
+    assert (exact[1][0] - truncated[1][0]).abs() > 1e-4  # the windows made a difference
+    with pytest.raises(ValueError, match="long_inputs"):
+        BERTScoreLoss(encoder=encoder, long_inputs="chunk")
+
+
+def test_rc17_long_reference_ids_are_refused_by_name(encoder, vocab):
+    loss = BERTScoreLoss(encoder=encoder)
+    ids = torch.full((2, 600), 2000)
+    with pytest.raises(ValueError, match=r"reference_ids\[0\] has tokens past position 512"):
+        loss(logits=torch.randn(2, 3, vocab), reference_ids=ids)
+    # padding past the maximum is dropped
+    mask = torch.zeros(2, 600, dtype=torch.bool)
+    mask[:, :5] = True
+    value = loss(logits=torch.randn(2, 3, vocab), reference_ids=ids, reference_mask=mask)
+    assert torch.isfinite(value)
+
+
+# ----------------------------------------------------------------------------- 18: surrogates
+def test_rc18_lone_surrogate_is_named(scorer, encoder, vocab):
+    bad = "a \ud800 b"
+    with pytest.raises(ValueError, match=re.escape("cands[1] is not valid Unicode")):
+        scorer.score(["ok", bad], ["a", "b"])
+    with pytest.raises(ValueError, match=re.escape("refs[0][1] is not valid Unicode")):
+        scorer.score(["ok"], [["a", bad]])
+    with pytest.raises(ValueError, match=re.escape("references[0] is not valid Unicode")):
+        BERTScoreLoss(encoder=encoder)(logits=torch.randn(1, 2, vocab), references=[bad])
+    with pytest.raises(ValueError, match=re.escape("completions[0] is not valid Unicode")):
+        BERTScoreReward(scorer=scorer)(completions=[bad], reference=["a"])
+    with pytest.raises(ValueError, match=re.escape("idf[1] is not valid Unicode")):
+        BERTScorer(encoder=encoder, idf=["a", bad])
+    # valid non-ASCII text is fine
+    assert scorer.score(["café ☕ 東京"], ["café"])[2].item() > 0
+
+
+# ----------------------------------------------------------------------------- decisions
+def test_decision_loss_reference_cache_is_bounded_lru_and_clearable(encoder, vocab):
+    loss = BERTScoreLoss(encoder=encoder, reference_cache_size=2)
+    assert isinstance(loss.reference_cache, ReferenceCache)
+    logits = torch.randn(1, 3, vocab)
+    for ref in ("one", "two", "one", "three"):
+        loss(logits=logits, references=[ref])
+    assert list(loss.reference_cache) == ["one", "three"]  # "two" least recently used
+    for hidden, ids in loss.reference_cache.values():
+        assert hidden.untyped_storage().nbytes() == hidden.numel() * 4
+        assert ids.untyped_storage().nbytes() == ids.numel() * 8
+    loss.clear_cache()
+    assert len(loss.reference_cache) == 0
+    assert len(BERTScoreLoss(encoder=encoder).reference_cache) == 0
+    assert BERTScoreLoss(encoder=encoder).reference_cache.max_size == 10_000
+    with pytest.raises(ValueError, match="reference_cache_size"):
+        BERTScoreLoss(encoder=encoder, reference_cache_size=-1)
+
+
+def test_decision_cache_is_keyed_on_autocast_and_long_input_mode(encoder, vocab):
+    loss = BERTScoreLoss(encoder=encoder)
+    logits = torch.randn(1, 3, vocab)
+    plain = loss(logits=logits, references=["a dog"])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss(logits=logits, references=["a dog"])
+    # the bf16 entry replaced the float32 one: the float32 call does not reuse it
+    assert loss(logits=logits, references=["a dog"]) == plain
+    scorer = BERTScorer(encoder=encoder, reference_cache_size=4)
+    truncated = scorer.score(["a river"], [long_text(600)])
+    scorer.long_inputs = "window"
+    windowed = scorer.score(["a river"], [long_text(600)])
+    whole = BERTScorer(encoder=encoder, long_inputs="window").score(["a river"], [long_text(600)])
+    torch.testing.assert_close(windowed, whole)
+    assert (windowed[1] - truncated[1]).abs() > 1e-4
+
+
+def test_reference_cache_unit():
+    cache = ReferenceCache(max_size=2)
+    entry = (torch.zeros(2, 3), torch.tensor([1, 2]))
+    for text in "abc":
+        cache.store(text, entry, truncated=text == "c", variant=("v",))
+    assert list(cache) == ["b", "c"] and cache.truncated("c") and not cache.truncated("b")
+    assert list(cache.lookup(["b"], ("v",))) == ["b"] and list(cache) == ["c", "b"]
+    cache.max_size = 1
+    assert list(cache) == ["b"]
+    assert cache.lookup(["b"], ("other",)) == {} and len(cache) == 0
+    with pytest.raises(TypeError, match="reference_cache_size"):
+        cache.max_size = None
+
+
+def test_decision_top_k_one_is_refused(encoder):
+    with pytest.raises(ValueError, match="top_k=1 gives an exactly zero gradient"):
+        BERTScoreLoss(encoder=encoder, top_k=1)
+    with pytest.raises(ValueError, match="top_k must be >= 1"):
+        BERTScoreLoss(encoder=encoder, top_k=0)
+    BERTScoreLoss(encoder=encoder, top_k=2)
+
+
+def test_decision_scorer_stays_frozen_under_parent_requires_grad(vocab):
+    from bsloss.scorer.encoder import ScorerEncoder
+
+    parent = torch.nn.Module()
+    parent.head = torch.nn.Linear(4, 4)
+    parent.loss = BERTScoreLoss(encoder=ScorerEncoder.from_pretrained(None))
+    parent.requires_grad_(True)
+    logits = torch.randn(1, 3, vocab, requires_grad=True)
+    _, messages = caught_warnings(parent.loss, logits=logits, references=["a dog"])
+    assert any("frozen again" in m for m in messages)
+    parent.loss(logits=logits, references=["a dog"]).backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()
+    assert all(not p.requires_grad and p.grad is None for p in parent.loss.encoder.parameters())
+    assert all(p.requires_grad for p in parent.head.parameters())
+
+
+def test_decision_tab_separated_baseline(tmp_path, encoder):
+    path = tmp_path / "baseline.tsv"
+    path.write_text("LAYER\tP\tR\tF\n" + "".join(f"{i}\t0.5\t0.5\t0.5\n" for i in range(7)))
+    with pytest.raises(ValueError, match=r"LAYER,P,R,F.*tab-separated"):
+        read_baseline(path, 6)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_baseline(tmp_path / "missing.tsv", 6)
+    with pytest.raises(FileNotFoundError, match="ships no baseline"):
+        bsloss.baseline.load_baseline(None, "no-such/model", 3)
+
+
+def test_device_names_are_checked(encoder):
+    from bsloss.scorer.encoder import resolve_device
+
+    with pytest.raises(ValueError, match="'gpu' is not a torch device"):
+        resolve_device("gpu")
+    with pytest.raises(ValueError, match="cuda:99"):
+        resolve_device("cuda:99")
+
+
+def test_loss_tensor_types_are_named(encoder, vocab):
+    loss = BERTScoreLoss(encoder=encoder)
+    refs = ["a", "b"]
+    with pytest.raises(TypeError, match="logits must be a torch.Tensor"):
+        loss(logits=[[0.0]], references=refs)
+    with pytest.raises(TypeError, match="logits must have a floating dtype"):
+        loss(logits=torch.zeros(2, 3, vocab, dtype=torch.long), references=refs)
+    with pytest.raises(TypeError, match="candidate_ids must have an integer dtype"):
+        loss(candidate_ids=torch.zeros(2, 3), references=refs)
+    with pytest.raises(TypeError, match="candidate_mask must have a bool or integer dtype"):
+        loss(
+            candidate_ids=torch.zeros(2, 3, dtype=torch.long),
+            candidate_mask=torch.ones(2, 3),
+            references=refs,
+        )
+    with pytest.raises(ValueError, match=r"probs must be \[B, L, V\]"):
+        loss(probs=torch.ones(2, vocab), references=refs)
+    with pytest.raises(ValueError, match="embeddings contains NaN"):
+        loss(embeddings=torch.full((2, 3, encoder.hidden_size), float("nan")), references=refs)
+    with pytest.raises(ValueError, match=r"got logits, probs"):
+        loss(logits=torch.zeros(2, 3, vocab), probs=torch.zeros(2, 3, vocab), references=refs)
+    with pytest.raises(ValueError, match="on meta"):
+        loss(logits=torch.zeros(2, 3, vocab, device="meta"), references=refs)
+    with pytest.raises(ValueError, match="gumbel_temperature"):
+        BERTScoreLoss(encoder=encoder, gumbel_temperature=0.0)
+    with pytest.raises(TypeError, match="sinkhorn_iterations"):
+        BERTScoreLoss(encoder=encoder, sinkhorn_iterations=1.5)
+
+
+def test_compute_baseline_num_pairs(encoder):
+    with pytest.raises(ValueError, match="num_pairs must be >= 1"):
+        compute_baseline(["a b", "c d"], num_pairs=0)
+
+
+# ----------------------------------------------------------------------------- 11-13: CLI
+def run_cli(argv, capsys):
+    status = main(argv)
+    captured = capsys.readouterr()
+    return status, captured.err.strip().splitlines(), captured.out
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    (folder / "c.txt").write_text("a cat sat\na dog ran\n")
+    (folder / "r.txt").write_text("the cat sat\nthe dog ran\n")
+    (folder / "one.txt").write_text("only one sentence here\n")
+    (folder / "empty.txt").write_text("")
+    (folder / "latin1.txt").write_bytes("café au lait\n".encode("latin-1"))
+    (folder / "dir").mkdir()
+    return folder
+
+
+def cli_cases(f):
+    """(argv, the text the one error line must contain) for each user error."""
+    score = ["score", "--progress", "off"]
+    ok = ["-c", str(f / "c.txt"), "-r", str(f / "r.txt")]
+    return {
+        "missing-candidates": (
+            [*score, "-c", str(f / "nope.txt"), "-r", str(f / "r.txt")],
+            "--candidates",
+        ),
+        "missing-references": (
+            [*score, "-c", str(f / "c.txt"), "-r", str(f / "nope.txt")],
+            "--references",
+        ),
+        "invalid-utf8": (
+            [*score, "-c", str(f / "latin1.txt"), "-r", str(f / "one.txt")],
+            "not UTF-8",
+        ),
+        "directory-input": ([*score, "-c", str(f / "dir"), "-r", str(f / "r.txt")], "directory"),
+        "num-layers-too-big": ([*score, *ok, "--num-layers", "99"], "num_layers"),
+        "device-cuda": ([*score, *ok, "--device", "cuda:99"], "cuda:99"),
+        "device-unknown": ([*score, *ok, "--device", "gpu"], "'gpu'"),
+        "bad-model": (
+            [*score, *ok, "--model", str(f / "no-model"), "--num-layers", "2"],
+            "no-model",
+        ),
+        "missing-baseline-path": (
+            [*score, *ok, "--rescale", "--baseline-path", str(f / "nope.tsv")],
+            "nope.tsv",
+        ),
+        "two-stdin": ([*score, "-c", "-", "-r", "-"], "standard input"),
+        "empty-files": ([*score, "-c", str(f / "empty.txt"), "-r", str(f / "empty.txt")], "empty"),
+        "line-counts": ([*score, "-c", str(f / "c.txt"), "-r", str(f / "one.txt")], "2 lines"),
+        "baseline-one-sentence": (
+            ["baseline", "--corpus", str(f / "one.txt"), "-o", str(f / "b.csv")],
+            "at least two",
+        ),
+        "baseline-output-directory": (
+            ["baseline", "--corpus", str(f / "c.txt"), "-o", str(f / "dir")],
+            "directory",
+        ),
+        "baseline-missing-corpus": (
+            ["baseline", "--corpus", str(f / "nope.txt"), "-o", str(f / "b.csv")],
+            "--corpus",
+        ),
+        "plot-output-directory": (
+            ["plot", "-c", "a", "-r", "b", "-o", str(f / "dir")],
+            "directory",
+        ),
+        "plot-unknown-extension": (
+            ["plot", "-c", "a", "-r", "b", "-o", str(f / "x.docx")],
+            "cannot write .docx",
+        ),
+    }
+
+
+CLI_CASES = list(cli_cases(Path("unused")))
+
+
+@pytest.mark.parametrize("case", CLI_CASES)
+def test_rc11_cli_user_error_is_one_line_and_exit_2(files, capsys, case):
+    if case.startswith("plot"):
+        pytest.importorskip("matplotlib")
+    argv, text = cli_cases(files)[case]
+    status, err, out = run_cli(argv, capsys)
+    assert status == 2, (status, err)
+    assert len(err) == 1 and err[0].startswith("bsloss: error: "), err
+    assert text in err[0], err
+    assert "Traceback" not in err[0] and out == ""
+
+
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["score", "-c", "c", "-r", "r", "--batch-size", "0"], "--batch-size"),
+        (["score", "-c", "c", "-r", "r", "--num-layers", "-1"], "--num-layers"),
+        (["baseline", "--corpus", "c", "-o", "o", "--num-pairs", "0"], "--num-pairs"),
+        (["plot", "-c", "a", "-r", "b", "-o", "o.png", "--temperature", "0"], "--temperature"),
+    ],
+    ids=["batch-size-0", "num-layers-negative", "rc13-num-pairs-0", "rc14-temperature-0"],
+)
+def test_rc11_cli_bad_numbers_are_argparse_errors(capsys, argv, option):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}" in err and "Traceback" not in err
+
+
+def test_rc12_cli_empty_files_do_not_print_nan(files, capsys):
+    status, err, out = run_cli(
+        ["score", "-c", str(files / "empty.txt"), "-r", str(files / "empty.txt")], capsys
+    )
+    assert status == 2 and "nan" not in out.lower() and "empty" in err[0]
+
+
+def test_rc11_cli_debug_shows_the_traceback(files):
+    with pytest.raises(ValueError, match="does not exist"):
+        main(["--debug", "score", "-c", str(files / "nope.txt"), "-r", str(files / "r.txt")])
+    with pytest.raises(ValueError, match="does not exist"):
+        main(["score", "-c", str(files / "nope.txt"), "-r", str(files / "r.txt"), "--debug"])
+
+
+def test_rc11_cli_reads_standard_input(files, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("a cat sat\na dog ran\n"))
+    status, err, out = run_cli(
+        ["score", "-c", "-", "-r", str(files / "r.txt"), "--progress", "off"], capsys
+    )
+    from_files = run_cli(
+        ["score", "-c", str(files / "c.txt"), "-r", str(files / "r.txt"), "--progress", "off"],
+        capsys,
+    )
+    assert status == 0 and out == from_files[2] and "F1:" in out
