@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help="hub name or local folder (default: embedded all-MiniLM-L6-v2)",
         )
-        p.add_argument("-b", "--batch-size", "--batch_size", type=_int_at_least(1), default=64)
+        p.add_argument("--batch-size", "-b", "--batch_size", type=_int_at_least(1), default=64)
         p.add_argument("--device", default=None)
         p.add_argument(
             "--debug",
@@ -225,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="bert-score's default model for this language (en: roberta-large, zh, tr, en-sci, "
         "others: bert-base-multilingual-cased); needs that model offline-loadable",
     )
-    score.add_argument("-l", "--num-layers", "--num_layers", type=_int_at_least(0), default=None)
+    score.add_argument("--num-layers", "-l", "--num_layers", type=_int_at_least(0), default=None)
     score.add_argument("--idf", action="store_true", help="idf weights from the references")
     score.add_argument(
         "--rescale",
@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "-f", "--output", "--file", required=True, type=Path, help="image file (.png, .pdf)"
     )
     plot.add_argument("--lang", action=_LangModel, default=None, help="as for `bsloss score`")
-    plot.add_argument("-l", "--num-layers", "--num_layers", type=_int_at_least(0), default=None)
+    plot.add_argument("--num-layers", "-l", "--num_layers", type=_int_at_least(0), default=None)
     plot.add_argument(
         "--temperature",
         type=_positive_float,
