@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 from bsloss.bridge import VocabularyBridge  # noqa: E402
 from bsloss.loss import BERTScoreLoss  # noqa: E402
 from bsloss.metric import BERTScorer, score  # noqa: E402
+from bsloss.plot import plot_example  # noqa: E402
 from bsloss.reward import BERTScoreReward  # noqa: E402
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "BERTScoreLoss",
     "BERTScoreReward",
     "VocabularyBridge",
+    "plot_example",
     "score",
     "__version__",
 ]

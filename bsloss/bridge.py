@@ -248,6 +248,23 @@ class VocabularyBridge:
 
     Build it with :meth:`build`; ``VocabularyBridge(pieces)`` takes a padded ``[V_gen, P]``
     table (``-1`` = none) and :meth:`from_csr` the flat form.
+
+    Args:
+        pieces: ``[V_gen, P]`` scorer piece ids of each generator token, ``-1`` padded.
+        special: ``[V_gen]`` true on the generator's special tokens (default: tokens that map
+            to nothing).
+        identity: the vocabularies are equal.
+
+    Raises:
+        AttributeError: from :meth:`build`, a tokenizer without ``get_vocab`` (not a Hugging
+            Face tokenizer).
+
+    >>> import bsloss
+    >>> from bsloss.scorer.encoder import ScorerEncoder
+    >>> scorer = ScorerEncoder.from_pretrained()
+    >>> bridge = bsloss.VocabularyBridge.build(scorer.tokenizer, scorer)  # same vocabulary
+    >>> bridge.identity, bridge.generator_vocab_size
+    (True, 30522)
     """
 
     def __init__(self, pieces: Tensor, special: Tensor | None = None, identity: bool = False):

@@ -159,6 +159,23 @@ def _positive_float(text: str) -> float:
     return value
 
 
+class _LangModel(argparse.Action):
+    """bert-score's ``--lang``: its default model for the language, unless ``-m`` names one
+    (in either order on the command line)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from bsloss.metric import model_for_lang
+
+        namespace.lang = values
+        if not getattr(namespace, "model_given", False):
+            namespace.model = model_for_lang(values)
+
+
+class _Model(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.model, namespace.model_given = values, True
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bsloss", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
@@ -166,11 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument(
+            "-m",
             "--model",
+            action=_Model,
             default=None,
             help="hub name or local folder (default: embedded all-MiniLM-L6-v2)",
         )
-        p.add_argument("--batch-size", type=_int_at_least(1), default=64)
+        p.add_argument("--batch-size", "-b", "--batch_size", type=_int_at_least(1), default=64)
         p.add_argument("--device", default=None)
         p.add_argument(
             "--debug",
@@ -186,27 +205,70 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     score = sub.add_parser("score", help="BERTScore of candidate lines against reference lines")
-    score.add_argument("-c", "--candidates", required=True, help="file, one candidate per line")
+    # bert-score's own flags are accepted too (-c/--cand, -r/--ref, --lang, -m, -l, -b, -s, -v,
+    # --idf, --rescale_with_baseline, --baseline_path, --nthreads, --use_fast_tokenizer)
+    score.add_argument(
+        "-c", "--candidates", "--cand", required=True, help="file, one candidate per line"
+    )
     score.add_argument(
         "-r",
         "--references",
+        "--ref",
         required=True,
         nargs="+",
         help="file(s), one reference per line; several files = multiple references",
     )
-    score.add_argument("--num-layers", type=_int_at_least(0), default=None)
+    score.add_argument(
+        "--lang",
+        action=_LangModel,
+        default=None,
+        help="bert-score's default model for this language (en: roberta-large, zh, tr, en-sci, "
+        "others: bert-base-multilingual-cased); needs that model offline-loadable",
+    )
+    score.add_argument("--num-layers", "-l", "--num_layers", type=_int_at_least(0), default=None)
     score.add_argument("--idf", action="store_true", help="idf weights from the references")
-    score.add_argument("--rescale", action="store_true", help="rescale with the baseline")
-    score.add_argument("--baseline-path", default=None)
-    score.add_argument("--per-line", action="store_true", help="print P, R, F of every line")
+    score.add_argument(
+        "--rescale",
+        "--rescale_with_baseline",
+        action="store_true",
+        help="rescale with the baseline",
+    )
+    score.add_argument("--baseline-path", "--baseline_path", default=None)
+    score.add_argument(
+        "-s",
+        "--per-line",
+        "--seg_level",
+        action="store_true",
+        help="print P, R, F of every line",
+    )
+    score.add_argument(
+        "-v",
+        "--verbose",
+        dest="progress",
+        action="store_const",
+        const="on",
+        default="auto",
+        help="progress bars (as --progress on)",
+    )
+    score.add_argument(
+        "--nthreads", type=int, default=4, help="accepted for bert-score compatibility; no effect"
+    )
+    score.add_argument(
+        "--use_fast_tokenizer",
+        action="store_true",
+        help="accepted for bert-score compatibility; bsloss uses the fast tokenizer",
+    )
     common(score)
     score.set_defaults(run=_score)
 
     plot = sub.add_parser("plot", help="similarity heatmap of one pair, matches marked")
     plot.add_argument("-c", "--candidate", required=True, help="candidate text")
     plot.add_argument("-r", "--reference", required=True, help="reference text")
-    plot.add_argument("-o", "--output", required=True, type=Path, help="image file (.png, .pdf)")
-    plot.add_argument("--num-layers", type=_int_at_least(0), default=None)
+    plot.add_argument(
+        "-o", "-f", "--output", "--file", required=True, type=Path, help="image file (.png, .pdf)"
+    )
+    plot.add_argument("--lang", action=_LangModel, default=None, help="as for `bsloss score`")
+    plot.add_argument("--num-layers", "-l", "--num_layers", type=_int_at_least(0), default=None)
     plot.add_argument(
         "--temperature",
         type=_positive_float,

@@ -107,9 +107,20 @@ class BERTScoreLoss(nn.Module):
             scorer's device, least recently used evicted first (``0``: none); :meth:`clear_cache`
             empties it.
 
+    Returns:
+        Calling it (:meth:`forward`) returns ``1 - score`` of ``target``, reduced by
+        ``reduction``; :meth:`score` returns the per-sample ``PRF``.
+
     Raises:
         ValueError, TypeError: an argument of the wrong type or out of range, named.
         FileNotFoundError: no baseline file for ``rescale_with_baseline``.
+
+    >>> import torch, bsloss
+    >>> loss_fn = bsloss.BERTScoreLoss(matching="softmax", temperature=0.05)
+    >>> logits = torch.randn(2, 6, 30522, requires_grad=True)  # a generator's [B, L, V] output
+    >>> loss = loss_fn(logits=logits, references=["a cat sat", "the dog ran"])
+    >>> loss.backward(); logits.grad.shape
+    torch.Size([2, 6, 30522])
     """
 
     def __init__(

@@ -2,11 +2,19 @@
 
 A thin stateful wrapper: the :class:`~bsloss.scorer.encoder.ScorerEncoder` turns text into token
 embeddings, :func:`bsloss.functional.bert_score` does the math (the same function the losses use).
+
+Drop-in for bert_score: :func:`score` and :class:`BERTScorer` take bert_score 0.3.13's keywords
+(``model_type``, ``lang``, ``verbose``, ``return_hash``, ``all_layers``, ``idf_sents``, ...) and
+return what it returns: ``(P, R, F)``, each ``[N]`` (``[num_layers + 1, N]`` with
+``all_layers``), or ``((P, R, F), hash)`` with ``return_hash=True``.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import time
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -20,25 +28,100 @@ from bsloss.functional.idf import document_frequency, idf_from_frequency
 from bsloss.inputs import check_int, check_texts, flatten_groups, validate_pairs
 from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.encoder import ScorerEncoder
+from bsloss.scorer.layers import num_hidden_layers
 from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder
 from bsloss.scorer.weights import IdfSpec, weight_table
 
-__all__ = ["BERTScorer", "score"]
+__all__ = ["BERTScorer", "score", "LANG_TO_MODEL", "model_for_lang"]
+
+# bert_score 0.3.13's ``lang2model``: the model each language gets when no model is named.
+LANG_TO_MODEL: dict[str, str] = {
+    "en": "roberta-large",
+    "zh": "bert-base-chinese",
+    "tr": "dbmdz/bert-base-turkish-cased",
+    "en-sci": "allenai/scibert_scivocab_uncased",
+}
+MULTILINGUAL_MODEL = "bert-base-multilingual-cased"
+
+
+def model_for_lang(lang: str) -> str:
+    """bert_score's default model for a language (``bert-base-multilingual-cased`` for any
+    language without its own entry).
+
+    Args:
+        lang: a language code such as ``"en"``, ``"zh"`` or ``"en-sci"``.
+
+    Returns:
+        The Hugging Face hub name bert_score would load.
+
+    Raises:
+        TypeError: ``lang`` is not a string.
+
+    >>> model_for_lang("en"), model_for_lang("de")
+    ('roberta-large', 'bert-base-multilingual-cased')
+    """
+    if not isinstance(lang, str):
+        raise TypeError(f"lang must be a string such as 'en', got {type(lang).__name__}")
+    return LANG_TO_MODEL.get(lang.lower(), MULTILINGUAL_MODEL)
+
+
+def _pick_model(model_type: str | None, model: str | None, lang: str | None) -> str | None:
+    """The scorer model from bert_score's ``model_type`` / ``lang`` or bsloss's ``model``."""
+    if model_type is not None and model is not None and str(model_type) != str(model):
+        raise ValueError(
+            f"model_type={model_type!r} and model={model!r} name different scorers; pass one"
+        )
+    chosen = model_type if model_type is not None else model
+    if chosen is None and lang is not None:
+        return model_for_lang(lang)
+    return chosen
+
+
+def _load_encoder(
+    model: str | None, num_layers, device, all_layers: bool, lang: str | None, from_lang: bool
+) -> ScorerEncoder:
+    try:
+        return ScorerEncoder.from_pretrained(model, num_layers, device, all_layers=all_layers)
+    except OSError as error:
+        if not from_lang:
+            raise
+        raise OSError(
+            f"lang={lang!r} picks bert_score's default model {model!r}, which could not be "
+            "loaded (the Hugging Face hub is unreachable or the model is not cached). Pass a "
+            "local copy instead: model_type='/path/to/model_folder' (with num_layers=N unless "
+            "the folder is named like a known model), or use bsloss's embedded all-MiniLM-L6-v2: "
+            "model_type=None and no lang."
+        ) from error
 
 
 class BERTScorer:
-    """Exact BERTScore (Zhang et al., 2020) with any Hugging Face encoder.
+    """Exact BERTScore (Zhang et al., 2020) with any Hugging Face encoder; a drop-in for
+    ``bert_score.BERTScorer`` (same keywords and return conventions).
 
     Args:
-        model: hub name or local folder; ``None``: the embedded all-MiniLM-L6-v2.
+        model_type: hub name or local folder; ``None`` with no ``lang``: the embedded
+            all-MiniLM-L6-v2 (bert_score requires ``model_type`` or ``lang``; bsloss does not).
+            ``model`` is bsloss's name for the same argument.
         num_layers: layer whose output is used (0 = embeddings); default from the layer table.
-        idf: ``False`` (uniform weights), ``True`` (idf from the references of each
-            :meth:`score` call, like ``bert_score.score(idf=True)``), a list of sentences to
-            compute idf from, or a ``{token_id: weight}`` dict.
-        rescale_with_baseline: rescale with ``(x - b) / (1 - b)``.
-        baseline_path: a bert_score-format baseline file; default: the one shipped for ``model``.
         batch_size: sentences per encoder batch and pairs per matching batch.
+        nthreads: accepted for bert_score compatibility; bsloss counts idf without worker
+            processes, so it has no effect.
+        all_layers: score with every layer: P, R and F become ``[num_hidden_layers + 1, N]``
+            (layer 0 = embeddings), as bert_score shapes them. ``num_layers`` still names the
+            layer in the hash.
+        idf: ``False`` (uniform weights), ``True`` (idf from ``idf_sents``, or else from the
+            references of each :meth:`score` call, like ``bert_score.score(idf=True)``), a list
+            of sentences to compute idf from, or a ``{token_id: weight}`` dict.
+        idf_sents: sentences to compute idf weights from when ``idf=True`` (bert_score's name).
         device: default CUDA when available, else CPU.
+        lang: pick bert_score's default model for this language when ``model_type`` is None
+            (``"en"``: roberta-large, ``"zh"``: bert-base-chinese, others:
+            bert-base-multilingual-cased); see :func:`model_for_lang`.
+        rescale_with_baseline: rescale with ``(x - b) / (1 - b)``.
+        baseline_path: a bert_score-format baseline file; default: the one shipped for the model.
+        use_fast_tokenizer: accepted for bert_score compatibility; bsloss always tokenises with
+            the tokenizer ``AutoTokenizer`` loads (the fast one), whose ids match bert_score's
+            (tests/test_parity.py).
         autocast_dtype: fast mode: run the encoder under ``torch.autocast`` in this dtype
             (``torch.bfloat16``; ``torch.float16`` on GPU). Matching and reductions stay float32.
             The scorer's own encoder then keeps its linear weights in this dtype
@@ -56,30 +139,55 @@ class BERTScorer:
         reference_cache_size: keep the embeddings of up to this many reference texts across
             :meth:`score` calls (oldest evicted first), for a validation set or an RL reward that
             scores new candidates against the same references again and again. ``0``: no cache.
-            :meth:`clear_cache` empties it.
+        distributed: under ``torch.distributed`` (torchrun, ``accelerate launch``), split each
+            :meth:`score` call's pairs over the processes and gather the results, in input
+            order, on every process. Every process must then call :meth:`score` with the same
+            inputs (checked); off by default because scoring on the main process only, a common
+            evaluation pattern, would wait forever for the others. Without an initialised
+            process group it scores locally.
+
+    The reference cache (``reference_cache_size``) is emptied by :meth:`clear_cache`.
 
     Raises:
-        ValueError, TypeError: an argument of the wrong type or out of range, named.
-        FileNotFoundError: no baseline file for ``rescale_with_baseline``.
-        OSError: a model that cannot be loaded.
+        ValueError, TypeError: an argument of the wrong type or out of range (named), or
+            ``model_type`` and ``model`` naming different scorers.
+        OSError: the model cannot be loaded (offline and not a local folder); for a ``lang``
+            default, the message says how to pass a local copy or use the embedded scorer.
+        FileNotFoundError: ``rescale_with_baseline`` without a shipped or given baseline.
+
+    >>> import bsloss
+    >>> scorer = bsloss.BERTScorer()  # embedded all-MiniLM-L6-v2, layer 6
+    >>> P, R, F = scorer.score(["the cat sat on the mat"], ["a cat was sitting on the mat"])
+    >>> F.shape, bool(0.5 < F[0] < 1)
+    (torch.Size([1]), True)
+    >>> (P, R, F), code = scorer.score(["hello there"], ["hi there"], return_hash=True)
+    >>> code.startswith("sentence-transformers/all-MiniLM-L6-v2_L6_no-idf_version=")
+    True
     """
 
     def __init__(
         self,
-        model: str | None = None,
+        model_type: str | None = None,
         num_layers: int | None = None,
+        batch_size: int = 64,
+        nthreads: int = 4,
+        all_layers: bool = False,
         idf: IdfSpec = False,
+        idf_sents: Sequence[str] | None = None,
+        device: str | torch.device | None = None,
+        lang: str | None = None,
         rescale_with_baseline: bool = False,
         baseline_path: str | None = None,
-        batch_size: int = 64,
-        device: str | torch.device | None = None,
+        use_fast_tokenizer: bool = False,
         *,
+        model: str | None = None,
         autocast_dtype: torch.dtype | None = None,
         chunk_size: int = 8192,
         long_inputs: str = "truncate",
         encoder: ScorerEncoder | None = None,
         reference_cache_size: int = 0,
         compile: bool = False,
+        distributed: bool = False,
     ):
         if long_inputs not in ("truncate", "window"):
             raise ValueError(f"long_inputs must be 'truncate' or 'window', got {long_inputs!r}")
@@ -94,11 +202,23 @@ class BERTScorer:
             )
         if encoder is not None and not isinstance(encoder, ScorerEncoder):
             raise TypeError(f"encoder must be a ScorerEncoder, got {type(encoder).__name__}")
+        if encoder is not None and all_layers and not encoder.all_layers:
+            raise ValueError(
+                "all_layers=True needs an encoder that keeps every layer: "
+                "ScorerEncoder.from_pretrained(..., all_layers=True)"
+            )
+        self.lang = lang
+        self.nthreads = nthreads
+        self.use_fast_tokenizer = use_fast_tokenizer
+        self.distributed = distributed
         if encoder is None:
-            encoder = ScorerEncoder.from_pretrained(model, num_layers, device)
+            name = _pick_model(model_type, model, lang)
+            from_lang = model_type is None and model is None and lang is not None
+            encoder = _load_encoder(name, num_layers, device, all_layers, lang, from_lang)
             if autocast_dtype is not None:
                 encoder.keep_linear_weights_in(autocast_dtype)
         self.encoder = encoder
+        self.all_layers = encoder.all_layers
         self.autocast_dtype = autocast_dtype
         self._references = self._embedder(reference_cache_size)
         if compile:
@@ -106,11 +226,72 @@ class BERTScorer:
         self.batch_size = batch_size
         self.chunk_size = chunk_size
         self.rescale = rescale_with_baseline
+        self.use_custom_baseline = baseline_path is not None
         self.baseline: Tensor | None = None
         if rescale_with_baseline:
-            self.baseline = load_baseline(baseline_path, self.encoder.name, self.encoder.num_layers)
+            layers = range(self._layer_count()) if self.all_layers else [self.encoder.num_layers]
+            rows = [load_baseline(baseline_path, self.encoder.name, k) for k in layers]
+            self.baseline = torch.stack(rows) if self.all_layers else rows[0]
+        if idf is True and idf_sents is not None:
+            idf = list(idf_sents)
         self.idf = idf
         self._weight_table = weight_table(self.encoder, idf, self.vocab_size)
+        self._custom_idf = idf_sents is not None
+
+    # ----------------------------------------------------------------- bert_score names
+    @property
+    def model_type(self) -> str:
+        """The scorer's model name (bert_score's ``model_type``)."""
+        return self.encoder.name
+
+    @property
+    def num_layers(self) -> int:
+        return self.encoder.num_layers
+
+    @property
+    def rescale_with_baseline(self) -> bool:
+        return self.rescale
+
+    @property
+    def baseline_vals(self) -> Tensor:
+        """The baseline ``[3]`` (P, R, F), ``[num_hidden_layers + 1, 1, 3]`` with all_layers.
+
+        Raises:
+            ValueError: the scorer does not rescale (bert_score reads the file lazily; bsloss
+                reads it when the scorer is built).
+        """
+        if self.baseline is None:
+            raise ValueError("this scorer was built with rescale_with_baseline=False")
+        if self.all_layers:
+            return self.baseline[:, None, :].float()
+        return self.baseline.float()
+
+    def compute_idf(self, sents: Sequence[str]) -> None:
+        """Compute idf weights from ``sents`` (as ``bert_score.BERTScorer.compute_idf``: they are
+        used when the scorer was built with ``idf=True``).
+
+        Args:
+            sents: the sentences to count document frequencies in.
+
+        Raises:
+            TypeError: ``sents`` is not a list of strings.
+        """
+        if self._custom_idf:
+            warnings.warn("Overwriting the previous importance weights.", stacklevel=2)
+        if isinstance(sents, str) or not isinstance(sents, Sequence):
+            raise TypeError(f"sents must be a list of strings, got {type(sents).__name__}")
+        table = weight_table(self.encoder, list(sents), self.vocab_size)
+        self._custom_idf = True
+        if self.idf is not False:
+            self.idf = list(sents)
+            self._weight_table = table
+
+    def plot_example(self, candidate: str, reference: str, fname: str = ""):
+        """The similarity heatmap of one pair (:func:`bsloss.plot.plot_example`), saved to
+        ``fname`` when given. Returns the matplotlib figure."""
+        from bsloss.plot import plot_example
+
+        return plot_example(candidate, reference, scorer=self, fname=fname or None)
 
     # ----------------------------------------------------------------- weights
     @property
@@ -119,15 +300,19 @@ class BERTScorer:
 
     @property
     def hash(self) -> str:
-        """Reproducibility signature: model, layer, idf, rescaling and versions."""
+        """Reproducibility signature in bert_score's format (``get_hash``): model, layer, idf,
+        versions, rescaling; the version names bsloss and torch too, e.g.
+        ``roberta-large_L17_no-idf_version=bsloss-0.1.0(hug_trans=4.57.0,torch=2.8.0)-rescaled``.
+        """
         import transformers
 
-        idf = "idf" if self.idf is not False else "no-idf"
+        idf = "_idf" if self.idf is not False else "_no-idf"
         signature = (
-            f"{self.encoder.name}_L{self.encoder.num_layers}_{idf}_bsloss={__version__}"
-            f"(torch={torch.__version__},transformers={transformers.__version__})"
+            f"{self.encoder.name}_L{self.encoder.num_layers}{idf}_version=bsloss-{__version__}"
+            f"(hug_trans={transformers.__version__},torch={torch.__version__})"
         )
-        signature += "-rescaled" if self.rescale else ""
+        if self.rescale:
+            signature += "-custom-rescaled" if self.use_custom_baseline else "-rescaled"
         if self.autocast_dtype is not None:
             signature += f"-autocast={str(self.autocast_dtype).removeprefix('torch.')}"
         return signature
@@ -167,7 +352,7 @@ class BERTScorer:
         return ReferenceEmbedder(
             self.encoder,
             cache_size,
-            transform=_unit_norm_float32,
+            transform=lambda hidden: _unit_norm_float32(hidden, self._layer_count()),
             autocast_dtype=self.autocast_dtype,
             inference_mode=True,
         )
@@ -199,9 +384,9 @@ class BERTScorer:
             warn_user(self.encoder.truncation_message(len(truncated), len(embedded), where))
         return embedded
 
-    def _warn_truncated(self, long_texts: set[str], cands, groups) -> None:
-        where = [f"cands[{i}]" for i, c in enumerate(cands) if c in long_texts]
-        for i, group in enumerate(groups):
+    def _warn_truncated(self, long_texts: set[str], cands, groups, offset: int = 0) -> None:
+        where = [f"cands[{i}]" for i, c in enumerate(cands, offset) if c in long_texts]
+        for i, group in enumerate(groups, offset):
             for k, ref in enumerate(group):
                 if ref in long_texts:
                     where.append(f"refs[{i}]" if len(group) == 1 else f"refs[{i}][{k}]")
@@ -226,40 +411,117 @@ class BERTScorer:
         self,
         cands: Sequence[str],
         refs: Sequence[str] | Sequence[Sequence[str]],
-        *,
+        verbose: bool = False,
         batch_size: int | None = None,
+        return_hash: bool = False,
+        *,
         progress: bool | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-candidate ``(P, R, F)``, float32 tensors of shape ``[N]`` on the CPU.
-
-        ``refs`` is one reference per candidate, or a list of references per candidate (the
-        maximum of P, of R and of F is taken independently, as in bert_score). An empty or
-        whitespace-only candidate or reference makes its pair score 0, with one warning.
+    ):
+        """BERTScore of each candidate against its reference(s).
 
         Args:
             cands: candidate texts.
-            refs: one reference text, or a non-empty list of them, per candidate.
-            batch_size: pairs per matching batch (default: the scorer's).
-            progress: a progress bar (``None``: only on a terminal).
+            refs: one reference per candidate, or a list of references per candidate (the
+                maximum of P, of R and of F is taken independently, as in bert_score).
+            verbose: print progress and timing as bert_score does (and show progress bars).
+            batch_size: pairs per matching batch; default: the scorer's ``batch_size``.
+            return_hash: also return :attr:`hash`.
+            progress: progress bars (``None``: only on a terminal).
+
+        Returns:
+            ``(P, R, F)``: float32 CPU tensors ``[N]`` (``[num_hidden_layers + 1, N]`` with
+            ``all_layers``); ``((P, R, F), hash)`` with ``return_hash``. An empty or
+            whitespace-only candidate or reference makes its pair score 0, with one warning.
 
         Raises:
             TypeError, ValueError: input of the wrong type, lengths that differ, an empty list of
-                references, a text that is not valid Unicode, ``batch_size < 1`` (all named).
+                references, a text that is not valid Unicode, ``batch_size < 1`` (all named), or
+                (``distributed=True``) processes that passed different inputs.
 
-        >>> P, R, F = BERTScorer().score(["A cat sat."], ["A cat sat down."])  # doctest: +SKIP
+        >>> import bsloss
+        >>> scorer = bsloss.BERTScorer()
+        >>> P, R, F = scorer.score(["a cat"], [["a dog", "the cat"]])  # best of two references
+        >>> bool(F[0] == scorer.score(["a cat"], ["the cat"])[2][0])
+        True
         """
         cands, groups = validate_pairs(cands, refs)
         if batch_size is not None:
             batch_size = check_int(batch_size, "batch_size", 1)
-        pair_cands, pair_refs, owner = flatten_groups(cands, groups)
-        if not pair_cands:
-            empty = torch.zeros(0)
-            return empty, empty.clone(), empty.clone()
+        start_time = time.perf_counter()
+        if verbose:
+            print("calculating scores...")
+            progress = True if progress is None else progress
         table = self._weight_table
         if table is None:
-            table = self._idf_from_references(pair_refs)
+            # idf from all references, on every process alike
+            _, all_refs, _ = flatten_groups(cands, groups)
+            table = self._idf_from_references(all_refs) if all_refs else None
+        world, rank = self._process_group(cands, groups)
+        lo, hi = len(cands) * rank // world, len(cands) * (rank + 1) // world
+        prf = self._score_groups(cands[lo:hi], groups[lo:hi], table, batch_size, progress, lo)
+        if world > 1:
+            prf = self._gather(prf, len(cands), world)
+        # [N, 3] -> P, R, F [N]; with all layers [N, layers, 3] -> [layers, N] as bert_score
+        prf = prf.movedim(0, -2) if prf.dim() == 3 else prf
+        out = tuple(prf[..., k].contiguous() for k in range(3))
+        if verbose:
+            elapsed = time.perf_counter() - start_time
+            pairs = sum(len(g) for g in groups)
+            print(f"done in {elapsed:.2f} seconds, {pairs / max(elapsed, 1e-9):.2f} sentences/sec")
+        return (out, self.hash) if return_hash else out
+
+    def _process_group(self, cands: list[str], groups: list[list[str]]) -> tuple[int, int]:
+        """``(world_size, rank)`` to split over: ``(1, 0)`` unless ``distributed`` and a process
+        group is up. Checks that every process passed the same inputs."""
+        import torch.distributed as dist
+
+        if not (self.distributed and dist.is_available() and dist.is_initialized()):
+            return 1, 0
+        world, rank = dist.get_world_size(), dist.get_rank()
+        if world == 1:
+            return 1, 0
+        digest = hashlib.sha256()
+        for cand, group in zip(cands, groups, strict=True):
+            digest.update(cand.encode() + b"\0" + b"\1".join(r.encode() for r in group) + b"\2")
+        mine = torch.tensor(list(digest.digest()[:16]), device=self._collective_device())
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine)
+        differ = [r for r, other in enumerate(everyone) if not torch.equal(other, everyone[0])]
+        if differ:
+            raise ValueError(
+                f"BERTScorer(distributed=True) splits one set of pairs over the processes, but "
+                f"process(es) {differ} passed different cands/refs from process 0; pass the same "
+                "inputs on every process, or distributed=False to score each process's own"
+            )
+        return world, rank
+
+    def _collective_device(self) -> torch.device:
+        import torch.distributed as dist
+
+        # NCCL moves CUDA tensors only; gloo CPU ones
+        return self.encoder.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def _gather(self, local: Tensor, n: int, world: int) -> Tensor:
+        """Every process's rows, in input order (process ``r`` holds rows ``n*r//W ..``)."""
+        import torch.distributed as dist
+
+        sizes = [n * (r + 1) // world - n * r // world for r in range(world)]
+        device = self._collective_device()
+        padded = local.new_zeros((max(sizes), *local.shape[1:])).to(device)
+        padded[: len(local)] = local.to(device)
+        everyone = [torch.empty_like(padded) for _ in range(world)]
+        dist.all_gather(everyone, padded)
+        return torch.cat([rows[:size].cpu() for rows, size in zip(everyone, sizes, strict=True)])
+
+    def _score_groups(self, cands, groups, table, batch_size, progress, offset: int) -> Tensor:
+        """``[len(cands), 3]`` (``[len(cands), layers, 3]`` with all layers) P, R, F of each
+        candidate's best pair; ``offset``: position of ``cands[0]`` in the caller's list."""
+        pair_cands, pair_refs, owner = flatten_groups(cands, groups)
+        width = self._layer_count()
+        if not pair_cands:
+            return torch.zeros(len(cands), *([width] if self.all_layers else []), 3)
         table = table.to(self.encoder.device, torch.float32)
-        pair_scores = torch.empty(len(pair_cands), 3)
+        pair_scores = torch.empty(len(pair_cands), width, 3)
         long_texts: set[str] = set()
         for start in range(0, len(pair_cands), self.chunk_size):
             chunk = slice(start, start + self.chunk_size)
@@ -280,19 +542,25 @@ class BERTScorer:
             )
             del embeddings
         if long_texts:
-            self._warn_truncated(long_texts, cands, groups)
+            self._warn_truncated(long_texts, cands, groups, offset)
         if self.baseline is not None:
             pair_scores = rescale_with_baseline(pair_scores, self.baseline.float())
-        empty = self._empty_pairs(pair_cands, pair_refs, owner, groups)
-        return self._group_max(pair_scores, empty, owner, len(cands))
+        empty = self._empty_pairs(pair_cands, pair_refs, owner, groups, offset)
+        best = self._group_max(pair_scores.flatten(1), empty, owner, len(cands))
+        return best.view(len(cands), width, 3) if self.all_layers else best.view(len(cands), 3)
+
+    def _layer_count(self) -> int:
+        """Layers scored: all of them (embeddings included) with all_layers, else one."""
+        return num_hidden_layers(self.encoder.model) + 1 if self.all_layers else 1
 
     def _score_pairs(self, pair_cands, pair_refs, embeddings, table, batch_size) -> Tensor:
-        """``[num_pairs, 3]`` raw P, R, F, in batches of pairs of similar lengths."""
+        """``[num_pairs, layers, 3]`` raw P, R, F, in batches of pairs of similar lengths."""
         order = sorted(
             range(len(pair_cands)),
             key=lambda i: len(embeddings[pair_cands[i]][1]) + len(embeddings[pair_refs[i]][1]),
         )
-        scores = torch.empty(len(pair_cands), 3)
+        layers = self._layer_count()
+        scores = torch.empty(len(pair_cands), layers, 3)
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
             cand_emb, cand_mask, cand_w = pad_embedded(
@@ -301,6 +569,9 @@ class BERTScorer:
             ref_emb, ref_mask, ref_w = pad_embedded(
                 [embeddings[pair_refs[i]] for i in batch], table
             )
+            if layers > 1:  # the layers side by side -> one batch row per (layer, pair)
+                cand_emb, cand_mask, cand_w = _layers_as_rows(cand_emb, cand_mask, cand_w, layers)
+                ref_emb, ref_mask, ref_w = _layers_as_rows(ref_emb, ref_mask, ref_w, layers)
             prf = bert_score(
                 cand_emb,
                 ref_emb,
@@ -311,11 +582,12 @@ class BERTScorer:
                 matching="hard",
                 normalized=True,
             )
-            scores[batch] = torch.stack(prf, dim=-1).float().cpu()
+            stacked = torch.stack(prf, dim=-1).float().cpu()  # [layers * B, 3], layer-major
+            scores[batch] = stacked.view(layers, len(batch), 3).transpose(0, 1)
         return scores
 
     @staticmethod
-    def _empty_pairs(pair_cands, pair_refs, owner, groups) -> Tensor:
+    def _empty_pairs(pair_cands, pair_refs, owner, groups, offset: int = 0) -> Tensor:
         empty = torch.tensor(
             [not c.strip() or not r.strip() for c, r in zip(pair_cands, pair_refs, strict=True)],
             dtype=torch.bool,
@@ -325,7 +597,8 @@ class BERTScorer:
             for pair in empty.nonzero().flatten().tolist():
                 i = owner[pair]
                 k = pair - owner.index(i)
-                where.append(str(i) if len(groups[i]) == 1 else f"{i} (reference {k})")
+                at = i + offset
+                where.append(str(at) if len(groups[i]) == 1 else f"{at} (reference {k})")
             shown = ", ".join(where[:20]) + (", ..." if len(where) > 20 else "")
             warn_user(
                 f"{len(where)} empty or whitespace-only candidate/reference pair(s) "
@@ -334,40 +607,92 @@ class BERTScorer:
         return empty
 
     @staticmethod
-    def _group_max(pair_scores: Tensor, empty: Tensor, owner: list[int], n: int):
-        """Max over each candidate's references of P, of R and of F; empty pairs don't compete
-        and a candidate with only empty pairs scores 0."""
-        index = torch.tensor(owner)[:, None].expand(-1, 3)
+    def _group_max(pair_scores: Tensor, empty: Tensor, owner: list[int], n: int) -> Tensor:
+        """``[n, K]``: max over each candidate's references of every column (P, R, F of each
+        layer) independently; empty pairs don't compete and a candidate with only empty pairs
+        scores 0."""
+        width = pair_scores.shape[1]
+        index = torch.tensor(owner)[:, None].expand(-1, width)
         competing = pair_scores.masked_fill(empty[:, None], float("-inf"))
-        best = torch.full((n, 3), float("-inf")).scatter_reduce(0, index, competing, "amax")
-        best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))
-        return best[:, 0].contiguous(), best[:, 1].contiguous(), best[:, 2].contiguous()
+        best = torch.full((n, width), float("-inf")).scatter_reduce(0, index, competing, "amax")
+        return torch.where(torch.isfinite(best), best, torch.zeros_like(best))
 
 
-def _unit_norm_float32(hidden: Tensor) -> Tensor:
-    return torch.nn.functional.normalize(hidden.float(), dim=-1)
+def _unit_norm_float32(hidden: Tensor, layers: int = 1) -> Tensor:
+    if layers == 1:
+        return torch.nn.functional.normalize(hidden.float(), dim=-1)
+    # all layers side by side: each layer's vector normalised on its own
+    split = hidden.float().unflatten(-1, (layers, -1))
+    return torch.nn.functional.normalize(split, dim=-1).flatten(-2)
+
+
+def _layers_as_rows(emb: Tensor, mask: Tensor, weights: Tensor, layers: int):
+    """``[B, L, layers * d]`` -> ``[layers * B, L, d]`` (layer-major), masks and weights
+    repeated, so that one matching call scores every layer."""
+    batch, length, _ = emb.shape
+    rows = emb.view(batch, length, layers, -1).permute(2, 0, 1, 3)
+    rows = rows.reshape(layers * batch, length, -1)
+    return rows, mask.repeat(layers, 1), weights.repeat(layers, 1)
 
 
 def score(
     cands: Sequence[str],
     refs: Sequence[str] | Sequence[Sequence[str]],
-    model: str | None = None,
+    model_type: str | None = None,
     num_layers: int | None = None,
+    verbose: bool = False,
     idf: IdfSpec = False,
+    device: str | torch.device | None = None,
+    batch_size: int = 64,
+    nthreads: int = 4,
+    all_layers: bool = False,
+    lang: str | None = None,
+    return_hash: bool = False,
     rescale_with_baseline: bool = False,
     baseline_path: str | None = None,
-    batch_size: int = 64,
-    device: str | torch.device | None = None,
+    use_fast_tokenizer: bool = False,
+    *,
+    model: str | None = None,
     progress: bool | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One-shot :class:`BERTScorer` ``(P, R, F)``; see its arguments."""
+    distributed: bool = False,
+):
+    """One-shot BERTScore, a drop-in for ``bert_score.score`` (same keywords and returns).
+
+    Args:
+        cands: candidate texts.
+        refs: one reference per candidate, or a list of references per candidate.
+        model_type, num_layers, idf, device, batch_size, nthreads, all_layers, lang,
+            rescale_with_baseline, baseline_path, use_fast_tokenizer, model, distributed: as
+            in :class:`BERTScorer` (``model_type=None`` and no ``lang``: the embedded
+            all-MiniLM-L6-v2).
+        verbose, return_hash, progress: as in :meth:`BERTScorer.score`.
+
+    Returns:
+        ``(P, R, F)``, float32 CPU tensors ``[N]`` (``[layers, N]`` with ``all_layers``), or
+        ``((P, R, F), hash)`` with ``return_hash``.
+
+    Raises:
+        TypeError, ValueError: bad inputs, named by argument and position.
+        OSError: the model cannot be loaded (for ``lang``: how to pass a local model instead).
+
+    >>> import bsloss
+    >>> P, R, F = bsloss.score(["The cat sat on the mat."], ["A cat sat on a mat."])
+    >>> round(float(F[0]), 2) > 0.8
+    True
+    """
     scorer = BERTScorer(
-        model=model,
-        num_layers=num_layers,
+        model_type,
+        num_layers,
+        batch_size=batch_size,
+        nthreads=nthreads,
+        all_layers=all_layers,
         idf=idf,
+        device=device,
+        lang=lang,
         rescale_with_baseline=rescale_with_baseline,
         baseline_path=baseline_path,
-        batch_size=batch_size,
-        device=device,
+        use_fast_tokenizer=use_fast_tokenizer,
+        model=model,
+        distributed=distributed,
     )
-    return scorer.score(cands, refs, progress=progress)
+    return scorer.score(cands, refs, verbose=verbose, return_hash=return_hash, progress=progress)

@@ -68,6 +68,13 @@ def plot_example(
     fname: str | Path | None = None,
     temperature: float | None = None,
     ax=None,
+    *,
+    model_type: str | None = None,
+    num_layers: int | None = None,
+    lang: str | None = None,
+    rescale_with_baseline: bool = False,
+    baseline_path: str | None = None,
+    use_fast_tokenizer: bool = False,
 ):
     """Heatmap of the token similarities; a dot marks each candidate token's best reference
     token (precision), a ring each reference token's best candidate token (recall). With
@@ -75,9 +82,33 @@ def plot_example(
     soft matching plan). Special tokens are not drawn, so a mark is the best match among the
     words shown. Returns the matplotlib figure (saved to ``fname`` if given).
 
+    Also a drop-in for ``bert_score.plot_example``: without ``scorer``, one is built from
+    ``model_type`` / ``num_layers`` / ``lang`` / ``rescale_with_baseline`` / ``baseline_path``
+    (a string third argument is taken as ``model_type``); ``fname=""`` saves nothing. The
+    shading is the raw cosine similarity (not rescaled).
+
+    Args:
+        candidate, reference: the pair of texts.
+        scorer: the :class:`~bsloss.BERTScorer` (default: built from the keywords below, the
+            embedded all-MiniLM-L6-v2 without them).
+        fname: image file to save to (``.png``, ``.pdf``); ``None`` or ``""``: not saved.
+        temperature: shade the soft matching plan ``softmax(s / T)`` instead of ``s``.
+        ax: a matplotlib axes to draw into.
+        model_type, num_layers, lang, rescale_with_baseline, baseline_path,
+            use_fast_tokenizer: bert_score's keywords, as for :class:`~bsloss.BERTScorer`.
+
+    Returns:
+        The matplotlib figure.
+
     Raises:
+        ImportError: matplotlib is not installed.
         TypeError, ValueError: a text that is not a string or has no token, a ``temperature``
             that is not a finite number > 0, or an image format matplotlib cannot write.
+
+    >>> import bsloss
+    >>> figure = bsloss.plot_example("the cat sat", "a cat was sitting")
+    >>> len(figure.axes) >= 1
+    True
     """
     if temperature is not None:
         temperature = check_temperature(temperature)
@@ -89,9 +120,20 @@ def plot_example(
         import matplotlib.pyplot as plt
     except ImportError as error:
         raise ImportError("plot_example needs matplotlib: pip install 'bsloss[plot]'") from error
+    fname = fname or None
     if fname is not None:
         check_image_path(fname)
-    scorer = scorer or BERTScorer()
+    if isinstance(scorer, str):
+        model_type, scorer = scorer, None
+    if scorer is None:
+        scorer = BERTScorer(
+            model_type,
+            num_layers,
+            lang=lang,
+            rescale_with_baseline=rescale_with_baseline,
+            baseline_path=baseline_path,
+            use_fast_tokenizer=use_fast_tokenizer,
+        )
     sim, cand_tokens, ref_tokens = pair_similarity(scorer, candidate, reference)
     shown: Tensor = sim if temperature is None else torch.softmax(sim / temperature, dim=1)
     if ax is None:

@@ -74,8 +74,19 @@ class BERTScoreReward:
             encoder and settings, its own cache of ``reference_cache_size``): the scorer passed
             in is not changed.
 
+    Returns:
+        Called as TRL calls a reward function, ``reward(prompts=..., completions=...,
+        **columns)``, it returns one float per completion.
+
     Raises:
         ValueError, TypeError: an argument of the wrong type or out of range, named.
+        KeyError: at call time, no ``reference_column`` among the columns.
+
+    >>> import bsloss
+    >>> reward = bsloss.BERTScoreReward()
+    >>> scores = reward(completions=["a cat sat", "hello"], reference=["a cat sat", "bye"])
+    >>> round(scores[0], 4), scores[1] < 1
+    (1.0, True)
     """
 
     def __init__(

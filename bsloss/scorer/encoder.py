@@ -27,7 +27,11 @@ from bsloss.scorer.batching import (
     token_budget_batches,
     token_budget_rows,
 )
-from bsloss.scorer.default import DEFAULT_MODEL_NAME, embedded_model_path
+from bsloss.scorer.default import (
+    DEFAULT_MODEL_NAME,
+    embedded_model_installed,
+    embedded_model_path,
+)
 from bsloss.scorer.layers import default_num_layers, freeze, num_hidden_layers, truncate_layers
 
 __all__ = ["ScorerEncoder", "resolve_device"]
@@ -115,6 +119,9 @@ class ScorerEncoder(nn.Module):
         self.prefix_ids, self.suffix_ids = self._special_wrapping()
         self.linear_weight_dtype: torch.dtype | None = None
         self._inference_model: nn.Module | None = None
+        # bert_score's all_layers: the no-grad path returns every layer's hidden states
+        # (embeddings first) side by side, [B, L, (num_hidden_layers + 1) * d]
+        self.all_layers = False
 
     def _special_wrapping(self) -> tuple[list[int], list[int]]:
         """The special ids the tokenizer puts before and after a sentence ([CLS] / [SEP])."""
@@ -131,8 +138,11 @@ class ScorerEncoder(nn.Module):
         model: str | None = None,
         num_layers: int | None = None,
         device: str | torch.device | None = None,
+        all_layers: bool = False,
     ) -> ScorerEncoder:
-        """Load ``model`` (hub name or local folder; ``None``: embedded all-MiniLM-L6-v2)."""
+        """Load ``model`` (hub name or local folder; ``None``: embedded all-MiniLM-L6-v2; its hub
+        name also loads the embedded copy when installed). ``all_layers``: keep every layer and
+        return all their hidden states from the no-grad path (bert_score's ``all_layers``)."""
         if model is not None and not isinstance(model, str | Path):
             raise TypeError(f"model must be a name or a folder, got {type(model).__name__}")
         if num_layers is not None:
@@ -140,7 +150,10 @@ class ScorerEncoder(nn.Module):
         # Offline short names ("all-mpnet-base-v2") load their converted folder and keep the
         # hub name for the layer table and the shipped baselines.
         name = DEFAULT_MODEL_NAME if model is None else hub_name(str(model))
-        path = embedded_model_path() if model is None else resolve_model(str(model))
+        if model is None or (name == DEFAULT_MODEL_NAME and embedded_model_installed()):
+            path = embedded_model_path()
+        else:
+            path = resolve_model(str(model))
         if num_layers is None:
             num_layers = default_num_layers(name)
         tokenizer, hf_model = _load(path)
@@ -151,8 +164,10 @@ class ScorerEncoder(nn.Module):
                 f"num_layers must be between 0 and {num_hidden_layers(hf_model)} for {name!r}, "
                 f"got {num_layers}"
             )
-        truncate_layers(hf_model, num_layers)
+        if not all_layers:
+            truncate_layers(hf_model, num_layers)
         encoder = cls(hf_model, tokenizer, name, num_layers).to(resolve_device(device))
+        encoder.all_layers = all_layers
         logger.info("bsloss scorer: %s, layer %d, on %s", name, num_layers, encoder.device)
         return encoder
 
@@ -296,6 +311,13 @@ class ScorerEncoder(nn.Module):
 
     def _encode_without_grad(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """:meth:`forward` for the no-grad path, through the compiled model when there is one."""
+        if self.all_layers:
+            self._check_precision()
+            model = self._inference_model or self.model
+            out = model(
+                input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+            )
+            return torch.cat(out.hidden_states, dim=-1)
         if self._inference_model is None or torch.is_grad_enabled():
             return self(input_ids=input_ids, attention_mask=attention_mask)
         self._check_precision()

@@ -1,0 +1,1 @@
+"""Integrations with other libraries' trainers: :mod:`bsloss.integrations.huggingface`."""

@@ -1,0 +1,333 @@
+r"""BERTScore in Hugging Face trainers: ``transformers.Trainer`` / ``Seq2SeqTrainer`` and TRL's
+``SFTTrainer``.
+
+The training loss is
+
+.. math::  \mathcal L = \frac{1}{N}\sum_{i}\sum_{t \in C_i} -\log p(y_{it})
+    \;+\; \lambda\,\frac{1}{N}\sum_i |C_i|\,\bigl(1 - F_{\mathrm{BERT}}(\hat y_i, y_i)\bigr)
+
+with :math:`C_i` the completion positions of sequence :math:`i` (``labels != -100``),
+:math:`\hat y_i` its teacher-forced next-token distributions, :math:`y_i` its reference and
+:math:`N` the trainer's ``num_items_in_batch`` (completion tokens of every micro-batch of the
+optimiser step, on every process) or, without it, the micro-batch's own token count. Both terms
+are sums divided by the same :math:`N`, so they add up over gradient-accumulation micro-batches
+to the loss of the whole batch, as the trainer's own cross-entropy does; the BERTScore term is
+the token-weighted mean of the per-sequence ``1 - F``.
+
+Three pieces:
+
+- :class:`BERTScoreTerm`: the loss above as a ``compute_loss_func(outputs, labels,
+  num_items_in_batch)`` (``Trainer(compute_loss_func=term)``). References are the labels,
+  decoded once and cached.
+- :class:`BERTScoreTrainerMixin`: put it in front of any trainer class
+  (``class T(BERTScoreTrainerMixin, SFTTrainer)``): the same loss, CE and F logged as separate
+  metrics (``ce``, ``bertscore_f``), and references from a dataset column
+  (``bertscore_reference_column="reference"``) instead of the labels.
+- :func:`bertscore_compute_metrics`: a ``compute_metrics`` for ``evaluate()`` / ``predict()``
+  that scores the decoded predictions against the decoded labels with :class:`~bsloss.BERTScorer`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bsloss.loss import BERTScoreLoss
+from bsloss.metric import BERTScorer
+
+__all__ = [
+    "BERTScoreTerm",
+    "BERTScoreTrainerMixin",
+    "bertscore_compute_metrics",
+    "REFERENCES_KEY",
+]
+
+IGNORE_INDEX = -100
+REFERENCES_KEY = "bertscore_references"  # batch key of the reference texts from a column
+
+
+class BERTScoreTerm:
+    """Cross-entropy plus ``weight`` times the BERTScore loss, as a trainer loss function.
+
+    Args:
+        loss: the :class:`~bsloss.BERTScoreLoss` (its scorer, matching, temperature; pass
+            ``generator_tokenizer=`` to it when the generator's vocabulary differs from the
+            scorer's). Its ``reduction`` is ignored: the term reduces as the trainer does.
+        tokenizer: the generator's tokenizer, to decode the labels into references.
+        weight: :math:`\\lambda`, the weight of the BERTScore term.
+        causal: ``True`` for decoder-only models (logits at ``t`` predict label ``t + 1``, as
+            in ``SFTTrainer``), ``False`` for encoder-decoder ones (``Seq2SeqTrainer``).
+        ce_weight: weight of the cross-entropy term (``0``: BERTScore only).
+
+    Raises:
+        TypeError: ``loss`` is not a :class:`~bsloss.BERTScoreLoss`.
+        ValueError: a negative weight.
+
+    >>> import torch, bsloss
+    >>> from bsloss.integrations.huggingface import BERTScoreTerm
+    >>> loss = bsloss.BERTScoreLoss()
+    >>> term = BERTScoreTerm(loss, loss.encoder.tokenizer, weight=1.0, causal=False)
+    >>> labels = torch.tensor([loss.encoder.tokenizer("a cat sat")["input_ids"][1:-1]])
+    >>> logits = torch.randn(1, labels.shape[1], 30522, requires_grad=True)
+    >>> value = term({"logits": logits}, labels)
+    >>> value.backward(); sorted(term.pop_metrics())
+    ['bertscore_f', 'ce']
+    """
+
+    def __init__(
+        self,
+        loss: BERTScoreLoss,
+        tokenizer,
+        weight: float = 1.0,
+        causal: bool = True,
+        ce_weight: float = 1.0,
+    ):
+        if not isinstance(loss, BERTScoreLoss):
+            raise TypeError(f"loss must be a bsloss.BERTScoreLoss, got {type(loss).__name__}")
+        if weight < 0 or ce_weight < 0:
+            raise ValueError(f"weight and ce_weight must be >= 0, got {weight}, {ce_weight}")
+        self.loss, self.tokenizer = loss, tokenizer
+        self.weight, self.ce_weight, self.causal = weight, ce_weight, causal
+        self._decoded: dict[tuple[int, ...], str] = {}
+        self._metrics: dict[str, list[float]] = defaultdict(list)
+
+    def references_from_labels(self, labels: Tensor) -> list[str]:
+        """Each row's completion tokens (``!= -100``) decoded, each distinct row once."""
+        texts = []
+        for row in labels.tolist():
+            key = tuple(t for t in row if t != IGNORE_INDEX)
+            if key not in self._decoded:
+                self._decoded[key] = self.tokenizer.decode(key, skip_special_tokens=True).strip()
+            texts.append(self._decoded[key])
+        return texts
+
+    def __call__(
+        self,
+        outputs: Any,
+        labels: Tensor,
+        num_items_in_batch: Tensor | int | None = None,
+        references: Sequence[str] | None = None,
+    ) -> Tensor:
+        """The loss of one micro-batch (see the module docstring); records CE and mean F.
+
+        Args:
+            outputs: the model's outputs (``outputs["logits"]``: ``[B, L, V]``).
+            labels: ``[B, L]`` token ids, ``-100`` outside the completion.
+            num_items_in_batch: the trainer's count of completion tokens in the whole
+                (accumulated, all-process) batch; ``None``: this micro-batch's.
+            references: reference texts, one per row; default: the decoded labels.
+
+        Raises:
+            ValueError: ``labels`` missing or of the wrong shape, or ``references`` of the
+                wrong length.
+        """
+        if labels is None:
+            raise ValueError("BERTScoreTerm needs labels (-100 outside the completion)")
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
+        if self.causal:
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        if logits.shape[:2] != labels.shape:
+            raise ValueError(
+                f"labels {list(labels.shape)} do not match the logits {list(logits.shape[:2])}"
+            )
+        mask = labels != IGNORE_INDEX
+        tokens = mask.sum(dim=1)
+        total = mask.sum() if num_items_in_batch is None else num_items_in_batch
+        total = torch.as_tensor(total, device=logits.device).clamp(min=1)
+        ce = torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1).float(),
+            labels.flatten().masked_fill(~mask.flatten(), 0),
+            reduction="none",
+        )
+        ce_sum = (ce * mask.flatten()).sum()
+        if references is None:
+            references = self.references_from_labels(labels)
+        if len(references) != labels.shape[0]:
+            raise ValueError(f"{len(references)} references for a batch of {labels.shape[0]}")
+        keep = tokens > 0  # a row without completion tokens has nothing to score
+        f1 = torch.zeros(labels.shape[0], device=logits.device)
+        if keep.any():
+            rows = keep.nonzero().squeeze(1)
+            prf = self.loss.score(
+                logits=logits[rows].float(),
+                candidate_mask=mask[rows],
+                references=[references[i] for i in rows.tolist()],
+            )
+            f1 = f1.index_put((rows,), getattr(prf, self.loss.target).float())
+        bertscore_sum = ((1 - f1) * tokens * keep).sum()
+        self._metrics["ce"].append((ce_sum / mask.sum().clamp(min=1)).item())
+        if keep.any():
+            self._metrics["bertscore_f"].append(f1[keep].mean().item())
+        return (self.ce_weight * ce_sum + self.weight * bertscore_sum) / total
+
+    def pop_metrics(self) -> dict[str, float]:
+        """Mean ``ce`` (per completion token) and ``bertscore_f`` since the last call."""
+        means = {k: sum(v) / len(v) for k, v in self._metrics.items() if v}
+        self._metrics.clear()
+        return means
+
+
+class _WithReferences:
+    """A data collator that takes the reference column out of the examples and hands the texts
+    over as one batch entry (the wrapped collator sees the examples without it)."""
+
+    def __init__(self, collator: Callable, column: str):
+        self.collator, self.column = collator, column
+
+    def __call__(self, features: list[dict]) -> dict:
+        missing = [i for i, f in enumerate(features) if self.column not in f]
+        if missing:
+            raise KeyError(
+                f"bertscore_reference_column={self.column!r}: examples {missing[:5]} have no "
+                f"such column (columns: {sorted(features[0])})"
+            )
+        references = [f[self.column] for f in features]
+        batch = self.collator([{k: v for k, v in f.items() if k != self.column} for f in features])
+        batch[REFERENCES_KEY] = references
+        return batch
+
+
+class BERTScoreTrainerMixin:
+    """Adds the BERTScore term to a Hugging Face trainer: ``class MyTrainer(
+    BERTScoreTrainerMixin, Trainer)`` (or ``Seq2SeqTrainer``, TRL's ``SFTTrainer``).
+
+    Keyword args (the others go to the trainer):
+        bertscore_loss: the :class:`~bsloss.BERTScoreLoss`; default: one over the embedded
+            scorer with the generator's tokenizer (a vocabulary bridge when they differ).
+        bertscore_weight: :math:`\\lambda`.
+        bertscore_reference_column: a dataset column of reference texts (kept through the
+            trainer's column removal and collator); ``None``: the decoded labels.
+
+    ``ce`` and ``bertscore_f`` are logged with the trainer's loss (``eval_``-prefixed in
+    evaluation). The loss is normalised by ``num_items_in_batch`` as the trainer's own loss is.
+
+    Raises:
+        ValueError: no ``processing_class`` (tokenizer), or a negative ``bertscore_weight``.
+    """
+
+    def __init__(
+        self,
+        *args,
+        bertscore_loss: BERTScoreLoss | None = None,
+        bertscore_weight: float = 1.0,
+        bertscore_reference_column: str | None = None,
+        **kwargs,
+    ):
+        self.bertscore_reference_column = bertscore_reference_column
+        super().__init__(*args, **kwargs)
+        tokenizer = self.processing_class
+        tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's text tokenizer
+        if tokenizer is None:
+            raise ValueError(
+                "BERTScoreTrainerMixin needs the generator's tokenizer: pass processing_class="
+                "tokenizer (it decodes the labels into references)"
+            )
+        if bertscore_loss is None:
+            bertscore_loss = BERTScoreLoss()
+            if tokenizer.get_vocab() != bertscore_loss.encoder.tokenizer.get_vocab():
+                bertscore_loss = BERTScoreLoss(
+                    encoder=bertscore_loss.encoder, generator_tokenizer=tokenizer
+                )
+        bertscore_loss.to(self.args.device)
+        config = getattr(self.model, "config", None)
+        causal = not getattr(config, "is_encoder_decoder", False)
+        self.bertscore_term = BERTScoreTerm(bertscore_loss, tokenizer, bertscore_weight, causal)
+        # a compute_loss_func makes the trainer count num_items_in_batch and leave gradient
+        # accumulation to the loss; compute_loss below calls the term itself
+        self.compute_loss_func = self.bertscore_term
+        if bertscore_reference_column is not None:
+            self.data_collator = _WithReferences(self.data_collator, bertscore_reference_column)
+
+    def _set_signature_columns_if_needed(self) -> None:
+        super()._set_signature_columns_if_needed()
+        column = self.bertscore_reference_column
+        if column is not None and column not in self._signature_columns:
+            self._signature_columns.append(column)  # survives remove_unused_columns
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The model's forward pass without labels, then :class:`BERTScoreTerm`."""
+        references = inputs.pop(REFERENCES_KEY, None)
+        labels = inputs.pop("labels", None)
+        inputs = {k: v for k, v in inputs.items() if k != "completion_mask"}
+        unwrapped = self.accelerator.unwrap_model(model)
+        if "decoder_input_ids" not in inputs and hasattr(
+            unwrapped, "prepare_decoder_input_ids_from_labels"
+        ):
+            # an encoder-decoder model builds its decoder inputs from the labels it no longer gets
+            inputs["decoder_input_ids"] = unwrapped.prepare_decoder_input_ids_from_labels(
+                labels=labels
+            )
+        outputs = model(**inputs)
+        loss = self.bertscore_term(outputs, labels, num_items_in_batch, references)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            # num_items_in_batch counts every process's tokens and DDP averages the gradients
+            loss = loss * self.accelerator.num_processes
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        prefix = "" if self.model.training else "eval_"
+        logs.update({prefix + k: v for k, v in self.bertscore_term.pop_metrics().items()})
+        super().log(logs, *args, **kwargs)
+
+
+def bertscore_compute_metrics(
+    tokenizer, scorer: BERTScorer | None = None, prefix: str = "bertscore_"
+) -> Callable[[Any], dict[str, float]]:
+    """A ``compute_metrics`` for ``Trainer`` / ``Seq2SeqTrainer``: mean BERTScore P, R and F of
+    the decoded predictions against the decoded labels.
+
+    Predictions may be token ids (``Seq2SeqTrainer(predict_with_generate=True)``) or logits
+    ``[N, L, V]`` (their argmax is taken, shifted by one for a causal LM's next-token logits is
+    up to the caller: pass ``preprocess_logits_for_metrics``). ``-100`` marks ignored
+    positions in both.
+
+    Args:
+        tokenizer: the generator's tokenizer.
+        scorer: the :class:`~bsloss.BERTScorer`; default: the embedded all-MiniLM-L6-v2.
+        prefix: prefix of the metric names.
+
+    Returns:
+        A function of an ``EvalPrediction`` (or ``(predictions, label_ids)``) returning
+        ``{prefix + "precision": ..., prefix + "recall": ..., prefix + "f1": ...}``.
+
+    Raises:
+        ValueError: predictions and labels differ in number of rows (from the returned
+            function).
+
+    >>> import numpy as np, bsloss
+    >>> from bsloss.integrations.huggingface import bertscore_compute_metrics
+    >>> scorer = bsloss.BERTScorer()
+    >>> metrics = bertscore_compute_metrics(scorer.encoder.tokenizer, scorer)
+    >>> ids = np.array([scorer.encoder.tokenizer("a cat sat")["input_ids"]])
+    >>> round(metrics((ids, ids))["bertscore_f1"], 4)
+    1.0
+    """
+    scorer = scorer or BERTScorer()
+
+    def decode(rows) -> list[str]:
+        rows = torch.as_tensor(rows)
+        if rows.dim() == 3:
+            rows = rows.argmax(dim=-1)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        rows = rows.masked_fill(rows == IGNORE_INDEX, pad)
+        return [t.strip() for t in tokenizer.batch_decode(rows.tolist(), skip_special_tokens=True)]
+
+    def compute_metrics(eval_prediction) -> dict[str, float]:
+        predictions, label_ids = eval_prediction[0], eval_prediction[1]
+        if isinstance(predictions, tuple):
+            predictions = predictions[0]
+        candidates, references = decode(predictions), decode(label_ids)
+        if len(candidates) != len(references):
+            raise ValueError(f"{len(candidates)} predictions but {len(references)} label rows")
+        P, R, F = scorer.score(candidates, references, progress=False)
+        return {
+            prefix + "precision": P.mean().item(),
+            prefix + "recall": R.mean().item(),
+            prefix + "f1": F.mean().item(),
+        }
+
+    return compute_metrics

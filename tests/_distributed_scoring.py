@@ -1,0 +1,62 @@
+"""Run by tests/test_distributed_scoring.py as ``torchrun --nproc_per_node 2`` on the CPU (gloo):
+each process scores the same pairs with ``BERTScorer(distributed=True)``, counting the texts its
+own encoder encodes, and writes its scores and count to ``RESULT_DIR/rank{r}.pt``.
+
+    torchrun --nproc_per_node 2 tests/_distributed_scoring.py RESULT_DIR PAIRS.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import bsloss
+
+
+def main() -> None:
+    result_dir, pairs_file = Path(sys.argv[1]), Path(sys.argv[2])
+    pairs = json.loads(pairs_file.read_text())
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    scorer = bsloss.BERTScorer(
+        device="cpu", idf=True, rescale_with_baseline=True, distributed=True, batch_size=16
+    )
+    encoded: list[int] = []
+    embed = scorer.encoder.embed_token_ids
+
+    def counting(token_ids, *args, **kwargs):
+        encoded.append(len(token_ids))
+        return embed(token_ids, *args, **kwargs)
+
+    scorer.encoder.embed_token_ids = counting
+    prf = scorer.score(pairs["cands"], pairs["refs"], progress=False)
+    plain = bsloss.BERTScorer(encoder=scorer.encoder, distributed=True)
+    scorer.encoder.embed_token_ids = embed
+    # a multi-reference call too, and a mismatch that must raise on every process
+    multi = plain.score(pairs["cands"], pairs["multi_refs"], progress=False)
+    every_layer = bsloss.BERTScorer(all_layers=True, device="cpu", distributed=True)
+    all_layers = every_layer.score(pairs["cands"], pairs["refs"], progress=False)
+    error = ""
+    try:
+        plain.score(pairs["cands"][: 10 + rank], pairs["refs"][: 10 + rank])
+    except ValueError as caught:
+        error = str(caught)
+    torch.save(
+        {
+            "prf": torch.stack(prf),
+            "multi": torch.stack(multi),
+            "all_layers": torch.stack(all_layers),
+            "encoded": sum(encoded),
+            "error": error,
+        },
+        result_dir / f"rank{rank}.pt",
+    )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""The Hugging Face integration: the BERTScore term in a real Trainer, Seq2SeqTrainer and TRL
+SFTTrainer (2 optimisation steps each on tiny randomly initialised models that use the embedded
+scorer's tokenizer), its gradient-accumulation normalisation, and the compute_metrics helper."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import bsloss
+from bsloss.integrations.huggingface import (
+    BERTScoreTerm,
+    BERTScoreTrainerMixin,
+    bertscore_compute_metrics,
+)
+
+transformers = pytest.importorskip("transformers")
+datasets = pytest.importorskip("datasets")
+
+PROMPTS = ["Summarize: the cat sat on the mat.", "Summarize: a dog ran in the park."]
+REFERENCES = ["The cat sat.", "A dog ran."]
+
+
+@pytest.fixture(scope="module")
+def loss(scorer):
+    return bsloss.BERTScoreLoss(encoder=scorer.encoder)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(scorer):
+    tokenizer = copy.deepcopy(scorer.encoder.tokenizer)
+    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"  # a BERT tokenizer has neither
+    return tokenizer
+
+
+def tiny_gpt2(tokenizer):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=64,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        bos_token_id=tokenizer.cls_token_id,
+        eos_token_id=tokenizer.sep_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return transformers.GPT2LMHeadModel(config)
+
+
+def tiny_bert2bert(tokenizer):
+    torch.manual_seed(0)
+    small = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    encoder = transformers.BertConfig(**small)
+    decoder = transformers.BertConfig(**small, is_decoder=True, add_cross_attention=True)
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder_start_token_id = tokenizer.cls_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    config.eos_token_id = tokenizer.sep_token_id
+    return transformers.EncoderDecoderModel(config=config)
+
+
+def causal_batch(tokenizer):
+    """Prompt + reference + [SEP], labels -100 on the prompt and the padding."""
+    rows, labels = [], []
+    for prompt, reference in zip(PROMPTS, REFERENCES, strict=True):
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        r = tokenizer(reference, add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
+        rows.append(p + r)
+        labels.append([-100] * len(p) + r)
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    return {
+        "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
+        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+        "labels": torch.tensor([r + [-100] * (width - len(r)) for r in labels]),
+    }
+
+
+def test_term_adds_up_over_gradient_accumulation(loss, tokenizer):
+    """Two micro-batches with the trainer's num_items_in_batch give the loss and gradients of
+    the whole batch: CE per completion token plus the token-weighted mean of 1 - F."""
+    torch.manual_seed(1)
+    labels = causal_batch(tokenizer)["labels"]
+    logits = torch.randn(*labels.shape, len(tokenizer), requires_grad=True)
+    term = BERTScoreTerm(loss, tokenizer, weight=0.7, causal=True)
+    whole = term({"logits": logits}, labels)
+    (grad_whole,) = torch.autograd.grad(whole, logits)
+    total = int((labels[:, 1:] != -100).sum())
+    parts = [term({"logits": logits[i : i + 1]}, labels[i : i + 1], total) for i in (0, 1)]
+    (grad_parts,) = torch.autograd.grad(sum(parts), logits)
+    assert abs(sum(parts).item() - whole.item()) < 1e-5
+    assert (grad_parts - grad_whole).abs().max().item() < 1e-6
+    # against the formula, term by term
+    mask = labels[:, 1:] != -100
+    ce = torch.nn.functional.cross_entropy(logits[:, :-1][mask], labels[:, 1:][mask])
+    f = loss.score(logits=logits[:, :-1], candidate_mask=mask, references=REFERENCES).f1
+    expected = ce + 0.7 * ((1 - f) * mask.sum(1)).sum() / total
+    assert abs(whole.item() - expected.item()) < 1e-5
+
+
+def test_references_are_decoded_once_and_cached(loss, tokenizer, monkeypatch):
+    labels = causal_batch(tokenizer)["labels"]
+    term = BERTScoreTerm(loss, tokenizer, causal=False)
+    calls = []
+    decode = tokenizer.decode
+    monkeypatch.setattr(tokenizer, "decode", lambda ids, **kw: calls.append(1) or decode(ids, **kw))
+    first = term.references_from_labels(labels)
+    again = term.references_from_labels(labels)
+    assert first == again == ["the cat sat.", "a dog ran."]
+    assert len(calls) == 2
+
+
+def test_term_rejects_bad_input(loss, tokenizer):
+    with pytest.raises(TypeError, match="BERTScoreLoss"):
+        BERTScoreTerm(object(), tokenizer)
+    term = BERTScoreTerm(loss, tokenizer, causal=False)
+    with pytest.raises(ValueError, match="do not match the logits"):
+        term({"logits": torch.randn(2, 5, len(tokenizer))}, torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="needs labels"):
+        term({"logits": torch.randn(2, 5, len(tokenizer))}, None)
+
+
+def training_args(tmp_path, cls=None, **extra):
+    cls = cls or transformers.TrainingArguments
+    return cls(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        **extra,
+    )
+
+
+def changed(model, before) -> bool:
+    return any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_trainer_with_compute_loss_func(loss, tokenizer, tmp_path):
+    """Trainer(compute_loss_func=BERTScoreTerm): the trainer passes num_items_in_batch."""
+    model = tiny_gpt2(tokenizer)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    batch = causal_batch(tokenizer)
+    rows = [{k: v[i].tolist() for k, v in batch.items()} for i in range(2)] * 4
+    term = BERTScoreTerm(loss, tokenizer, causal=True)
+    seen = []
+
+    def recorded(outputs, labels, num_items_in_batch=None):
+        seen.append(num_items_in_batch)
+        return term(outputs, labels, num_items_in_batch)
+
+    trainer = transformers.Trainer(
+        model=model,
+        args=training_args(tmp_path),
+        train_dataset=datasets.Dataset.from_list(rows),
+        compute_loss_func=recorded,
+    )
+    trainer.train()
+    assert len(seen) == 4  # 2 steps x 2 accumulated micro-batches
+    completion = int((batch["labels"][:, 1:] != -100).sum())
+    assert all(int(n) == 2 * completion for n in seen)  # both micro-batches' tokens
+    assert changed(model, before)
+    assert 0 < term.pop_metrics()["bertscore_f"] <= 1
+
+
+def test_seq2seq_trainer_mixin_with_reference_column(loss, tokenizer, tmp_path):
+    """Seq2SeqTrainer + mixin on a tiny BERT2BERT: references from a dataset column (here
+    deliberately different from the labels), CE and F logged as separate metrics."""
+
+    class Trainer(BERTScoreTrainerMixin, transformers.Seq2SeqTrainer):
+        pass
+
+    model = tiny_bert2bert(tokenizer)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    rows = []
+    for prompt, reference in zip(PROMPTS, REFERENCES, strict=True):
+        rows.append(
+            {
+                "input_ids": tokenizer(prompt)["input_ids"],
+                "labels": tokenizer(reference)["input_ids"][1:],
+                "reference": reference.upper() + " indeed",
+            }
+        )
+    trainer = Trainer(
+        model=model,
+        args=training_args(tmp_path, transformers.Seq2SeqTrainingArguments),
+        train_dataset=datasets.Dataset.from_list(rows * 4),
+        data_collator=transformers.DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+        bertscore_loss=loss,
+        bertscore_weight=2.0,
+        bertscore_reference_column="reference",
+    )
+    seen = []
+    score = loss.score
+
+    def recording(**kwargs):
+        seen.append(list(kwargs["references"]))
+        return score(**kwargs)
+
+    loss.score = recording
+    try:
+        trainer.train()
+    finally:
+        del loss.score
+    assert len(seen) == 4 and all(r.endswith(" indeed") for refs in seen for r in refs)
+    logged = [e for e in trainer.state.log_history if "bertscore_f" in e]
+    assert len(logged) == 2 and all("ce" in e and e["ce"] > 0 for e in logged)
+    assert changed(model, before)
+    metrics = trainer.evaluate(datasets.Dataset.from_list(rows))
+    assert 0 < metrics["eval_bertscore_f"] <= 1 and metrics["eval_ce"] > 0
+
+
+def test_sft_trainer_mixin(loss, tokenizer, tmp_path):
+    trl = pytest.importorskip("trl")
+
+    class Trainer(BERTScoreTrainerMixin, trl.SFTTrainer):
+        pass
+
+    model = tiny_gpt2(tokenizer)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    data = datasets.Dataset.from_dict({"prompt": PROMPTS * 4, "completion": REFERENCES * 4})
+    args = training_args(tmp_path, trl.SFTConfig, max_length=48, bf16=False)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        bertscore_loss=loss,
+    )
+    trainer.train()
+    logged = [e for e in trainer.state.log_history if "bertscore_f" in e]
+    assert len(logged) == 2
+    assert all(0 < e["bertscore_f"] <= 1 and e["ce"] > 0 for e in logged)
+    assert all(np.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+    assert changed(model, before)
+    # the references were the completions (prompt tokens are -100 in SFT's labels)
+    decoded = set(trainer.bertscore_term._decoded.values())
+    assert {r.lower() for r in REFERENCES} <= {d.replace(" [SEP]", "") for d in decoded}
+
+
+def test_compute_metrics_scores_predict_outputs(scorer, tokenizer, tmp_path):
+    model = tiny_gpt2(tokenizer)
+    batch = causal_batch(tokenizer)
+    rows = [{k: v[i].tolist() for k, v in batch.items()} for i in range(2)]
+    metrics = bertscore_compute_metrics(tokenizer, scorer)
+    trainer = transformers.Trainer(
+        model=model, args=training_args(tmp_path), compute_metrics=metrics
+    )
+    out = trainer.predict(datasets.Dataset.from_list(rows))
+    assert {"test_bertscore_precision", "test_bertscore_recall", "test_bertscore_f1"} <= set(
+        out.metrics
+    )
+    predicted = out.predictions.argmax(-1)
+    labels = np.where(out.label_ids == -100, tokenizer.pad_token_id, out.label_ids)
+    cands = [t.strip() for t in tokenizer.batch_decode(predicted, skip_special_tokens=True)]
+    refs = [t.strip() for t in tokenizer.batch_decode(labels, skip_special_tokens=True)]
+    expected = scorer.score(cands, refs)[2].mean().item()
+    assert abs(out.metrics["test_bertscore_f1"] - expected) < 1e-6
+    # identical ids score 1
+    assert metrics((out.label_ids, out.label_ids))["bertscore_f1"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_mixin_needs_the_tokenizer(loss, tokenizer, tmp_path):
+    class Trainer(BERTScoreTrainerMixin, transformers.Trainer):
+        pass
+
+    with pytest.raises(ValueError, match="processing_class"):
+        Trainer(model=tiny_gpt2(tokenizer), args=training_args(tmp_path), bertscore_loss=loss)
