@@ -67,7 +67,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import argparse  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
-import resource  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -76,6 +75,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 from _env import command_line, cpu_model  # noqa: E402
+from _memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss  # noqa: E402
 
 MB = 1e6
 TOP_K = 32
@@ -89,37 +89,6 @@ GEMMA_VARIANTS = ("CE-only", "CE+BERTScore fused")
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------- memory
-def _status_kb(field: str) -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def rss_bytes() -> int:
-    kb = _status_kb("VmRSS")
-    return (kb if kb is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
-            handle.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_bytes(reset: bool) -> int:
-    kb = _status_kb("VmHWM") if reset else None
-    return (kb if kb is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -234,12 +203,12 @@ def serve(kind: str, variant: str, batch: int, length: int, bridge_file: str) ->
             break
         h.grad = weight.grad = None
         gc.collect()
-        before = rss_bytes()
-        reset = reset_peak()
+        before = current_rss_bytes()
+        reset = reset_peak_rss()
         start = time.perf_counter()
         run(h, targets, grad)
         seconds = time.perf_counter() - start
-        peak = peak_bytes(reset)
+        peak = peak_rss_bytes(reset)
         answer = {"s": seconds, "rss_before_mb": before / MB, "extra_peak_mb": (peak - before) / MB}
         print(RESULT + json.dumps(answer), flush=True)
 
@@ -282,8 +251,8 @@ def gemma_run(variant: str, steps: int, bridge_file: str) -> dict:
 
     step()  # warm-up: AdamW's state
     gc.collect()
-    before = rss_bytes()
-    reset = reset_peak()
+    before = current_rss_bytes()
+    reset = reset_peak_rss()
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -292,7 +261,7 @@ def gemma_run(variant: str, steps: int, bridge_file: str) -> dict:
     return {
         "step_s": times,
         "rss_before_mb": before / MB,
-        "peak_rss_mb": peak_bytes(reset) / MB,
+        "peak_rss_mb": peak_rss_bytes(reset) / MB,
     }
 
 

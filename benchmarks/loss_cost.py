@@ -79,7 +79,6 @@ import contextlib  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
-import resource  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -91,6 +90,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 from _env import command_line, cpu_model  # noqa: E402
+from _memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss  # noqa: E402
 
 MB = 1e6
 MATCHING, TEMPERATURE, TOP_K = "softmax", 0.05, 32
@@ -111,41 +111,6 @@ def log(message: str) -> None:
 
 
 # ----------------------------------------------------------------------------- memory meters
-def _proc_status_kb(field: str) -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def current_rss_bytes() -> int:
-    kb = _proc_status_kb("VmRSS")
-    if kb is None:  # no /proc: the peak is the best we have
-        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb * 1024
-
-
-def reset_peak_rss() -> bool:
-    """Reset the kernel's RSS high-water mark (Linux >= 4.0); False where not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
-            handle.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_bytes(reset_worked: bool) -> int:
-    kb = _proc_status_kb("VmHWM") if reset_worked else None
-    if kb is None:
-        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return kb * 1024
-
-
 class SavedTensorMeter:
     """Distinct storages saved for backward (pack hook) plus tensors held by checkpoint."""
 
