@@ -14,6 +14,7 @@ The collator has the seq2seq :class:`common.Collator`'s interface (``teacher_for
 from __future__ import annotations
 
 import torch
+from common import generate_ids, generated_labels
 from prompting import answer, lead, prompt_text
 
 
@@ -120,26 +121,15 @@ class CausalCollator:
         num_beams: int = 1,
     ) -> torch.Tensor:
         """The model's own completions as labels-style ids (``-100`` after the first eos)."""
-        was_training = model.training
-        model.eval()
-        try:
-            sequences = model.generate(
-                input_ids=batch["prompt_ids"],
-                attention_mask=batch["prompt_mask"],
-                do_sample=sample,
-                top_k=top_k if sample else None,
-                num_beams=num_beams,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=self.pad,
-                eos_token_id=self.eos,
-            )
-        finally:
-            model.train(was_training)
-        labels = sequences[:, batch["prompt_ids"].shape[1] :].clone()
-        is_eos = labels == self.eos
-        after_eos = (is_eos.long().cumsum(1) - is_eos.long()) > 0
-        labels[after_eos] = -100
-        return labels
+        sequences = generate_ids(
+            model, batch["prompt_ids"], batch["prompt_mask"], max_new_tokens, sample=sample,
+            top_k=top_k, num_beams=num_beams, pad_token_id=self.pad, eos_token_id=self.eos,
+        )  # fmt: skip
+        # generated_labels drops its first column (a seq2seq decoder start): here the last
+        # prompt column
+        return generated_labels(
+            sequences[:, batch["prompt_ids"].shape[1] - 1 :], self.pad, self.eos
+        )
 
     def decode(self, labels: torch.Tensor) -> list[str]:
         """Answers of completion ids: the text's first line (a base model goes on after it)."""

@@ -418,22 +418,39 @@ def generated_labels(sequences: torch.Tensor, pad: int, eos: int) -> torch.Tenso
 
 
 @torch.no_grad()
-def generate(
-    model, batch, max_new_tokens: int, *, sample: bool = False, top_k: int = 0, num_beams: int = 1
+def generate_ids(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    sample: bool = False,
+    top_k: int = 0,
+    num_beams: int = 1,
+    **special_ids,
 ) -> torch.Tensor:
-    """The model's own output ids (decoder start first), decoded in eval mode."""
+    """``model.generate`` in eval mode (the training mode restored after), greedy or sampled."""
     was_training = model.training
     model.eval()
-    sequences = model.generate(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        do_sample=sample,
-        top_k=top_k if sample else None,
-        num_beams=num_beams,
-        max_new_tokens=max_new_tokens,
+    try:
+        return model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=sample,
+            top_k=top_k if sample else None,
+            num_beams=num_beams,
+            max_new_tokens=max_new_tokens,
+            **special_ids,
+        )
+    finally:
+        model.train(was_training)
+
+
+def generate(model, batch, max_new_tokens: int, **options) -> torch.Tensor:
+    """A seq2seq model's own output ids (decoder start first)."""
+    return generate_ids(
+        model, batch["input_ids"], batch["attention_mask"], max_new_tokens, **options
     )
-    model.train(was_training)
-    return sequences
 
 
 def decode_texts(tokenizer, sequences: torch.Tensor) -> list[str]:
