@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,13 @@ import torch
 import bsloss
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A port no one listens on now (a fixed one collides with any other run on the machine)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 @pytest.mark.slow  # two processes each load the scorer: ~40 s on 2 busy cores
@@ -30,7 +38,7 @@ def test_two_processes_split_the_pairs_and_match_one_process(tmp_path, stsb_dev)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", "29517", str(REPO / "tests/_distributed_scoring.py"),
+        "--master_port", str(free_port()), str(REPO / "tests/_distributed_scoring.py"),
         str(tmp_path), str(tmp_path / "pairs.json"),
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
