@@ -48,12 +48,15 @@ class CausalCollator:
         self._prompts: dict[str, list[int]] = {}
         self._completions: dict[str, list[int]] = {}
 
+    def prompt(self, source: str) -> str:
+        """The prompt text for ``source``: its lead of ``max_source_length`` tokens, formatted."""
+        kept = lead(self.tokenizer, source, self.max_source)
+        return prompt_text(self.tokenizer, self.task, kept, self.prompt_format)
+
     def _prompt(self, source: str) -> list[int]:
         if source not in self._prompts:
-            kept = lead(self.tokenizer, source, self.max_source)
-            self.truncated["source"] += kept != source
-            text = prompt_text(self.tokenizer, self.task, kept, self.prompt_format)
-            self._prompts[source] = self.tokenizer(text)["input_ids"]
+            self.truncated["source"] += lead(self.tokenizer, source, self.max_source) != source
+            self._prompts[source] = self.tokenizer(self.prompt(source))["input_ids"]
         return self._prompts[source]
 
     def _completion(self, target: str) -> list[int]:

@@ -24,11 +24,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from causal import CausalCollator  # noqa: E402
 from common import load_splits  # noqa: E402
-from prompting import answer, generate_completions, lead, prompt_text  # noqa: E402
+from prompting import answer  # noqa: E402
 
 from bsloss import BERTScorer, BERTScoreReward  # noqa: E402
 from bsloss.pretrained import resolve_model  # noqa: E402
+from bsloss.reward import completion_text  # noqa: E402
 
 DATA = {
     "summarization": {
@@ -67,14 +69,20 @@ class FirstLineReward:
         self.reward, self.__name__ = reward, reward.__name__
 
     def __call__(self, completions, **columns) -> list[float]:
-        texts = [answer(c if isinstance(c, str) else c[-1]["content"]) for c in completions]
+        texts = [answer(completion_text(c, i)) for i, c in enumerate(completions)]
         return self.reward(completions=texts, **columns)
 
 
-def held_out_scores(model, tokenizer, prompts, references, scorers, max_new_tokens) -> dict:
+def held_out_scores(model, collator, examples, scorers, max_new_tokens, batch_size=8) -> dict:
+    """Greedy answers to the examples' prompts, scored against their targets."""
     from rouge_score import rouge_scorer
 
-    answers = [answer(c) for c in generate_completions(model, tokenizer, prompts, max_new_tokens)]
+    answers = []
+    for start in range(0, len(examples), batch_size):
+        batch = collator(examples[start : start + batch_size])
+        batch = {k: v.to(model.device) for k, v in batch.items()}
+        answers += collator.decode(collator.generate(model, batch, max_new_tokens))
+    references = [e.target for e in examples]
     scores = {name: float(s.score(answers, references)[2].mean()) for name, s in scorers.items()}
     rouge = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
     scores["rougeL"] = sum(
@@ -102,21 +110,13 @@ def main(argv: list[str] | None = None) -> dict:
         {**DATA[script.task], "max_train": script.max_train, "max_test": script.max_test}
     )
 
-    def rows(split):
-        return [
-            {
-                "prompt": prompt_text(
-                    tokenizer,
-                    script.task,
-                    lead(tokenizer, e.source, script.max_source_tokens),
-                    script.prompt_format,
-                ),
-                "reference": e.target,
-            }
-            for e in splits[split]
-        ]
-
-    train, test = rows("train"), rows("test")
+    # the recipes' decoder-only layout: the same prompts, left-padded generation, answers
+    collator = CausalCollator(
+        tokenizer, model, script.task, script.max_source_tokens,
+        config.max_completion_length + 1, script.prompt_format,
+    )  # fmt: skip
+    train = [{"prompt": collator.prompt(e.source), "reference": e.target} for e in splits["train"]]
+    test = splits["test"]
     scorer = BERTScorer(script.scorer, device=model.device)
     scorers = {"f_bert": scorer}
     if script.independent_scorer and script.independent_scorer.lower() != "none":
@@ -127,10 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
         except ImportError as error:  # its packages are optional; say so in the results
             print(f"independent scorer skipped: {error}")
     reward = FirstLineReward(BERTScoreReward(scorer=scorer))
-    prompts, references = [r["prompt"] for r in test], [r["reference"] for r in test]
-    before = held_out_scores(
-        model, tokenizer, prompts, references, scorers, config.max_completion_length
-    )
+    before = held_out_scores(model, collator, test, scorers, config.max_completion_length)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
@@ -139,9 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
         processing_class=tokenizer,
     )
     trainer.train()
-    after = held_out_scores(
-        trainer.model, tokenizer, prompts, references, scorers, config.max_completion_length
-    )
+    after = held_out_scores(trainer.model, collator, test, scorers, config.max_completion_length)
     curve = [
         {"step": e["step"], "reward": e["reward"], "reward_std": e.get("reward_std")}
         for e in trainer.state.log_history
@@ -161,7 +156,9 @@ def main(argv: list[str] | None = None) -> dict:
     (out / "test_outputs.jsonl").write_text(
         "".join(
             json.dumps({"reference": r, "before": b, "after": a}) + "\n"
-            for r, b, a in zip(references, before["answers"], after["answers"], strict=True)
+            for r, b, a in zip(
+                [e.target for e in test], before["answers"], after["answers"], strict=True
+            )
         )
     )
     if curve:

@@ -1,15 +1,14 @@
-"""Prompt -> completion for decoder-only generators: prompt formats, the answer a completion
-holds, and left-padded batched greedy generation for evaluation.
+"""Prompt -> completion for decoder-only generators: prompt formats and the answer a completion
+holds.
 
 A base (not instruction-tuned) LM such as Gemma 3 270M continues text, so each task has a plain
 prompt format ending where the answer starts; a tokenizer with a chat template gets the prompt as
 one user message instead. A completion's answer is its first line: a base model that has said its
 one-sentence summary or its translation goes on with more text, and only the answer is scored.
+Batching and generation are :mod:`causal`'s.
 """
 
 from __future__ import annotations
-
-import torch
 
 PROMPT_FORMATS = {
     "summarization": "Article: {source}\n\nSummary of the article in one sentence:",
@@ -45,41 +44,3 @@ def answer(completion: str) -> str:
         if line.strip():
             return line.strip()
     return ""
-
-
-@torch.no_grad()
-def generate_completions(
-    model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int = 8
-) -> list[str]:
-    """Greedy completions of ``prompts`` (left-padded batches, so every row ends at its prompt's
-    last token). Raises ValueError for a prompt longer than the model's context."""
-    context = getattr(model.config, "max_position_embeddings", None)
-    side, tokenizer.padding_side = tokenizer.padding_side, "left"
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    outputs: list[str] = []
-    try:
-        for start in range(0, len(prompts), batch_size):
-            batch = tokenizer(
-                prompts[start : start + batch_size], return_tensors="pt", padding=True
-            )
-            if context is not None and batch["input_ids"].shape[1] + max_new_tokens > context:
-                raise ValueError(
-                    f"prompts[{start}:{start + batch_size}] need "
-                    f"{batch['input_ids'].shape[1]} + {max_new_tokens} tokens, more than the "
-                    f"model's context of {context}; shorten the source (max_source_tokens)"
-                )
-            batch = batch.to(device)
-            sequences = model.generate(
-                **batch,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-            new = sequences[:, batch["input_ids"].shape[1] :]
-            outputs += tokenizer.batch_decode(new, skip_special_tokens=True)
-    finally:
-        tokenizer.padding_side = side
-        model.train(was_training)
-    return outputs
