@@ -50,13 +50,17 @@ class CausalCollator:
 
     def prompt(self, source: str) -> str:
         """The prompt text for ``source``: its lead of ``max_source_length`` tokens, formatted."""
+        return self._prompt_and_cut(source)[0]
+
+    def _prompt_and_cut(self, source: str) -> tuple[str, bool]:
         kept = lead(self.tokenizer, source, self.max_source)
-        return prompt_text(self.tokenizer, self.task, kept, self.prompt_format)
+        return prompt_text(self.tokenizer, self.task, kept, self.prompt_format), kept != source
 
     def _prompt(self, source: str) -> list[int]:
         if source not in self._prompts:
-            self.truncated["source"] += lead(self.tokenizer, source, self.max_source) != source
-            self._prompts[source] = self.tokenizer(self.prompt(source))["input_ids"]
+            text, cut = self._prompt_and_cut(source)
+            self.truncated["source"] += cut
+            self._prompts[source] = self.tokenizer(text)["input_ids"]
         return self._prompts[source]
 
     def _completion(self, target: str) -> list[int]:
