@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 from common import generate_ids, generated_labels
-from prompting import answer, lead, prompt_text
+from prompting import answer, lead, prompt_text, uses_chat_template
 
 
 class CausalCollator:
@@ -32,8 +32,10 @@ class CausalCollator:
         max_source_length: int,
         max_target_length: int,
         prompt_format: str | None = None,
+        chat_template: bool | str = "auto",
     ):
         self.tokenizer, self.task, self.prompt_format = tokenizer, task, prompt_format
+        self.chat = uses_chat_template(tokenizer, chat_template)
         self.eos = tokenizer.eos_token_id
         if self.eos is None:
             self.eos = model.config.eos_token_id
@@ -43,7 +45,7 @@ class CausalCollator:
         self.max_source, self.max_target = max_source_length, max_target_length
         self.context = getattr(model.config, "max_position_embeddings", None)
         # A chat-formatted prompt ends where the answer starts; a plain one ends with ':'.
-        self.separator = "" if getattr(tokenizer, "chat_template", None) else " "
+        self.separator = "" if self.chat else " "
         self.truncated = {"source": 0, "target": 0}
         self._prompts: dict[str, list[int]] = {}
         self._completions: dict[str, list[int]] = {}
@@ -54,7 +56,8 @@ class CausalCollator:
 
     def _prompt_and_cut(self, source: str) -> tuple[str, bool]:
         kept = lead(self.tokenizer, source, self.max_source)
-        return prompt_text(self.tokenizer, self.task, kept, self.prompt_format), kept != source
+        text = prompt_text(self.tokenizer, self.task, kept, self.prompt_format, self.chat)
+        return text, kept != source
 
     def _prompt(self, source: str) -> list[int]:
         if source not in self._prompts:

@@ -115,7 +115,10 @@ def load_splits(spec: dict) -> dict[str, list[Example]]:
         out = {}
         for split in SPLITS:
             rows = loaded[names[split]]
-            out[split] = [Example(_field(r, source), _field(r, target)) for r in rows]
+            out[split] = [
+                _example(r, source, target, f"{spec['dataset']} {split} row {i}")
+                for i, r in enumerate(rows)
+            ]
         return _cap(out, spec)
     path = _resolve(spec["path"])
     if path.suffix == ".jsonl":
@@ -129,8 +132,20 @@ def load_splits(spec: dict) -> dict[str, list[Example]]:
     for i, row in enumerate(rows):
         if row.get(column) not in out:
             raise ValueError(f"{path} row {i}: {column}={row.get(column)!r} is not one of {SPLITS}")
-        out[row[column]].append(Example(row[source], row[target]))
+        out[row[column]].append(_example(row, source, target, f"{path} row {i}"))
     return _cap(out, spec)
+
+
+def _example(row: dict, source: str, target: str, where: str) -> Example:
+    """One example; an empty source or target (nothing to prompt with, an empty completion to
+    learn) is refused, naming the row and the config's column."""
+    texts = []
+    for setting, name in (("data.source", source), ("data.target", target)):
+        value = _field(row, name)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{where}: {setting}={name!r} is empty or not text: {value!r}")
+        texts.append(value)
+    return Example(*texts)
 
 
 def _field(row: dict, name: str) -> str:
@@ -693,11 +708,12 @@ class RecipeRun:
             self.model.config.use_cache = False
         data_spec = self.config["data"]
         if getattr(self.model.config, "is_encoder_decoder", False):
-            if data_spec.get("prompt_format"):
-                raise ValueError(
-                    "data.prompt_format is for decoder-only generators; "
-                    "this generator is an encoder-decoder"
-                )
+            for setting in ("prompt_format", "chat_template"):
+                if data_spec.get(setting) not in (None, "auto"):
+                    raise ValueError(
+                        f"data.{setting} is for decoder-only generators; "
+                        "this generator is an encoder-decoder"
+                    )
             self.collator = Collator(
                 self.tokenizer,
                 self.model,
@@ -714,6 +730,7 @@ class RecipeRun:
                 data_spec["max_source_length"],
                 data_spec["max_target_length"],
                 data_spec.get("prompt_format"),
+                data_spec.get("chat_template", "auto"),
             )
         self.evaluator = Evaluator(self.config["task"], self.scorer, self.config.get("eval", {}))
         self.results_path = self.output_dir / "results.json"
@@ -735,8 +752,9 @@ class RecipeRun:
             self.results = json.loads(self.results_path.read_text())
         wants_before = self.config.get("eval", {}).get("before", True)
         if start == 0 and self.accelerator.is_main_process and wants_before:
-            before, _ = self.evaluate("test")
+            before, hypotheses = self.evaluate("test")
             self.results["before"] = before
+            self.write_outputs("test_outputs_before.txt", hypotheses)
             self.results_path.write_text(json.dumps(self.results, indent=2))
             self.log.write(kind="eval", split="test", step=0, **before)
         return (*prepared, start)
@@ -780,6 +798,10 @@ class RecipeRun:
         if save_every and step % save_every == 0:
             save_checkpoint(self.accelerator, self.output_dir, step)
 
+    def write_outputs(self, name: str, hypotheses: list[str]) -> None:
+        """One generated answer per line, in test-set order (for rescoring later)."""
+        (self.output_dir / name).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+
     def finish(self, last_step: int, title: str, **extra) -> dict:
         """After the last step: the model, test scores, results.json, outputs and the plot
         (or nothing but a message when ``--stop_after`` cut the run short)."""
@@ -789,8 +811,9 @@ class RecipeRun:
             accelerator.print(f"stopped after step {last_step} of {steps} (--stop_after)")
             return self.results
         if accelerator.is_main_process:
-            self.unwrapped.save_pretrained(self.output_dir / "model")
-            self.tokenizer.save_pretrained(self.output_dir / "model")
+            if self.train_spec.get("save_model", True):  # a study's many runs may skip 1 GB each
+                self.unwrapped.save_pretrained(self.output_dir / "model")
+                self.tokenizer.save_pretrained(self.output_dir / "model")
             after, hypotheses = self.evaluate("test")
             self.log.write(kind="eval", split="test", step=steps, **after)
             self.results.update(
@@ -803,8 +826,7 @@ class RecipeRun:
                 **extra,
             )
             self.results_path.write_text(json.dumps(self.results, indent=2))
-            outputs = self.output_dir / "test_outputs.txt"
-            outputs.write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+            self.write_outputs("test_outputs.txt", hypotheses)
             plot = plot_curves(self.log, self.output_dir / "curves.png", title)
             if "before" in self.results:
                 print(summary_table(self.results["before"], after))

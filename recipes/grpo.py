@@ -53,6 +53,9 @@ class ScriptArguments:
     )
     task: str = field(default="summarization", metadata={"help": "summarization | translation"})
     prompt_format: str | None = field(default=None, metadata={"help": "with {source}"})
+    chat_template: str = field(
+        default="auto", metadata={"help": "auto (when the tokenizer has one) | true | false"}
+    )
     max_source_tokens: int = field(default=128, metadata={"help": "article lead kept, in tokens"})
     max_train: int | None = None
     max_test: int = 30
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     collator = CausalCollator(
         tokenizer, model, script.task, script.max_source_tokens,
         config.max_completion_length + 1, script.prompt_format,
+        {"true": True, "false": False}.get(script.chat_template.lower(), script.chat_template),
     )  # fmt: skip
     train = [{"prompt": collator.prompt(e.source), "reference": e.target} for e in splits["train"]]
     test = splits["test"]

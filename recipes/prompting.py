@@ -16,9 +16,28 @@ PROMPT_FORMATS = {
 }
 
 
-def prompt_text(tokenizer, task: str, source: str, template: str | None = None) -> str:
+def uses_chat_template(tokenizer, setting: bool | str = "auto") -> bool:
+    """Whether prompts go through the tokenizer's chat template (config ``data.chat_template``):
+    ``"auto"`` when it has one, ``True`` requires one, ``False`` never."""
+    has_one = bool(getattr(tokenizer, "chat_template", None))
+    if setting == "auto":
+        return has_one
+    if not isinstance(setting, bool):
+        raise ValueError(f"data.chat_template must be auto, true or false, got {setting!r}")
+    if setting and not has_one:
+        name = getattr(tokenizer, "name_or_path", "the generator's tokenizer")
+        raise ValueError(
+            f"data.chat_template is true but {name} has no chat template (a base model); "
+            "set data.chat_template: auto or false, and data.prompt_format if needed"
+        )
+    return setting
+
+
+def prompt_text(
+    tokenizer, task: str, source: str, template: str | None = None, chat: bool = False
+) -> str:
     """The prompt for one source text: ``template`` (with ``{source}``), else the task's plain
-    format; through the chat template when the tokenizer has one."""
+    format; as one user message through the chat template when ``chat``."""
     if template is None:
         if task not in PROMPT_FORMATS:
             raise ValueError(f"task must be one of {sorted(PROMPT_FORMATS)}, got {task!r}")
@@ -26,7 +45,7 @@ def prompt_text(tokenizer, task: str, source: str, template: str | None = None) 
     if "{source}" not in template:
         raise ValueError(f"prompt_format must contain '{{source}}', got {template!r}")
     text = template.format(source=source)
-    if getattr(tokenizer, "chat_template", None):
+    if chat:
         messages = [{"role": "user", "content": text}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return text

@@ -5,6 +5,7 @@ own-output completions are cut at eos, and mismatched settings fail with the set
 from __future__ import annotations
 
 import copy
+import json
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ sys.path.insert(0, str(REPO / "recipes"))
 from causal import CausalCollator  # noqa: E402
 from common import Example, token_cross_entropy  # noqa: E402
 
+SPLITS_ALL = ("train", "validation", "test")
 EXAMPLES = [
     Example("the cat sat on the mat all day long and then it slept", "a cat sat"),
     Example("rain", "it rained in the north of the country today"),
@@ -120,3 +122,40 @@ def test_kind_mismatch_names_the_setting(tmp_path, tiny):
         _pretrained(str(tmp_path), "seq2seq", "model.generator")
     loaded, _ = _pretrained(str(tmp_path), "auto", "model.generator")
     assert not loaded.config.is_encoder_decoder
+
+
+def test_chat_template_setting(tiny):
+    model, tokenizer, _ = tiny
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    with pytest.raises(ValueError, match="data.chat_template is true but .* has no chat template"):
+        CausalCollator(plain, model, "translation", 32, 12, chat_template=True)
+    with pytest.raises(ValueError, match="data.chat_template must be auto, true or false"):
+        CausalCollator(plain, model, "translation", 32, 12, chat_template="yes")
+    chat = copy.deepcopy(tokenizer)
+    chat.chat_template = "{% for m in messages %}<user>{{ m['content'] }}</user>{% endfor %}<bot>"
+    prompts = {
+        setting: CausalCollator(chat, model, "translation", 32, 12, chat_template=setting).prompt(
+            "hola"
+        )
+        for setting in ("auto", True, False)
+    }
+    assert prompts["auto"] == prompts[True] == "<user>Spanish: hola\nEnglish:</user><bot>"
+    assert prompts[False] == "Spanish: hola\nEnglish:"
+    assert CausalCollator(plain, model, "translation", 32, 12).prompt("hola") == prompts[False]
+
+
+def test_empty_target_names_the_row_and_setting(tmp_path):
+    from common import load_splits
+
+    data = tmp_path / "data.jsonl"
+    rows = [{"split": s, "document": "some text", "summary": "a summary"} for s in SPLITS_ALL]
+    rows.insert(2, {"split": "train", "document": "an article", "summary": "  "})
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = {"path": str(data), "source": "document", "target": "summary"}
+    with pytest.raises(ValueError, match=r"row 2: data.target='summary' is empty"):
+        load_splits(spec)
+    rows[2]["summary"], rows[0]["document"] = "fine", ""
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"row 0: data.source='document' is empty"):
+        load_splits(spec)
