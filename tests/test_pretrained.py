@@ -60,3 +60,12 @@ def test_names_pass_through_or_fail_clearly():
     assert pretrained.hub_name("gemma-3-270m") == "google/gemma-3-270m"
     with pytest.raises(KeyError, match="no offline model named 'gemma-4'"):
         pretrained.pretrained_folder("gemma-4")
+
+
+def test_cli_models_prints_the_folders_and_names_an_unknown_one(gemma_folder, capsys):
+    from bsloss.cli import main
+
+    assert main(["models", "gemma-3-270m"]) == 0
+    assert capsys.readouterr().out == f"gemma-3-270m: {gemma_folder}\n"
+    assert main(["models", "gemma-3-270m", "gemma-9"]) == 2
+    assert "unknown ['gemma-9']" in capsys.readouterr().err
