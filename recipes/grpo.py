@@ -94,6 +94,30 @@ def held_out_scores(model, collator, examples, scorers, max_new_tokens, batch_si
     return {"scores": scores, "answers": answers}
 
 
+def plot_reward_curve(curve: list[dict], path: Path, title: str, window: int = 5) -> Path:
+    """The mean reward of each step's completions, and its running mean over ``window`` steps
+    (one step's few prompts make the raw curve noisy)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    steps = np.array([c["step"] for c in curve])
+    rewards = np.array([c["reward"] for c in curve])
+    fig, ax = plt.subplots(figsize=(5.5, 3.2))
+    ax.plot(steps, rewards, lw=0.8, alpha=0.5, label="per step")
+    if len(rewards) >= window:
+        smooth = np.convolve(rewards, np.ones(window) / window, mode="valid")
+        ax.plot(steps[window - 1 :], smooth, lw=2, label=f"mean of {window} steps")
+    ax.set(xlabel="step", ylabel="mean reward (F_BERT)", title=title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> dict:
     import datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -166,16 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     )
     if curve:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3))
-        ax.plot([c["step"] for c in curve], [c["reward"] for c in curve])
-        ax.set(xlabel="step", ylabel="mean reward (F_BERT)", title=f"GRPO {script.task}")
-        fig.tight_layout()
-        fig.savefig(out / "reward.png", dpi=120)
+        plot_reward_curve(curve, out / "reward.png", f"GRPO {script.task}, {script.model}")
     print(json.dumps({k: results[k] for k in ("before", "after")}, indent=2))
     return results
 

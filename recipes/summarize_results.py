@@ -71,6 +71,7 @@ class Scores:
             "f_bert": bsloss.BERTScorer(device="cpu"),
             "f_bert_mpnet": bsloss.BERTScorer("all-mpnet-base-v2", num_layers=12, device="cpu"),
         }
+        self._cache: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
 
     def per_example(self, outputs: list[str]) -> dict[str, np.ndarray]:
         if len(outputs) != len(self.references):
@@ -89,6 +90,19 @@ class Scores:
         scores["words"] = np.array([len(h.split()) for h in outputs], dtype=float)
         return scores
 
+    def cached(self, outputs: list[str]) -> dict[str, np.ndarray]:
+        """:meth:`per_example`, computed once per list of outputs."""
+        key = tuple(outputs)
+        if key not in self._cache:
+            self._cache[key] = self.per_example(outputs)
+        return self._cache[key]
+
+    def all(self, outputs: list[str]) -> dict[str, float]:
+        """Test-set scores: per-example means and corpus scores."""
+        everything = np.arange(len(self.references))
+        means = {m: float(v.mean()) for m, v in self.cached(outputs).items()}
+        return means | self.corpus(outputs, everything)
+
     def corpus(self, outputs: list[str], subset: np.ndarray) -> dict[str, float]:
         if self.task == "xsum":
             return {}
@@ -102,90 +116,117 @@ class Scores:
         }
 
 
-def corpus_difference(scores: Scores, metric: str, pairs, everything, samples):
-    """A corpus score's difference (run − ce), averaged over seeds, on all examples and on each
-    bootstrap resample of them."""
+def paired_difference(
+    scores: Scores, metric: str, pairs: list[tuple[list[str], list[str]]], samples: np.ndarray
+) -> tuple[float, float, float, int]:
+    """``metric`` of outputs A minus outputs B, for pairs (A, B) run from the same seed: the mean
+    over pairs, its paired bootstrap 95% interval (the same resampled test examples for A and B)
+    and the number of pairs whose own difference is positive. Corpus scores (BLEU, chrF) are
+    recomputed on each resample; the others are means of per-example scores."""
+    everything = np.arange(samples.shape[1])
+    if metric in ("bleu", "chrf"):
 
-    def delta(subset: np.ndarray) -> float:
-        return float(
-            np.mean(
-                [
-                    scores.corpus(run, subset)[metric] - scores.corpus(ce, subset)[metric]
-                    for run, ce in pairs
-                ]
-            )
+        def delta(subset: np.ndarray) -> list[float]:
+            return [
+                scores.corpus(a, subset)[metric] - scores.corpus(b, subset)[metric]
+                for a, b in pairs
+            ]
+
+        per_pair = delta(everything)
+        resampled = np.array([np.mean(delta(subset)) for subset in samples])
+    else:
+        differences = np.array(
+            [scores.cached(a)[metric] - scores.cached(b)[metric] for a, b in pairs]
         )
+        per_pair = list(differences.mean(axis=1))
+        resampled = differences.mean(axis=0)[samples].mean(axis=1)
+    low, high = np.percentile(resampled, [2.5, 97.5])
+    return float(np.mean(per_pair)), low, high, sum(d > 0 for d in per_pair)
 
-    return delta(everything), np.array([delta(subset) for subset in samples])
+
+DIFFERENCE_HEADER = [
+    "| comparison | metric | Δ (mean over seeds) | 95% paired bootstrap | seeds with Δ > 0 |",
+    "|---|---|---:|---|---:|",
+]
+
+
+def difference_rows(scores: Scores, label: str, pairs, metrics, samples) -> list[str]:
+    rows = []
+    for metric in metrics:
+        full, low, high, positive = paired_difference(scores, metric, pairs, samples)
+        rows.append(
+            f"| {label} | {NAMES[metric]} | {full:+.4f} | [{low:+.4f}, {high:+.4f}] "
+            f"| {positive}/{len(pairs)} |"
+        )
+    return rows
+
+
+def held_out_references(task: str) -> list[str]:
+    from common import load_config, load_splits
+
+    config = load_config(RECIPES / "configs" / CONFIGS[task], [])
+    return [e.target for e in load_splits(config["data"])["test"]]
 
 
 def task_tables(task: Path) -> str:
-    from common import load_config, load_splits
-
-    config = load_config(RECIPES / "configs" / CONFIGS[task.name], [])
-    references = [e.target for e in load_splits(config["data"])["test"]]
+    references = held_out_references(task.name)
     runs, zero_shot = load_runs(task)
     if "ce" not in runs:
         return f"(no CE runs under {task})"
     scores = Scores(task.name, references)
-    everything = np.arange(len(references))
-    per_example = {
-        run: {seed: scores.per_example(outputs) for seed, outputs in seeds.items()}
-        for run, seeds in runs.items()
-    }
-    for run, seeds in runs.items():
-        for seed, outputs in seeds.items():
-            per_example[run][seed].update(scores.corpus(outputs, everything))
-    metrics = list(next(iter(per_example["ce"].values())))
-
-    def mean(values):  # a per-example array's mean, or a corpus score as it is
-        return float(np.mean(values))
-
+    metrics = list(scores.all(runs["ce"][min(runs["ce"])]))
     lines = [
         f"Test examples: {len(references)}.\n",
         "| run | seeds | " + " | ".join(NAMES[m] for m in metrics) + " |",
         "|---|---:|" + "---:|" * len(metrics),
     ]
     if zero_shot is not None:
-        zero = scores.per_example(zero_shot) | scores.corpus(zero_shot, everything)
-        cells = [f"{mean(zero[m]):.4f}" for m in metrics]
+        cells = [f"{scores.all(zero_shot)[m]:.4f}" for m in metrics]
         lines.append("| zero-shot | – | " + " | ".join(cells) + " |")
     for run in RUNS:
-        if run not in per_example:
+        if run not in runs:
             continue
-        seeds = per_example[run]
         cells = []
         for m in metrics:
-            values = [mean(seeds[s][m]) for s in seeds]
+            values = [scores.all(outputs)[m] for outputs in runs[run].values()]
             spread = np.std(values, ddof=1) if len(values) > 1 else 0.0
             cells.append(f"{np.mean(values):.4f} ± {spread:.4f}")
-        lines.append(f"| {run} | {len(seeds)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {run} | {len(runs[run])} | " + " | ".join(cells) + " |")
 
-    rng = np.random.default_rng(0)
-    samples = rng.integers(0, len(references), size=(RESAMPLES, len(references)))
-    lines += [
-        "",
-        "| run − ce | metric | Δ (mean over seeds) | 95% paired bootstrap | seeds with Δ > 0 |",
-        "|---|---|---:|---|---:|",
-    ]
+    samples = np.random.default_rng(0).integers(
+        0, len(references), size=(RESAMPLES, len(references))
+    )
+    lines += ["", *DIFFERENCE_HEADER]
     for run in ("hard", "soft"):
-        if run not in per_example:
-            continue
-        seeds = sorted(set(per_example[run]) & set(per_example["ce"]))
-        for m in metrics:
-            if m in ("bleu", "chrf"):  # corpus scores: recomputed on each resample
-                pairs = [(runs[run][s], runs["ce"][s]) for s in seeds]
-                full, resampled = corpus_difference(scores, m, pairs, everything, samples)
-            else:
-                pairs = [(per_example[run][s][m], per_example["ce"][s][m]) for s in seeds]
-                difference = np.mean([a - b for a, b in pairs], axis=0)
-                full, resampled = difference.mean(), difference[samples].mean(axis=1)
-            per_seed = [mean(per_example[run][s][m]) - mean(per_example["ce"][s][m]) for s in seeds]
-            low, high = np.percentile(resampled, [2.5, 97.5])
-            lines.append(
-                f"| {run} | {NAMES[m]} | {full:+.4f} | [{low:+.4f}, {high:+.4f}] "
-                f"| {sum(d > 0 for d in per_seed)}/{len(seeds)} |"
-            )
+        seeds = sorted(set(runs.get(run, {})) & set(runs["ce"]))
+        pairs = [(runs[run][s], runs["ce"][s]) for s in seeds]
+        if pairs:
+            lines += difference_rows(scores, f"{run} − ce", pairs, metrics, samples)
+    if zero_shot is not None:
+        pairs = [(outputs, zero_shot) for outputs in runs["ce"].values()]
+        lines += difference_rows(scores, "ce − zero-shot", pairs, metrics, samples)
+    return "\n".join(lines)
+
+
+def grpo_table(folder: Path) -> str:
+    """Held-out answers before and after a GRPO run (``test_outputs.jsonl``), re-scored."""
+    rows = [json.loads(line) for line in (folder / "test_outputs.jsonl").read_text().splitlines()]
+    task = "xsum" if "xsum" in folder.name else "bible-es-en"
+    scores = Scores(task, [r["reference"] for r in rows])
+    before, after = [r["before"] for r in rows], [r["after"] for r in rows]
+    metrics = [m for m in scores.all(after) if m != "words"] + ["words"]
+    samples = np.random.default_rng(0).integers(0, len(rows), size=(RESAMPLES, len(rows)))
+    lines = [
+        f"Held-out prompts: {len(rows)}.\n",
+        "| | " + " | ".join(NAMES[m] for m in metrics) + " |",
+        "|---|" + "---:|" * len(metrics),
+    ]
+    for name, outputs in (("before", before), ("after", after)):
+        lines.append(
+            f"| {name} | " + " | ".join(f"{scores.all(outputs)[m]:.4f}" for m in metrics) + " |"
+        )
+    lines += ["", *DIFFERENCE_HEADER]
+    lines += difference_rows(scores, "after − before", [(after, before)], metrics, samples)
     return "\n".join(lines)
 
 
@@ -194,8 +235,12 @@ def main() -> None:
         task = RESULTS / name
         if task.is_dir():
             print(f"### {name} (test split)\n\n{task_tables(task)}\n")
+    for folder in sorted(RESULTS.glob("grpo-*")):
+        print(f"### {folder.name}\n\n{grpo_table(folder)}\n")
     costs = [
-        json.loads(p.read_text()).get("train_seconds") for p in RESULTS.glob("*/*/results.json")
+        json.loads(p.read_text()).get("train_seconds")
+        for name in CONFIGS
+        for p in RESULTS.glob(f"{name}/*/results.json")
     ]
     costs = [c for c in costs if c]
     if costs:
