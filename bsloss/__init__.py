@@ -2,21 +2,28 @@
 
 Exact BERTScore for evaluation (:class:`BERTScorer`, :func:`score`), differentiable BERTScore
 losses (:class:`BERTScoreLoss`), and their shared pure tensor core (:mod:`bsloss.functional`).
+The token matchings (:class:`Hard`, :class:`Softmax`, :class:`LogSumExp`, :class:`Sinkhorn`, or
+a subclass of :class:`Matching`) are passed as ``matching=`` objects or string shorthands.
 """
 
-__version__ = "0.1.0"
-
-from bsloss.bridge import VocabularyBridge  # noqa: E402
-from bsloss.loss import BERTScoreLoss  # noqa: E402
-from bsloss.metric import BERTScorer, score  # noqa: E402
-from bsloss.plot import plot_example  # noqa: E402
-from bsloss.reward import BERTScoreReward  # noqa: E402
+from bsloss._version import __version__
+from bsloss.bridge import VocabularyBridge
+from bsloss.functional.matching import Hard, LogSumExp, Matching, Sinkhorn, Softmax
+from bsloss.loss import BERTScoreLoss
+from bsloss.metric import BERTScorer, score
+from bsloss.plot import plot_example
+from bsloss.reward import BERTScoreReward
 
 __all__ = [
     "BERTScorer",
     "BERTScoreLoss",
     "BERTScoreReward",
     "VocabularyBridge",
+    "Matching",
+    "Hard",
+    "Softmax",
+    "LogSumExp",
+    "Sinkhorn",
     "plot_example",
     "score",
     "__version__",

@@ -27,7 +27,7 @@ from bsloss.distributions import (
 )
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
 from bsloss.functional.fused_expectation import IGNORE_INDEX, fused_expected_inputs
-from bsloss.functional.matching import check_temperature, get_matching
+from bsloss.functional.matching import Matching, check_temperature, resolve_matching
 from bsloss.inputs import check_int, check_reference_groups, check_texts, flatten_groups
 from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.checkpointing import set_gradient_checkpointing
@@ -38,6 +38,8 @@ from bsloss.scorer.weights import IdfSpec, weight_table
 __all__ = ["BERTScoreLoss", "LossAndCrossEntropy"]
 
 _TARGETS = ("precision", "recall", "f1")
+DEFAULT_TEMPERATURE = 0.05
+"""The temperature of a tempered string shorthand when ``temperature`` is not given."""
 
 
 class LossAndCrossEntropy(NamedTuple):
@@ -76,10 +78,15 @@ class BERTScoreLoss(nn.Module):
 
     Args:
         model, num_layers: the scorer (``None``: embedded all-MiniLM-L6-v2), or pass ``encoder``.
-        matching: ``"hard"`` (gradient through the argmax cells), ``"softmax"``,
-            ``"logsumexp"`` or ``"sinkhorn"``.
-        temperature: ``T`` of the soft matchings.
-        sinkhorn_iterations: Sinkhorn steps for ``matching="sinkhorn"``.
+        matching: a :class:`~bsloss.functional.Matching` object (``Hard()``: gradient
+            through the argmax cells; ``Softmax(temperature=...)``, ``LogSumExp(...)``,
+            ``Sinkhorn(temperature=..., iterations=...)``, or your own subclass), or its
+            string shorthand ``"hard"``, ``"softmax"``, ``"logsumexp"`` or ``"sinkhorn"``.
+            Stored resolved, as an object, in ``loss.matching``.
+        temperature: with a shorthand, ``T`` of the soft matchings (default 0.05). With an
+            object: leave it out (or repeat the object's value; another value is an error).
+        sinkhorn_iterations: with a shorthand, Sinkhorn steps for ``matching="sinkhorn"``
+            (default 1). With an object: as ``temperature``.
         target: which score the loss is ``1 -`` of: ``"f1"``, ``"precision"`` or ``"recall"``.
         idf: ``False``, a list of sentences, or a ``{scorer_token_id: weight}`` dict.
         center: subtract the batch mean of the candidates' and of the references' token vectors
@@ -121,6 +128,15 @@ class BERTScoreLoss(nn.Module):
     >>> loss = loss_fn(logits=logits, references=["a cat sat", "the dog ran"])
     >>> loss.backward(); logits.grad.shape
     torch.Size([2, 6, 30522])
+
+    The matching as an object (parameters validated where it is built):
+
+    >>> from bsloss import Sinkhorn
+    >>> loss_fn = bsloss.BERTScoreLoss(matching=Sinkhorn(temperature=0.1, iterations=2))
+    >>> loss_fn.matching
+    Sinkhorn(temperature=0.1, iterations=2)
+    >>> loss_fn(logits=logits, references=["a cat sat", "the dog ran"]).shape
+    torch.Size([])
     """
 
     def __init__(
@@ -129,9 +145,9 @@ class BERTScoreLoss(nn.Module):
         num_layers: int | None = None,
         *,
         encoder: ScorerEncoder | None = None,
-        matching: str = "softmax",
-        temperature: float = 0.05,
-        sinkhorn_iterations: int = 1,
+        matching: str | Matching = "softmax",
+        temperature: float | None = None,
+        sinkhorn_iterations: int | None = None,
         target: str = "f1",
         idf: IdfSpec = False,
         center: bool = False,
@@ -151,14 +167,13 @@ class BERTScoreLoss(nn.Module):
         reference_cache_size: int = 10_000,
     ):
         super().__init__()
-        get_matching(matching)
-        if matching != "hard":
-            temperature = check_temperature(temperature)
+        matching = resolve_matching(
+            matching, temperature, sinkhorn_iterations, default_temperature=DEFAULT_TEMPERATURE
+        )
         if target not in _TARGETS:
             raise ValueError(f"target must be one of {_TARGETS}, got {target!r}")
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-        sinkhorn_iterations = check_int(sinkhorn_iterations, "sinkhorn_iterations", 1)
         if top_k is not None and check_int(top_k, "top_k", 1) == 1:
             raise ValueError(
                 "top_k=1 gives an exactly zero gradient (the renormalised top-1 weight is "
@@ -171,8 +186,7 @@ class BERTScoreLoss(nn.Module):
         self.long_inputs = long_inputs
         self.encoder = encoder or ScorerEncoder.from_pretrained(model, num_layers, device)
         set_gradient_checkpointing(self.encoder.model, gradient_checkpointing)
-        self.matching, self.temperature = matching, temperature
-        self.sinkhorn_iterations = sinkhorn_iterations
+        self.matching = matching
         self.target, self.center, self.reduction = target, center, reduction
         self.top_k, self.straight_through = top_k, straight_through
         self.gumbel_temperature = gumbel_temperature
@@ -651,9 +665,7 @@ class BERTScoreLoss(nn.Module):
             raise ValueError("pass exactly one of references (texts) or reference_ids")
         if references is not None:
             groups = check_reference_groups(references, "references")
-        cand_hidden, cand_mask, cand_weights, log_likelihood = self._encode_candidates(
-            **candidates
-        )
+        cand_hidden, cand_mask, cand_weights, log_likelihood = self._encode_candidates(**candidates)
         batch = cand_hidden.shape[0]
         owner = list(range(batch))
         if groups is not None:
@@ -696,8 +708,6 @@ class BERTScoreLoss(nn.Module):
             cand_weights[index],
             ref_weights,
             matching=self.matching,
-            temperature=self.temperature,
-            sinkhorn_iterations=self.sinkhorn_iterations,
         )
         if self.baseline is not None:
             prf = PRF(

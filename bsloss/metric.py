@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from bsloss import __version__
+from bsloss._version import __version__
 from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline
 from bsloss.functional import bert_score, rescale_with_baseline

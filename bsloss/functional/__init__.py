@@ -10,8 +10,14 @@ from bsloss.functional.centering import batch_center, batch_mean
 from bsloss.functional.idf import idf_table, table_from_mapping, uniform_table
 from bsloss.functional.matching import (
     MATCHINGS,
+    Hard,
+    LogSumExp,
+    Matching,
+    Sinkhorn,
+    Softmax,
     hard_match,
     logsumexp_match,
+    resolve_matching,
     sinkhorn_match,
     softmax_match,
 )
@@ -28,6 +34,12 @@ __all__ = [
     "idf_table",
     "table_from_mapping",
     "uniform_table",
+    "Matching",
+    "Hard",
+    "Softmax",
+    "LogSumExp",
+    "Sinkhorn",
+    "resolve_matching",
     "MATCHINGS",
     "hard_match",
     "logsumexp_match",

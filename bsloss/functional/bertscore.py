@@ -5,9 +5,9 @@ r"""BERTScore from token embeddings: similarity, matching, weighted means, F.
     R = \frac{\sum_j \hat w_j\, m(s)_{\cdot j}}{\sum_j \hat w_j},\quad F = \frac{2PR}{P+R}
 
 with :math:`s` the cosine similarities (Zhang et al., 2020, Eq. 1-5) and :math:`m` a matching
-(``hard``: the original greedy max; ``softmax``, ``logsumexp``, ``sinkhorn``: tempered). This is the
-one implementation of the math: :class:`bsloss.BERTScorer` (evaluation) and
-:class:`bsloss.BERTScoreLoss` (training) both call it.
+(:class:`~bsloss.functional.Hard`: the original greedy max; ``Softmax``, ``LogSumExp``,
+``Sinkhorn``: tempered; or their string shorthands). This is the one implementation of the math:
+:class:`bsloss.BERTScorer` (evaluation) and :class:`bsloss.BERTScoreLoss` (training) both call it.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.masking import check_mask
-from bsloss.functional.matching import check_temperature, get_matching
+from bsloss.functional.matching import Matching, resolve_matching
 from bsloss.functional.reduction import f_measure, weighted_mean
 from bsloss.functional.similarity import cosine_similarity, math_dtype
 
 __all__ = ["PRF", "bert_score", "token_scores"]
+
+DEFAULT_TEMPERATURE = 0.1
+"""The temperature of a tempered string shorthand when ``temperature`` is not given."""
 
 
 class PRF(NamedTuple):
@@ -39,24 +42,19 @@ def token_scores(
     candidate_mask: Tensor,
     reference_mask: Tensor,
     *,
-    matching: str = "hard",
-    temperature: float = 0.1,
-    sinkhorn_iterations: int = 1,
+    matching: str | Matching = "hard",
+    temperature: float | None = None,
+    sinkhorn_iterations: int | None = None,
     normalized: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Per-token scores ``(candidate [B, Lc], reference [B, Lr])`` of the chosen matching."""
-    match = get_matching(matching)
-    if matching != "hard":
-        temperature = check_temperature(temperature)
+    """Per-token scores ``(candidate [B, Lc], reference [B, Lr])`` of the chosen matching
+    (``matching``, ``temperature``, ``sinkhorn_iterations`` as in :func:`bert_score`)."""
+    match = resolve_matching(
+        matching, temperature, sinkhorn_iterations, default_temperature=DEFAULT_TEMPERATURE
+    )
     sim = cosine_similarity(candidates, references, normalized=normalized)
     with torch.autocast(device_type=sim.device.type, enabled=False):
-        return match(
-            sim,
-            candidate_mask.bool(),
-            reference_mask.bool(),
-            temperature=temperature,
-            sinkhorn_iterations=sinkhorn_iterations,
-        )
+        return match(sim, candidate_mask.bool(), reference_mask.bool())
 
 
 def _prf(
@@ -98,9 +96,9 @@ def bert_score(
     candidate_weights: Tensor | None = None,
     reference_weights: Tensor | None = None,
     *,
-    matching: str = "hard",
-    temperature: float = 0.1,
-    sinkhorn_iterations: int = 1,
+    matching: str | Matching = "hard",
+    temperature: float | None = None,
+    sinkhorn_iterations: int | None = None,
     self_normalize: bool | None = None,
     normalized: bool = False,
 ) -> PRF:
@@ -113,17 +111,35 @@ def bert_score(
             Real tokens are matchable; padded ones never enter a max, softmax or logsumexp.
         candidate_weights, reference_weights: ``[B, L]`` importance weights (idf; 0 on
             CLS/SEP). Default: uniform over the real tokens.
-        matching: ``"hard"``, ``"softmax"``, ``"logsumexp"`` or ``"sinkhorn"``.
-        temperature: ``T > 0`` of the tempered matchings.
-        sinkhorn_iterations: Sinkhorn steps (1 as in Chen et al.).
-        self_normalize: divide by the self-similarities (Chen et al. Eq. 6); default: on for
-            ``sinkhorn`` only.
+        matching: a :class:`~bsloss.functional.Matching` object (``Hard()``,
+            ``Softmax(temperature=0.05)``, ``LogSumExp(...)``, ``Sinkhorn(temperature=0.1,
+            iterations=1)`` or your own subclass) or a string shorthand ``"hard"``,
+            ``"softmax"``, ``"logsumexp"`` or ``"sinkhorn"``.
+        temperature: with a shorthand, ``T > 0`` of the tempered matchings (default 0.1).
+            With an object: leave it out (or repeat the object's value).
+        sinkhorn_iterations: with a shorthand, Sinkhorn steps (default 1, as in Chen et al.).
+            With an object: as ``temperature``.
+        self_normalize: divide by the self-similarities (Chen et al. Eq. 6); default: the
+            matching's ``self_normalizes`` (on for Sinkhorn only).
         normalized: the embeddings are already unit-norm.
 
     Returns:
         :class:`PRF` of ``[B]`` tensors in float32 (float64 for float64 inputs). A pair in which
         either sentence has no weight (empty: only special tokens) scores 0 with zero gradient.
+
+    Raises:
+        ValueError, TypeError: inputs of the wrong shape or type, an unknown shorthand, a
+            matching parameter out of range, or one that conflicts with a matching object.
+
+    >>> import torch
+    >>> from bsloss.functional import Sinkhorn, bert_score
+    >>> cand, ref = torch.randn(2, 5, 8), torch.randn(2, 4, 8)
+    >>> bert_score(cand, ref, matching=Sinkhorn(temperature=0.1, iterations=2)).f1.shape
+    torch.Size([2])
     """
+    match = resolve_matching(
+        matching, temperature, sinkhorn_iterations, default_temperature=DEFAULT_TEMPERATURE
+    )
     if candidates.dim() != 3 or references.dim() != 3:
         raise ValueError(
             "candidates and references must be [B, L, d] embeddings, got shapes "
@@ -148,12 +164,7 @@ def bert_score(
     candidate_weights = _weights(candidate_weights, candidate_mask, "candidate_weights", dtype)
     reference_weights = _weights(reference_weights, reference_mask, "reference_weights", dtype)
 
-    options = dict(
-        matching=matching,
-        temperature=temperature,
-        sinkhorn_iterations=sinkhorn_iterations,
-        normalized=normalized,
-    )
+    options = dict(matching=match, normalized=normalized)
     pair = _prf(
         candidates,
         references,
@@ -164,7 +175,7 @@ def bert_score(
         **options,
     )
     if self_normalize is None:
-        self_normalize = matching == "sinkhorn"
+        self_normalize = match.self_normalizes
     if not self_normalize:
         return pair
     cand_self = _prf(

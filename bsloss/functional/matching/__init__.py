@@ -1,53 +1,156 @@
 """Token matchings: each turns similarities ``[B, Lc, Lr]`` into per-token scores in both
-directions, ``(candidate [B, Lc], reference [B, Lr])``. One file per matching."""
+directions, ``(candidate [B, Lc], reference [B, Lr])``. One file per matching: its math kernel
+(``hard_match``, ...) and its small :class:`Matching` class (``Hard``, ...).
+
+Everything that takes ``matching=`` goes through :func:`resolve_matching`, which accepts a
+:class:`Matching` object or a string shorthand (``"hard"``, ``"softmax"``, ``"logsumexp"``,
+``"sinkhorn"``). A new matching is one subclass of :class:`Matching`.
+"""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 
 from torch import Tensor
 
-from bsloss.functional.matching.hard import hard_match
-from bsloss.functional.matching.logsumexp import logsumexp_match
-from bsloss.functional.matching.sinkhorn import sinkhorn_match
-from bsloss.functional.matching.softmax import softmax_match
+from bsloss.functional.matching.base import (
+    SHORTHANDS,
+    Matching,
+    check_iterations,
+    check_temperature,
+)
+from bsloss.functional.matching.hard import Hard, hard_match
+from bsloss.functional.matching.logsumexp import LogSumExp, logsumexp_match
+from bsloss.functional.matching.sinkhorn import Sinkhorn, sinkhorn_match
+from bsloss.functional.matching.softmax import Softmax, softmax_match
 
 __all__ = [
+    "Matching",
+    "Hard",
+    "Softmax",
+    "LogSumExp",
+    "Sinkhorn",
+    "resolve_matching",
+    "SHORTHANDS",
     "MATCHINGS",
     "get_matching",
     "check_temperature",
+    "check_iterations",
     "hard_match",
     "softmax_match",
     "logsumexp_match",
     "sinkhorn_match",
 ]
 
-Matching = Callable[..., tuple[Tensor, Tensor]]
-
-MATCHINGS: dict[str, Matching] = {
-    "hard": hard_match,
-    "softmax": softmax_match,
-    "logsumexp": logsumexp_match,
-    "sinkhorn": sinkhorn_match,
-}
+_MISSING = object()
 
 
-def get_matching(name: str) -> Matching:
+def resolve_matching(
+    matching: str | Matching,
+    temperature: float | None = None,
+    sinkhorn_iterations: int | None = None,
+    *,
+    default_temperature: float | None = None,
+) -> Matching:
+    """The :class:`Matching` object that ``matching`` stands for.
+
+    Args:
+        matching: a :class:`Matching` object, returned as it is, or a string shorthand (a key
+            of :data:`SHORTHANDS`: ``"hard"``, ``"softmax"``, ``"logsumexp"``, ``"sinkhorn"``).
+        temperature, sinkhorn_iterations: the legacy keywords. With a shorthand they set the
+            object's ``temperature`` and ``iterations`` (``None``: ``default_temperature``,
+            then the class default; a matching with no such parameter ignores them, as
+            ``"hard"`` always did). With an object they may be left out (``None``) or repeat
+            the object's own value; any other value conflicts and is an error.
+        default_temperature: the temperature of a shorthand when ``temperature`` is ``None``
+            (each entry point keeps its historical default: 0.1 for ``bert_score``, 0.05 for
+            ``BERTScoreLoss``).
+
+    Returns:
+        A :class:`Matching`.
+
+    Raises:
+        ValueError: an unknown shorthand (the known ones are listed), a ``temperature`` or
+            ``sinkhorn_iterations`` that conflicts with the object's, or out of range.
+        TypeError: ``matching`` that is neither a string nor a :class:`Matching`, or a
+            ``temperature`` / ``sinkhorn_iterations`` of the wrong type.
+
+    >>> resolve_matching("sinkhorn", temperature=0.2, sinkhorn_iterations=3)
+    Sinkhorn(temperature=0.2, iterations=3)
+    >>> resolve_matching(Softmax(temperature=0.05))
+    Softmax(temperature=0.05)
+    """
+    if temperature is not None:
+        temperature = check_temperature(temperature)
+    if sinkhorn_iterations is not None:
+        sinkhorn_iterations = check_iterations(sinkhorn_iterations, "sinkhorn_iterations")
+    if isinstance(matching, Matching):
+        for keyword, value, attribute in (
+            ("temperature", temperature, "temperature"),
+            ("sinkhorn_iterations", sinkhorn_iterations, "iterations"),
+        ):
+            own = getattr(matching, attribute, _MISSING)
+            if value is not None and own != value:
+                has = f"no {attribute}" if own is _MISSING else f"{attribute}={own!r}"
+                raise ValueError(
+                    f"{keyword}={value!r} conflicts with matching={matching!r}, which has "
+                    f"{has}; set the parameters on the matching object only"
+                )
+        return matching
+    if not isinstance(matching, str):
+        raise TypeError(
+            "matching must be a string shorthand or a bsloss.functional.Matching, got "
+            f"{type(matching).__name__} {matching!r}"
+        )
     try:
-        return MATCHINGS[name]
+        cls = SHORTHANDS[matching]
     except KeyError:
-        raise ValueError(f"matching must be one of {sorted(MATCHINGS)}, got {name!r}") from None
+        raise ValueError(
+            f"matching must be one of {sorted(SHORTHANDS)}, got {matching!r}"
+        ) from None
+    if temperature is None:
+        temperature = default_temperature
+    return cls.from_shorthand(temperature=temperature, iterations=sinkhorn_iterations)
 
 
-def check_temperature(temperature: float, name: str = "temperature") -> float:
-    """A temperature must be a finite number > 0."""
-    try:
-        value = float(temperature)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a number, got {temperature!r}") from None
-    if isinstance(temperature, bool):
-        raise TypeError(f"{name} must be a number, got {temperature!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {temperature!r}")
-    return value
+class _Kernels(Mapping):
+    """Shorthand -> the matching's math kernel (``hard_match``, ...), read from the classes."""
+
+    def __getitem__(self, name: str) -> Callable[..., tuple[Tensor, Tensor]]:
+        kernel = getattr(SHORTHANDS[name], "kernel", None)
+        if kernel is None:
+            raise KeyError(name)
+        return kernel
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, cls in SHORTHANDS.items() if hasattr(cls, "kernel"))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+
+MATCHINGS: Mapping[str, Callable[..., tuple[Tensor, Tensor]]] = _Kernels()
+"""Legacy: shorthand -> math kernel (``MATCHINGS["hard"] is hard_match``); new code uses
+:func:`resolve_matching` or the classes."""
+
+
+def get_matching(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
+    """Legacy: a function ``(sim, candidate_mask, reference_mask, *, temperature=None,
+    sinkhorn_iterations=None)`` for the shorthand ``name``, through :func:`resolve_matching`."""
+    resolve_matching(name)  # an unknown name fails here, not at the first call
+
+    def match(
+        sim: Tensor,
+        candidate_mask: Tensor,
+        reference_mask: Tensor,
+        *,
+        temperature: float | None = None,
+        sinkhorn_iterations: int | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        matching = resolve_matching(name, temperature, sinkhorn_iterations)
+        return matching(sim, candidate_mask, reference_mask)
+
+    return match

@@ -13,8 +13,9 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.masking import pair_mask
+from bsloss.functional.matching.base import Matching
 
-__all__ = ["hard_match"]
+__all__ = ["Hard", "hard_match"]
 
 
 def _masked_max(sim: Tensor, valid: Tensor, dim: int) -> Tensor:
@@ -24,8 +25,25 @@ def _masked_max(sim: Tensor, valid: Tensor, dim: int) -> Tensor:
 
 
 def hard_match(
-    sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor, **_: object
+    sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Per-token greedy scores ``([B, Lc], [B, Lr])`` from similarities ``[B, Lc, Lr]``."""
     valid = pair_mask(candidate_mask, reference_mask)
     return _masked_max(sim, valid, dim=2), _masked_max(sim, valid, dim=1)
+
+
+class Hard(Matching):
+    """The original greedy BERTScore matching (:func:`hard_match`); no parameters.
+
+    >>> Hard()
+    Hard()
+    """
+
+    name = "hard"
+    kernel = staticmethod(hard_match)
+    is_hard = True
+
+    def __call__(
+        self, sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return hard_match(sim, candidate_mask, reference_mask)

@@ -17,8 +17,9 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
+from bsloss.functional.matching.base import Matching, check_temperature
 
-__all__ = ["logsumexp_match"]
+__all__ = ["LogSumExp", "logsumexp_match"]
 
 
 def _smooth_max(sim: Tensor, valid: Tensor, temperature: float, dim: int) -> Tensor:
@@ -27,7 +28,7 @@ def _smooth_max(sim: Tensor, valid: Tensor, temperature: float, dim: int) -> Ten
 
 
 def logsumexp_match(
-    sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor, *, temperature: float, **_: object
+    sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor, *, temperature: float
 ) -> tuple[Tensor, Tensor]:
     """Per-token smooth-max scores ``([B, Lc], [B, Lr])`` from ``[B, Lc, Lr]``."""
     valid = pair_mask(candidate_mask, reference_mask)
@@ -35,3 +36,37 @@ def logsumexp_match(
         _smooth_max(sim, valid, temperature, dim=2),
         _smooth_max(sim, valid, temperature, dim=1),
     )
+
+
+class LogSumExp(Matching):
+    """Log-sum-exp matching (:func:`logsumexp_match`): the smooth maximum at temperature ``T``.
+
+    Args:
+        temperature: ``T``, a finite number > 0 (smaller: closer to the hard max).
+
+    Raises:
+        TypeError, ValueError: a ``temperature`` that is not a finite number > 0.
+
+    >>> LogSumExp(temperature=0.1)
+    LogSumExp(temperature=0.1)
+    """
+
+    name = "logsumexp"
+    kernel = staticmethod(logsumexp_match)
+
+    def __init__(self, temperature: float = 0.05):
+        self.temperature = check_temperature(temperature)
+
+    @classmethod
+    def from_shorthand(
+        cls, *, temperature: float | None = None, iterations: int | None = None
+    ) -> LogSumExp:
+        return cls() if temperature is None else cls(temperature)
+
+    def parameters(self) -> dict[str, object]:
+        return {"temperature": self.temperature}
+
+    def __call__(
+        self, sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return logsumexp_match(sim, candidate_mask, reference_mask, temperature=self.temperature)

@@ -36,8 +36,9 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
+from bsloss.functional.matching.base import Matching, check_iterations, check_temperature
 
-__all__ = ["sinkhorn_match", "sinkhorn_log_plan"]
+__all__ = ["Sinkhorn", "sinkhorn_match", "sinkhorn_log_plan"]
 
 
 def _normalise(log_plan: Tensor, log_marginal: Tensor, dim: int) -> Tensor:
@@ -89,7 +90,6 @@ def sinkhorn_match(
     *,
     temperature: float,
     sinkhorn_iterations: int = 1,
-    **_: object,
 ) -> tuple[Tensor, Tensor]:
     """Per-token transport scores ``([B, Lc], [B, Lr])`` from ``[B, Lc, Lr]``."""
     valid = pair_mask(candidate_mask, reference_mask)
@@ -103,3 +103,55 @@ def sinkhorn_match(
         _conditional_expectation(sim, plan_p, valid, dim=2),
         _conditional_expectation(sim, plan_r, valid, dim=1),
     )
+
+
+class Sinkhorn(Matching):
+    """Sinkhorn matching (:func:`sinkhorn_match`): ``iterations`` log-domain Sinkhorn steps at
+    temperature ``T``. It self-normalises: :func:`~bsloss.functional.bert_score` divides by the
+    self-similarities by default (Chen et al., 2020, Eq. 6).
+
+    Args:
+        temperature: ``T``, a finite number > 0.
+        iterations: Sinkhorn steps, an integer >= 1 (1 as in Chen et al.; many steps tend to
+            exact optimal transport).
+
+    Raises:
+        TypeError, ValueError: a ``temperature`` that is not a finite number > 0, or
+            ``iterations`` that is not an integer >= 1.
+
+    >>> Sinkhorn(temperature=0.1, iterations=2)
+    Sinkhorn(temperature=0.1, iterations=2)
+    """
+
+    name = "sinkhorn"
+    kernel = staticmethod(sinkhorn_match)
+    self_normalizes = True
+
+    def __init__(self, temperature: float = 0.1, iterations: int = 1):
+        self.temperature = check_temperature(temperature)
+        self.iterations = check_iterations(iterations)
+
+    @classmethod
+    def from_shorthand(
+        cls, *, temperature: float | None = None, iterations: int | None = None
+    ) -> Sinkhorn:
+        options: dict[str, float | int] = {}
+        if temperature is not None:
+            options["temperature"] = temperature
+        if iterations is not None:
+            options["iterations"] = iterations
+        return cls(**options)
+
+    def parameters(self) -> dict[str, object]:
+        return {"temperature": self.temperature, "iterations": self.iterations}
+
+    def __call__(
+        self, sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return sinkhorn_match(
+            sim,
+            candidate_mask,
+            reference_mask,
+            temperature=self.temperature,
+            sinkhorn_iterations=self.iterations,
+        )

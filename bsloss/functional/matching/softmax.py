@@ -15,8 +15,9 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
+from bsloss.functional.matching.base import Matching, check_temperature
 
-__all__ = ["softmax_match"]
+__all__ = ["Softmax", "softmax_match"]
 
 
 def _soft_average(sim: Tensor, valid: Tensor, temperature: float, dim: int) -> Tensor:
@@ -27,7 +28,7 @@ def _soft_average(sim: Tensor, valid: Tensor, temperature: float, dim: int) -> T
 
 
 def softmax_match(
-    sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor, *, temperature: float, **_: object
+    sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor, *, temperature: float
 ) -> tuple[Tensor, Tensor]:
     """Per-token softmax-weighted scores ``([B, Lc], [B, Lr])`` from ``[B, Lc, Lr]``."""
     valid = pair_mask(candidate_mask, reference_mask)
@@ -35,3 +36,38 @@ def softmax_match(
         _soft_average(sim, valid, temperature, dim=2),
         _soft_average(sim, valid, temperature, dim=1),
     )
+
+
+class Softmax(Matching):
+    """Soft greedy matching (:func:`softmax_match`): the softmax-weighted average at
+    temperature ``T``.
+
+    Args:
+        temperature: ``T``, a finite number > 0 (smaller: closer to the hard max).
+
+    Raises:
+        TypeError, ValueError: a ``temperature`` that is not a finite number > 0.
+
+    >>> Softmax(temperature=0.1)
+    Softmax(temperature=0.1)
+    """
+
+    name = "softmax"
+    kernel = staticmethod(softmax_match)
+
+    def __init__(self, temperature: float = 0.05):
+        self.temperature = check_temperature(temperature)
+
+    @classmethod
+    def from_shorthand(
+        cls, *, temperature: float | None = None, iterations: int | None = None
+    ) -> Softmax:
+        return cls() if temperature is None else cls(temperature)
+
+    def parameters(self) -> dict[str, object]:
+        return {"temperature": self.temperature}
+
+    def __call__(
+        self, sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return softmax_match(sim, candidate_mask, reference_mask, temperature=self.temperature)

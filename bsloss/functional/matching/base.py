@@ -1,0 +1,117 @@
+"""The :class:`Matching` base class, the registry of string shorthands, and parameter checks.
+
+A matching object holds its parameters (validated once, in ``__init__``) and maps similarities
+``[B, Lc, Lr]`` and the two masks to per-token scores ``(candidate [B, Lc], reference [B, Lr])``.
+A subclass that sets ``name`` in its body becomes a string shorthand (``matching="softmax"``);
+everything else about it (its parameters, whether it is hard or self-normalises) is read from
+the object, never from the name.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from torch import Tensor
+
+__all__ = ["Matching", "SHORTHANDS", "check_temperature", "check_iterations"]
+
+SHORTHANDS: dict[str, type[Matching]] = {}
+"""String shorthand -> matching class, filled by the subclasses that set ``name``."""
+
+
+def check_temperature(temperature: float, name: str = "temperature") -> float:
+    """A temperature must be a finite number > 0."""
+    try:
+        value = float(temperature)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {temperature!r}") from None
+    if isinstance(temperature, bool):
+        raise TypeError(f"{name} must be a number, got {temperature!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {temperature!r}")
+    return value
+
+
+def check_iterations(iterations: int, name: str = "iterations") -> int:
+    """A number of steps must be an integer (not a bool, not a float) >= 1."""
+    if isinstance(iterations, bool) or not isinstance(iterations, numbers.Integral):
+        raise TypeError(
+            f"{name} must be an integer, got {type(iterations).__name__} {iterations!r}"
+        )
+    if iterations < 1:
+        raise ValueError(f"{name} must be >= 1, got {iterations}")
+    return int(iterations)
+
+
+class Matching(ABC):
+    """A token matching: similarities ``[B, Lc, Lr]`` -> per-token scores in both directions.
+
+    Subclass it and implement :meth:`__call__`; the object then works wherever ``matching=`` is
+    taken (:func:`bsloss.functional.bert_score`, :class:`bsloss.BERTScoreLoss`). Override
+    :meth:`parameters` so that ``repr`` and ``==`` show them, and :meth:`from_shorthand` if the
+    class sets ``name`` and has parameters.
+
+    Class attributes:
+        name: the string shorthand (``None``: none; setting it in the class body registers it).
+        self_normalizes: :func:`~bsloss.functional.bert_score` divides by the self-similarities
+            by default (Chen et al., 2020, Eq. 6).
+        is_hard: the gradient flows through the argmax cells only.
+    """
+
+    name: ClassVar[str | None] = None
+    self_normalizes: ClassVar[bool] = False
+    is_hard: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        name = cls.__dict__.get("name")
+        if name is None:
+            return
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"{cls.__qualname__}.name must be a non-empty string, got {name!r}")
+        known = SHORTHANDS.get(name)
+        same = known is not None and (known.__module__, known.__qualname__) == (
+            cls.__module__,
+            cls.__qualname__,
+        )
+        if known is not None and not same:
+            raise ValueError(
+                f"the matching shorthand {name!r} is taken by {known.__module__}."
+                f"{known.__qualname__}"
+            )
+        SHORTHANDS[name] = cls
+
+    @abstractmethod
+    def __call__(
+        self, sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Per-token scores ``(candidate [B, Lc], reference [B, Lr])`` from ``sim``
+        ``[B, Lc, Lr]`` and the bool masks ``[B, Lc]``, ``[B, Lr]`` (true on real tokens)."""
+
+    @classmethod
+    def from_shorthand(
+        cls, *, temperature: float | None = None, iterations: int | None = None
+    ) -> Matching:
+        """The object a string shorthand names, from the legacy keywords of ``bert_score`` and
+        ``BERTScoreLoss`` (``None``: the class default). Keywords it has no use for are
+        ignored, as they always were for ``"hard"``."""
+        return cls()
+
+    def parameters(self) -> dict[str, object]:
+        """The parameters, by ``__init__`` keyword (shown by ``repr``, compared by ``==``)."""
+        return {}
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{key}={value!r}" for key, value in self.parameters().items())
+        return f"{type(self).__name__}({shown})"
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self.parameters() == other.parameters()
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(self.parameters().items())))
