@@ -133,6 +133,17 @@ def test_checkpointing_same_loss_and_gradients(encoder, pairs, top_k):
     assert (g0 - g1).abs().max() <= 1e-6
 
 
+def test_checkpointed_scorer_keeps_its_submodules_reachable(encoder):
+    BERTScoreLoss(encoder=encoder, gradient_checkpointing=True)
+    first = encoder.model.encoder.layer[0]
+    assert type(first).__name__ == "CheckpointedLayer"
+    # code that inspects the scorer (dtype checks, hooks) sees the wrapped layer's parts
+    assert first.intermediate is first.layer.intermediate
+    assert first.intermediate.dense.weight.dtype == torch.float32
+    with pytest.raises(AttributeError):
+        first.no_such_part  # noqa: B018
+
+
 def test_scorer_stays_frozen(encoder, pairs):
     cands, refs = pairs
     logits, mask = one_hot_logits(encoder, cands[:2], value=2.0)

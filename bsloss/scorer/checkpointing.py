@@ -23,6 +23,14 @@ class CheckpointedLayer(nn.Module):
         self.layer = layer
         self.enabled = True
 
+    def __getattr__(self, name: str):
+        # The wrapped layer's submodules stay reachable (``layer[0].attention``), so code that
+        # inspects the scorer sees the same model with checkpointing on.
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("layer"), name)
+
     def forward(self, *args, **kwargs):
         if self.enabled and torch.is_grad_enabled():
             return checkpoint(self.layer, *args, use_reentrant=False, **kwargs)
