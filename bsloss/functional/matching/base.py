@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import numbers
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import ClassVar
 
 from torch import Tensor
 
-__all__ = ["Matching", "SHORTHANDS", "check_temperature", "check_iterations"]
+__all__ = ["Matching", "Tempered", "SHORTHANDS", "check_temperature", "check_iterations"]
 
 SHORTHANDS: dict[str, type[Matching]] = {}
 """String shorthand -> matching class, filled by the subclasses that set ``name``."""
@@ -115,3 +116,35 @@ class Matching(ABC):
 
     def __hash__(self) -> int:
         return hash((type(self), tuple(self.parameters().items())))
+
+
+class Tempered(Matching):
+    """A matching with one temperature ``T``: its ``kernel`` (a function of the similarities,
+    the masks and ``temperature=``) at the validated ``T``. A subclass sets ``kernel`` (and
+    ``name`` for a shorthand); it needs nothing else.
+
+    Args:
+        temperature: ``T``, a finite number > 0 (smaller: closer to the hard max).
+
+    Raises:
+        TypeError, ValueError: a ``temperature`` that is not a finite number > 0.
+    """
+
+    kernel: ClassVar[Callable[..., tuple[Tensor, Tensor]]]
+
+    def __init__(self, temperature: float = 0.05):
+        self.temperature = check_temperature(temperature)
+
+    @classmethod
+    def from_shorthand(
+        cls, *, temperature: float | None = None, iterations: int | None = None
+    ) -> Matching:
+        return cls() if temperature is None else cls(temperature)
+
+    def parameters(self) -> dict[str, object]:
+        return {"temperature": self.temperature}
+
+    def __call__(
+        self, sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return self.kernel(sim, candidate_mask, reference_mask, temperature=self.temperature)

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
-from bsloss.functional.matching.base import Matching, check_iterations, check_temperature
+from bsloss.functional.matching.base import Tempered, check_iterations, check_temperature
 
 __all__ = ["Sinkhorn", "sinkhorn_match", "sinkhorn_log_plan"]
 
@@ -105,7 +105,7 @@ def sinkhorn_match(
     )
 
 
-class Sinkhorn(Matching):
+class Sinkhorn(Tempered):
     """Sinkhorn matching (:func:`sinkhorn_match`): ``iterations`` log-domain Sinkhorn steps at
     temperature ``T``. It self-normalises: :func:`~bsloss.functional.bert_score` divides by the
     self-similarities by default (Chen et al., 2020, Eq. 6).

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
-from bsloss.functional.matching.base import Matching, check_temperature
+from bsloss.functional.matching.base import Tempered
 
 __all__ = ["Softmax", "softmax_match"]
 
@@ -38,12 +38,13 @@ def softmax_match(
     )
 
 
-class Softmax(Matching):
+class Softmax(Tempered):
     """Soft greedy matching (:func:`softmax_match`): the softmax-weighted average at
     temperature ``T``.
 
     Args:
-        temperature: ``T``, a finite number > 0 (smaller: closer to the hard max).
+        temperature: ``T``, a finite number > 0 (smaller: closer to the hard max); default
+            0.05.
 
     Raises:
         TypeError, ValueError: a ``temperature`` that is not a finite number > 0.
@@ -54,20 +55,3 @@ class Softmax(Matching):
 
     name = "softmax"
     kernel = staticmethod(softmax_match)
-
-    def __init__(self, temperature: float = 0.05):
-        self.temperature = check_temperature(temperature)
-
-    @classmethod
-    def from_shorthand(
-        cls, *, temperature: float | None = None, iterations: int | None = None
-    ) -> Softmax:
-        return cls() if temperature is None else cls(temperature)
-
-    def parameters(self) -> dict[str, object]:
-        return {"temperature": self.temperature}
-
-    def __call__(
-        self, sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor
-    ) -> tuple[Tensor, Tensor]:
-        return softmax_match(sim, candidate_mask, reference_mask, temperature=self.temperature)
