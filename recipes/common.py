@@ -13,7 +13,6 @@ import json
 import math
 import os
 import random
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -569,38 +568,34 @@ class RunLog:
         return [json.loads(line) for line in self.path.read_text().splitlines()]
 
 
-def last_checkpoint(output_dir: Path) -> Path | None:
-    folders = sorted(
-        (p for p in (output_dir / "checkpoints").glob("step-*") if (p / "progress.json").exists()),
-        key=lambda p: int(p.name.split("-")[1]),
-    )
-    return folders[-1] if folders else None
+class Progress:
+    """The last completed step, saved in every checkpoint with the model, optimizer, scheduler
+    and RNG states (``accelerator.register_for_checkpointing``)."""
+
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
 
 
-def save_checkpoint(accelerator, output_dir: Path, step: int, keep: int = 2) -> None:
-    folder = output_dir / "checkpoints" / f"step-{step}"
-    accelerator.save_state(str(folder))
+def resume(accelerator, output_dir: Path, log: RunLog, progress: Progress) -> int:
+    """Load the newest checkpoint of ``output_dir/checkpoints`` (accelerate's automatic naming)
+    and return its step; the log loses the lines written after it."""
+    folder = output_dir / "checkpoints"
+    saved = sorted(folder.glob("checkpoint_*"), key=lambda p: int(p.name.split("_")[1]))
+    if not saved:
+        raise FileNotFoundError(f"--resume: no checkpoint under {folder}")
+    accelerator.load_state()  # the newest
+    # the next save continues the numbering (accelerate refuses to overwrite a checkpoint)
+    accelerator.project_configuration.iteration = int(saved[-1].name.split("_")[1]) + 1
     if accelerator.is_main_process:
-        # written last: a folder without it is an incomplete checkpoint and is ignored
-        (folder / "progress.json").write_text(json.dumps({"step": step}))
-        done = sorted(
-            (output_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1])
-        )
-        for old in done[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        log.truncate_after(progress.step)
     accelerator.wait_for_everyone()
-
-
-def resume(accelerator, output_dir: Path, log: RunLog) -> int:
-    checkpoint = last_checkpoint(output_dir)
-    if checkpoint is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {output_dir / 'checkpoints'}")
-    accelerator.load_state(str(checkpoint))
-    step = json.loads((checkpoint / "progress.json").read_text())["step"]
-    if accelerator.is_main_process:
-        log.truncate_after(step)
-    accelerator.wait_for_everyone()
-    return step
+    return progress.step
 
 
 def linear_warmup(weight: float, warmup_steps: int, step: int) -> float:
@@ -674,7 +669,7 @@ class RecipeRun:
 
     def __init__(self, args: argparse.Namespace, gradient_accumulation: bool = True):
         from accelerate import Accelerator
-        from accelerate.utils import set_seed
+        from accelerate.utils import ProjectConfiguration, set_seed
 
         from bsloss import BERTScorer
         from bsloss.scorer.encoder import ScorerEncoder
@@ -682,15 +677,24 @@ class RecipeRun:
         self.args = args
         self.config = load_config(args.config, args.overrides)
         self.train_spec = self.config["train"]
+        self.output_dir = args.output_dir
+        # checkpoints/checkpoint_N every train.save_every steps, the last few kept
+        checkpoints = ProjectConfiguration(
+            project_dir=str(self.output_dir),
+            automatic_checkpoint_naming=True,
+            total_limit=self.train_spec.get("checkpoints_total_limit", 2),
+        )
         self.accelerator = Accelerator(
             mixed_precision=args.mixed_precision or self.train_spec.get("mixed_precision", "no"),
             gradient_accumulation_steps=self.train_spec.get("gradient_accumulation_steps", 1)
             if gradient_accumulation
             else 1,
             cpu=args.cpu,
+            project_config=checkpoints,
         )
+        self.progress = Progress()
+        self.accelerator.register_for_checkpointing(self.progress)
         set_seed(self.train_spec["seed"])
-        self.output_dir = args.output_dir
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.log = RunLog(self.output_dir / "log.jsonl", self.accelerator.is_main_process)
         self.data = load_splits(self.config["data"])
@@ -747,7 +751,9 @@ class RecipeRun:
         prepared = self.accelerator.prepare(self.model, *objects)
         self.model = prepared[0]
         self.unwrapped = self.accelerator.unwrap_model(self.model)
-        start = resume(self.accelerator, self.output_dir, self.log) if self.args.resume else 0
+        start = 0
+        if self.args.resume:
+            start = resume(self.accelerator, self.output_dir, self.log, self.progress)
         if self.results_path.exists():
             self.results = json.loads(self.results_path.read_text())
         wants_before = self.config.get("eval", {}).get("before", True)
@@ -796,7 +802,8 @@ class RecipeRun:
             self.log.write(kind="eval", split="validation", step=step, time=self.timer(), **metrics)
         save_every = self.train_spec.get("save_every", 0)
         if save_every and step % save_every == 0:
-            save_checkpoint(self.accelerator, self.output_dir, step)
+            self.progress.step = step
+            self.accelerator.save_state()
 
     def write_outputs(self, name: str, hypotheses: list[str]) -> None:
         """One generated answer per line, in test-set order (for rescoring later)."""

@@ -112,6 +112,22 @@ def test_resume_loses_only_the_steps_since_the_checkpoint(tmp_path):
     assert max(float((weights_a[k] - weights_b[k]).abs().max()) for k in weights_a) < 1e-5
 
 
+def test_checkpoints_rotate_and_resume_continues_their_numbering(tmp_path):
+    out = tmp_path / "run"
+    settings = [
+        "--config", SUMMARIZATION, *TINY, "--set", "train.save_every=1",
+        "--set", "eval.before=false", "--set", "train.checkpoints_total_limit=2",
+        "--output_dir", out,
+    ]  # fmt: skip
+    run_recipe("finetune.py", *settings, "--set", "train.steps=3", "--stop_after", "3")
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert names == ["checkpoint_1", "checkpoint_2"]  # steps 2 and 3; step 1's was rotated out
+    run_recipe("finetune.py", *settings, "--set", "train.steps=4", "--resume")
+    names = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert names == ["checkpoint_2", "checkpoint_3"]
+    assert [e["step"] for e in read_log(out) if e["kind"] == "train"] == [1, 2, 3, 4]
+
+
 def test_rl_scst_two_steps(tmp_path):
     out = tmp_path / "scst"
     run_recipe("rl_scst.py", "--config", SUMMARIZATION, "--output_dir", out, *TINY,
