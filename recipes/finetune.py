@@ -38,21 +38,23 @@ from bsloss.scorer.encoder import ScorerEncoder  # noqa: E402
 CANDIDATE_MODES = ("teacher_forced", "greedy", "sample")
 
 
+# How the recipe uses the term; every other key of the config's loss section is a keyword of
+# BERTScoreLoss, passed as it is (a misspelt one fails there, named).
+RECIPE_LOSS_KEYS = ("weight", "warmup_steps", "candidates")
+
+
 def build_loss(config: dict, encoder: ScorerEncoder, generator_tokenizer) -> BERTScoreLoss:
-    spec = config["loss"]
+    options = {k: v for k, v in config["loss"].items() if k not in RECIPE_LOSS_KEYS}
     same_vocabulary = generator_tokenizer.get_vocab() == encoder.tokenizer.get_vocab()
-    return BERTScoreLoss(
-        encoder=encoder,
-        matching=spec.get("matching", "hard"),
-        temperature=spec.get("temperature", 0.05),
-        sinkhorn_iterations=spec.get("sinkhorn_iterations", 1),
-        center=spec.get("center", False),
-        top_k=spec.get("top_k"),
-        straight_through=spec.get("straight_through", False),
-        generator_tokenizer=None if same_vocabulary else generator_tokenizer,
-        bridge_mode=spec.get("bridge_mode"),
-        gradient_checkpointing=config["train"].get("scorer_gradient_checkpointing", True),
-    )
+    try:
+        return BERTScoreLoss(
+            encoder=encoder,
+            generator_tokenizer=None if same_vocabulary else generator_tokenizer,
+            gradient_checkpointing=config["train"].get("scorer_gradient_checkpointing", True),
+            **options,
+        )
+    except TypeError as error:
+        raise TypeError(f"config section loss: {error}") from error
 
 
 def main(argv: list[str] | None = None) -> dict:

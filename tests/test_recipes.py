@@ -188,3 +188,16 @@ def test_two_processes_center_with_the_global_batch_mean(tmp_path):
         assert result["calls"] == 4  # 2 steps x (candidates, references)
         assert result["max_error_vs_global_mean"] < 1e-5
         assert result["min_gap_to_local_mean"] > 1e-4  # the local mean would differ
+
+
+def test_loss_section_goes_straight_to_the_loss(scorer):
+    sys.path.insert(0, str(REPO / "recipes"))
+    from common import load_config
+    from finetune import build_loss
+
+    config = load_config(SUMMARIZATION, ["loss.matching=sinkhorn", "loss.temperature=0.2"])
+    loss = build_loss(config, scorer.encoder, scorer.encoder.tokenizer)
+    assert repr(loss.matching) == "Sinkhorn(temperature=0.2, iterations=1)"
+    config["loss"]["temprature"] = 0.1  # a misspelt keyword is named, not ignored
+    with pytest.raises(TypeError, match="config section loss: .*temprature"):
+        build_loss(config, scorer.encoder, scorer.encoder.tokenizer)
