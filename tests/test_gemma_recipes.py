@@ -95,3 +95,20 @@ def test_rl_scst_two_steps_on_a_causal_lm(tiny_gemma_folder, tmp_path):
         assert 0.0 <= entry["reward"] <= 1.0 and 0.0 <= entry["greedy_reward"] <= 1.0
         assert math.isfinite(entry["loss"]) and entry["ce"] > 0
     assert len((out / "test_outputs.txt").read_text().splitlines()) == 2
+
+
+def test_causal_own_outputs_with_generator_checkpointing(tiny_gemma_folder, tmp_path):
+    # candidates decoded by the model itself (a second label set in the same forward pass) and
+    # the generator's gradient checkpointing on: CE stays the reference labels' CE
+    out = tmp_path / "greedy"
+    run_recipe(
+        "finetune.py", "--config", GEMMA_CONFIG, "--output_dir", out, *TINY_GEMMA,
+        "--set", f"model.generator={tiny_gemma_folder}", "--set", "loss.weight=0.5",
+        "--set", "loss.candidates=greedy", "--set", "train.gradient_checkpointing=true",
+        "--set", "eval.before=false", timeout=600,
+    )  # fmt: skip
+    train = [e for e in read_log(out) if e["kind"] == "train"]
+    assert [e["step"] for e in train] == [1, 2]
+    for entry in train:
+        assert 0.0 <= entry["bertscore_loss"] <= 1.0
+        assert entry["loss"] == pytest.approx(entry["ce"] + 0.5 * entry["bertscore_loss"], rel=1e-4)
