@@ -7,8 +7,11 @@
 # same examples in the same order), for summarization (XSum sample) and es->en translation (Bible
 # sample). Candidates are teacher-forced; the BERTScore term goes through the vocabulary bridge.
 # A run whose results.json exists is skipped, so the script resumes where it stopped.
-# Runs under runs/results/<task>/<run>-s<seed>/; their results, logs and test outputs are copied
-# to recipes/results/<task>/. Then: python recipes/summarize_results.py
+# Runs under runs/results/<task>/<run>-s<seed>/ (hard and soft runs at another WEIGHT than 1.0
+# are named hard-w<WEIGHT>, soft-w<WEIGHT>); their results, logs and test outputs are copied to
+# recipes/results/<task>/. Then: python recipes/summarize_results.py
+# The runs of RESULTS.md:  bash recipes/run_results.sh
+#                          TASKS=xsum RUNS="hard soft" WEIGHT=10 bash recipes/run_results.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -16,12 +19,17 @@ SEEDS=${SEEDS:-"0 1 2"}
 WEIGHT=${WEIGHT:-1.0}
 TEMPERATURE=${TEMPERATURE:-0.05}
 TASKS=${TASKS:-"xsum bible-es-en"}
-declare -A STEPS=([xsum]=${XSUM_STEPS:-20} [bible-es-en]=${BIBLE_STEPS:-30})
+RUNS=${RUNS:-"ce hard soft"}
+suffix=""
+[ "$WEIGHT" != "1.0" ] && suffix="-w$WEIGHT"
+declare -A STEPS=([xsum]=${XSUM_STEPS:-16} [bible-es-en]=${BIBLE_STEPS:-40})
 first_seed=${SEEDS%% *}
 for task in $TASKS; do
     for seed in $SEEDS; do
-        for run in ce hard soft; do
-            out=runs/results/$task/$run-s$seed
+        for run in $RUNS; do
+            name=$run
+            [ "$run" != ce ] && name=$run$suffix
+            out=runs/results/$task/$name-s$seed
             [ -f "$out/results.json" ] && continue
             case $run in
                 ce) loss=(--set loss.weight=0.0) ;;
@@ -39,7 +47,7 @@ for task in $TASKS; do
                 --set train.lr_warmup_steps=3 --set train.eval_every=0 --set train.save_every=0 \
                 --set train.save_model=false --set eval.before="$before" "${loss[@]}" \
                 > "$out/stdout.log" 2>&1
-            keep=recipes/results/$task/$run-s$seed
+            keep=recipes/results/$task/$name-s$seed
             mkdir -p "$keep"
             cp "$out"/log.jsonl "$out"/results.json "$out"/test_outputs*.txt "$keep/"
         done

@@ -47,12 +47,13 @@ def load_runs(task: Path) -> tuple[dict[str, dict[int, list[str]]], list[str] | 
     zero_shot = None
     for folder in sorted(p for p in task.iterdir() if p.is_dir()):
         run, _, seed = folder.name.rpartition("-s")
-        if run not in RUNS or not (folder / "test_outputs.txt").exists():
+        if not run or not seed.isdigit() or not (folder / "test_outputs.txt").exists():
             continue
         runs[run][int(seed)] = _lines(folder / "test_outputs.txt")
         if (folder / "test_outputs_before.txt").exists():
             zero_shot = _lines(folder / "test_outputs_before.txt")
-    return dict(runs), zero_shot
+    order = [r for r in RUNS if r in runs] + sorted(set(runs) - set(RUNS))
+    return {run: runs[run] for run in order}, zero_shot
 
 
 def _lines(path: Path) -> list[str]:
@@ -183,9 +184,7 @@ def task_tables(task: Path) -> str:
     if zero_shot is not None:
         cells = [f"{scores.all(zero_shot)[m]:.4f}" for m in metrics]
         lines.append("| zero-shot | – | " + " | ".join(cells) + " |")
-    for run in RUNS:
-        if run not in runs:
-            continue
+    for run in runs:
         cells = []
         for m in metrics:
             values = [scores.all(outputs)[m] for outputs in runs[run].values()]
@@ -197,8 +196,8 @@ def task_tables(task: Path) -> str:
         0, len(references), size=(RESAMPLES, len(references))
     )
     lines += ["", *DIFFERENCE_HEADER]
-    for run in ("hard", "soft"):
-        seeds = sorted(set(runs.get(run, {})) & set(runs["ce"]))
+    for run in (r for r in runs if r != "ce"):
+        seeds = sorted(set(runs[run]) & set(runs["ce"]))
         pairs = [(runs[run][s], runs["ce"][s]) for s in seeds]
         if pairs:
             lines += difference_rows(scores, f"{run} − ce", pairs, metrics, samples)
