@@ -41,20 +41,14 @@ if not __package__:  # run as `python benchmarks/bridge.py`
 
 import torch
 
+from benchmarks import harness
 from benchmarks._data import data_dir, load_stsb_dev, load_xsum
-from benchmarks.harness import (
-    REPO_ROOT,
-    MemoryMeter,
-    argument_parser,
-    current_rss_bytes,
-    environment,
-    run_isolated,
-)
 from bsloss import BERTScoreLoss, BERTScorer, VocabularyBridge
 from bsloss.bridge import special_token_ids
 from bsloss.scorer.encoder import ScorerEncoder
 
-sys.path.insert(0, str(REPO_ROOT / "tests"))  # the Brown tokenizers, as the tests train them
+# the Brown tokenizers, as the tests train them
+sys.path.insert(0, str(harness.REPO_ROOT / "tests"))
 MIB = 2**20
 
 
@@ -65,12 +59,12 @@ def build_once(cache_dir: str) -> dict:
 
     from bsloss.pretrained import pretrained_folder
 
-    start_rss = current_rss_bytes()
+    start_rss = harness.current_rss_bytes()
     encoder = ScorerEncoder.from_pretrained(None)
-    scorer_rss = current_rss_bytes()
+    scorer_rss = harness.current_rss_bytes()
     tokenizer = AutoTokenizer.from_pretrained(pretrained_folder("gemma-3-270m"))
-    tokenizer_rss = current_rss_bytes()
-    with MemoryMeter() as meter:
+    tokenizer_rss = harness.current_rss_bytes()
+    with harness.MemoryMeter() as meter:
         start = time.perf_counter()
         bridge = VocabularyBridge.build(tokenizer, encoder, cache_dir=cache_dir)
         table = bridge.embedding_table(encoder.input_embeddings.weight.detach())
@@ -91,7 +85,7 @@ def run_build() -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as cache:
         for name in ("fresh", "cached"):
-            out[name] = run_isolated(build_once, cache)
+            out[name] = harness.run_isolated(build_once, cache)
             print(name, out[name], flush=True)
     return out
 
@@ -271,7 +265,7 @@ def train_free_generator(
 
 
 def main() -> None:
-    parser = argument_parser(__doc__, out=False, json_out=False)
+    parser = harness.argument_parser(__doc__, out=False, json_out=False)
     parser.add_argument("--part", choices=["build", "fidelity", "train", "all"], default="all")
     parser.add_argument("--pairs", nargs="*", default=None, help="generator:scorer pairs")
     parser.add_argument("--train-generators", nargs="*", default=["brown-sentencepiece"])
@@ -280,7 +274,7 @@ def main() -> None:
     parser.add_argument("--train-lr", type=float, default=0.5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    report: dict = environment()
+    report: dict = harness.environment()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     pairs = args.pairs or [
         "gemma-3-270m:minilm",

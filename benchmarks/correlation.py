@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from benchmarks import harness
 from benchmarks._data import load_stsb
-from benchmarks.harness import argument_parser, environment, header_lines
 from bsloss.functional import batch_center, bert_score, idf_table
 from bsloss.scorer.encoder import ScorerEncoder
 
@@ -183,7 +183,7 @@ def summary(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argument_parser(__doc__, out=False, json_out=False)
+    parser = harness.argument_parser(__doc__, out=False, json_out=False)
     parser.add_argument("--out-csv", type=Path, default=Path("benchmarks/results/correlation.csv"))
     parser.add_argument("--out-md", type=Path, default=Path("benchmarks/results/correlation.md"))
     parser.add_argument("--splits", nargs="+", default=["train", "dev"])
@@ -191,7 +191,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     started = time.perf_counter()
-    env = environment()
+    env = harness.environment()
     encoder = ScorerEncoder.from_pretrained(None, device="cpu")
     layers = encoder.num_layers
     rows = [row for split in args.splits for row in score_split(encoder, split, layers, args.limit)]
@@ -205,7 +205,7 @@ def main() -> None:
             )
     report = (
         "# Correlation of BERTScore variants with STS-B human scores\n\n"
-        + "\n".join(header_lines(env))
+        + "\n".join(harness.header_lines(env))
         + f"\n- model: {encoder.describe()} (all layers 0-{layers}); runtime "
         f"{time.perf_counter() - started:.0f} s\n"
         "- every configuration is in the CSV; below, per matching x centering x idf, the layer "

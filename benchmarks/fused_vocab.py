@@ -72,20 +72,7 @@ if not __package__:  # run as `python benchmarks/fused_vocab.py`
 
 import torch
 
-from benchmarks.harness import (
-    MB,
-    AlternatingTimer,
-    Goal,
-    MemoryMeter,
-    Worker,
-    argument_parser,
-    environment,
-    header_lines,
-    log,
-    markdown_table,
-    run_isolated,
-    write_outputs,
-)
+from benchmarks import harness
 
 TOP_K = 32
 HEAD_GRAD_BYTES = 262_144 * 640 * 4
@@ -93,11 +80,15 @@ PROMPT, COMPLETION, GEMMA_BATCH = 128, 40, 4
 TERM_VARIANTS = ("dense", "fused", "dense+CE", "fused+CE")
 STEP_VARIANTS = ("dense step", "top-k=32 fused")
 GEMMA_VARIANTS = ("CE-only", "CE+BERTScore fused")
-FUSED_MEMORY = Goal("fused BERTScore term at 8x128: extra peak memory fused/dense", 0.25, "<=")
-FUSED_TIME = Goal("fused BERTScore term at 8x128: time fused/dense", 1.2, "<=")
-GEMMA_TIME = Goal("Gemma step CE+BERTScore (fused) / CE-only: time", 1.3, "<=")
-GEMMA_MEMORY = Goal("Gemma step CE+BERTScore (fused) / CE-only: peak RSS", 1.1, "<=")
-TOPK_SPEEDUP = Goal(f"top-k={TOP_K} fused vs the dense expected-embedding step", 10, ">=")
+FUSED_MEMORY = harness.Goal(
+    "fused BERTScore term at 8x128: extra peak memory fused/dense", 0.25, "<="
+)
+FUSED_TIME = harness.Goal("fused BERTScore term at 8x128: time fused/dense", 1.2, "<=")
+GEMMA_TIME = harness.Goal("Gemma step CE+BERTScore (fused) / CE-only: time", 1.3, "<=")
+GEMMA_MEMORY = harness.Goal("Gemma step CE+BERTScore (fused) / CE-only: peak RSS", 1.1, "<=")
+TOPK_SPEEDUP = harness.Goal(f"top-k={TOP_K} fused vs the dense expected-embedding step", 10, ">=")
+
+MB = harness.MB
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -122,7 +113,7 @@ def bridge_path() -> tuple[Path, dict]:
         encoder = ScorerEncoder.from_pretrained(None, None, "cpu")
         start = time.perf_counter()
         VocabularyBridge.build(tokenizer, encoder).save(path)
-        log(f"bridge built in {time.perf_counter() - start:.0f} s")
+        harness.log(f"bridge built in {time.perf_counter() - start:.0f} s")
     bridge = VocabularyBridge.load(path)
     return path, {k: round(v, 3) for k, v in bridge.fidelity().items()}
 
@@ -215,7 +206,7 @@ class PassSession:
         """One measured pass: its seconds and the extra peak RSS above the RSS before it."""
         self.h.grad = self.weight.grad = None
         gc.collect()
-        with MemoryMeter() as meter:
+        with harness.MemoryMeter() as meter:
             start = time.perf_counter()
             self._run(self.h, self.targets, self.grad)
             seconds = time.perf_counter() - start
@@ -265,7 +256,7 @@ def gemma_run(variant: str, steps: int, bridge_file: str) -> dict:
     step()  # warm-up: AdamW's state
     gc.collect()
     times = []
-    with MemoryMeter() as meter:
+    with harness.MemoryMeter() as meter:
         for _ in range(steps):
             start = time.perf_counter()
             step()
@@ -283,17 +274,17 @@ def compare(kind: str, variants, batch: int, length: int, repeats: int, bridge_f
     memory pass does the same work, only the RSS is read around it: it counts as a round)."""
     with contextlib.ExitStack() as stack:
         workers = {
-            v: stack.enter_context(Worker(PassSession, kind, v, batch, length, bridge_file))
+            v: stack.enter_context(harness.Worker(PassSession, kind, v, batch, length, bridge_file))
             for v in variants
         }
         for worker in workers.values():  # all loaded before anything is measured
             worker.ready()
-        timer = AlternatingTimer(1 + repeats, f"{kind} {batch}x{length}")
+        timer = harness.AlternatingTimer(1 + repeats, f"{kind} {batch}x{length}")
         series = timer.run({v: (lambda w=w: w.call("run_pass")) for v, w in workers.items()})
     rows = {}
     for variant, passes in series.items():
         first = passes.values[0]
-        log(f"{kind} {batch}x{length} {variant}: memory pass {first}")
+        harness.log(f"{kind} {batch}x{length} {variant}: memory pass {first}")
         times = [p["s"] for p in passes.values]
         rows[variant] = {**first, "times": times, "median_s": statistics.median(times)}
     return rows
@@ -301,9 +292,12 @@ def compare(kind: str, variants, batch: int, length: int, repeats: int, bridge_f
 
 def gemma_compare(runs: int, steps: int, bridge_file: str) -> dict:
     """One fresh process per run, alternating the variants ``runs`` times."""
-    timer = AlternatingTimer(runs, "gemma")
+    timer = harness.AlternatingTimer(runs, "gemma")
     series = timer.run(
-        {v: (lambda v=v: run_isolated(gemma_run, v, steps, bridge_file)) for v in GEMMA_VARIANTS}
+        {
+            v: (lambda v=v: harness.run_isolated(gemma_run, v, steps, bridge_file))
+            for v in GEMMA_VARIANTS
+        }
     )
     return {
         variant: {
@@ -356,7 +350,7 @@ def goals(results: dict) -> tuple[list[dict], list[str]]:
 
 
 def report(results: dict) -> str:
-    env = results.get("env") or environment()  # older JSON files have no environment
+    env = results.get("env") or harness.environment()  # older JSON files have none
     term_rows = [
         (size, variant, f"{row['median_s']:.2f}", len(row["times"]), f"{row['extra_peak_mb']:.0f}")
         for size, rows in results["term"].items()
@@ -388,7 +382,7 @@ def report(results: dict) -> str:
     lines = [
         "# Fused LM-head path vs dense logits (Gemma 3 270M head, V = 262,144)",
         "",
-        *header_lines(env),
+        *harness.header_lines(env),
         f"- bridge: Gemma's tokenizer -> all-MiniLM-L6-v2, fidelity {results['bridge_fidelity']}",
         f"- total wall time {results['wall_s'] / 60:.1f} min; load average (1, 5, 15 "
         f"min) at the start {results['load'][0]}, at the end {results['load'][1]} (the "
@@ -396,7 +390,7 @@ def report(results: dict) -> str:
         "",
         "## BERTScore term (forward + backward into h and W)",
         "",
-        markdown_table(
+        harness.markdown_table(
             ["B x L", "variant", "median s", "passes", "extra peak RSS MB"],
             term_rows,
             "llrrr",
@@ -404,11 +398,13 @@ def report(results: dict) -> str:
         "",
         "## Expected-embedding step (no scorer)",
         "",
-        markdown_table(["B x L", "variant", "median s", "extra peak RSS MB"], step_rows, "llrr"),
+        harness.markdown_table(
+            ["B x L", "variant", "median s", "extra peak RSS MB"], step_rows, "llrr"
+        ),
         "",
         "## Gemma 3 270M training step (fp32, AdamW, B=4, 168 tokens, 40 completion)",
         "",
-        markdown_table(
+        harness.markdown_table(
             ["variant", "median step s", "peak RSS MB", "RSS before steps MB"],
             gemma_rows,
             "lrrr",
@@ -416,7 +412,7 @@ def report(results: dict) -> str:
         "",
         "## Goals (ratios from this run)",
         "",
-        markdown_table(["goal", "B x L", "ratio", "target", "result"], goal_table, "llrll"),
+        harness.markdown_table(["goal", "B x L", "ratio", "target", "result"], goal_table, "llrll"),
         "",
         *notes,
     ]
@@ -424,7 +420,7 @@ def report(results: dict) -> str:
 
 
 def main() -> None:
-    parser = argument_parser(__doc__)
+    parser = harness.argument_parser(__doc__)
     parser.add_argument("--sizes", nargs="*", default=["4x40", "8x128", "16x256"])
     parser.add_argument("--repeats", nargs="+", type=int, default=[2, 1, 0])
     parser.add_argument("--step-sizes", nargs="*", default=["8x128"])
@@ -443,10 +439,10 @@ def main() -> None:
                     results[key].update(value)
                 else:
                     results[key] = value
-        write_outputs(report(results), args.out, None, None)
+        harness.write_outputs(report(results), args.out, None, None)
         return
     start = time.perf_counter()
-    env = environment()
+    env = harness.environment()
     path, fidelity = bridge_path()
     results: dict = {"term": {}, "step": {}, "skipped": [], "bridge_fidelity": fidelity}
     repeats_of = dict(zip(args.sizes, args.repeats + [0] * len(args.sizes), strict=False))
@@ -468,7 +464,7 @@ def main() -> None:
     results["wall_s"] = time.perf_counter() - start
     results["load"] = [env["load_average"], list(os.getloadavg())]
     results["env"] = env
-    write_outputs(report(results), args.out, args.json, results)
+    harness.write_outputs(report(results), args.out, args.json, results)
 
 
 if __name__ == "__main__":

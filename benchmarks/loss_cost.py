@@ -83,19 +83,7 @@ if not __package__:  # run as `python benchmarks/loss_cost.py`
 
 import torch
 
-from benchmarks.harness import (
-    MB,
-    AlternatingTimer,
-    Goal,
-    MemoryMeter,
-    Worker,
-    argument_parser,
-    environment,
-    header_lines,
-    log,
-    markdown_table,
-    write_outputs,
-)
+from benchmarks import harness
 
 MATCHING, TEMPERATURE, TOP_K = "softmax", 0.05, 32
 SIZES = ((16, 64), (64, 128))
@@ -106,9 +94,12 @@ CONFIGS: dict[str, dict] = {
     f"ckpt top_k={TOP_K}": {"gradient_checkpointing": True, "top_k": TOP_K},
 }
 CKPT, NOCKPT, TOPK = CONFIGS
-CKPT_TIME = Goal("checkpointing: time ≤ 1.4× no-checkpointing", 1.4, "<=")
-CKPT_MEMORY = Goal("checkpointing: ≤ 0.5× activation memory", 0.5, "<=")
-TOPK_SPEEDUP = Goal(f"top_k={TOP_K}: distribution→embedding step ≥ 10× cheaper", 10.0, ">=")
+PASS_PARTS = ("total_s", "forward_s", "backward_s")  # fwd+bwd, fwd, bwd seconds of a pass
+CKPT_TIME = harness.Goal("checkpointing: time ≤ 1.4× no-checkpointing", 1.4, "<=")
+CKPT_MEMORY = harness.Goal("checkpointing: ≤ 0.5× activation memory", 0.5, "<=")
+TOPK_SPEEDUP = harness.Goal(f"top_k={TOP_K}: distribution→embedding step ≥ 10× cheaper", 10.0, ">=")
+
+MB = harness.MB
 
 
 # ----------------------------------------------------------------------------- memory meters
@@ -252,7 +243,7 @@ class LossSession:
 
         self._clear()
         saved = SavedTensorMeter(self.exclude, self.vocab)
-        with MemoryMeter() as rss:
+        with harness.MemoryMeter() as rss:
             start = time.perf_counter()
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
                 with saved.recording():
@@ -274,24 +265,26 @@ class LossSession:
 
 def measure_loss(batch: int, length: int, repeats: int) -> dict:
     label = f"[loss {batch}×{length}]"
-    log(f"{label} starting {len(CONFIGS)} workers (model load, reference cache, warm-up)")
+    harness.log(f"{label} starting {len(CONFIGS)} workers (model load, reference cache, warm-up)")
     with contextlib.ExitStack() as stack:
         # they load side by side; nothing is measured until all are ready
-        workers = {c: stack.enter_context(Worker(LossSession, batch, length, c)) for c in CONFIGS}
+        workers = {
+            c: stack.enter_context(harness.Worker(LossSession, batch, length, c)) for c in CONFIGS
+        }
         results: dict[str, dict] = {}
         for config, worker in workers.items():
             memory = worker.ready().call("memory")
             results[config] = {"memory": memory}
-            log(
+            harness.log(
                 f"{label} {config}: saved {memory['saved_mb']:.0f} MB, peak alloc "
                 f"{memory['peak_alloc_mb']:.0f} MB, peak RSS Δ {memory['peak_rss_delta_mb']:.0f} "
                 "MB"
             )
-        timer = AlternatingTimer(repeats, label)
+        timer = harness.AlternatingTimer(repeats, label)
         series = timer.run({c: (lambda w=w: w.call("time")) for c, w in workers.items()})
     for config, data in results.items():
         data["times"] = series[config].values  # the worker's own clock, without the pipe
-        for key in ("total_s", "forward_s", "backward_s"):
+        for key in PASS_PARTS:
             data[f"median_{key}"] = series[config].median(key=lambda t, k=key: t[k])
     return results
 
@@ -353,13 +346,13 @@ def measure_step(batch: int, length: int, repeats: int, table: torch.Tensor) -> 
             saved_mb[name] = meter.summary()["saved_mb"]
         return {"forward_s": middle - start, "backward_s": end - middle, "total_s": end - start}
 
-    timer = AlternatingTimer(repeats, f"[step {batch}×{length}]")
+    timer = harness.AlternatingTimer(repeats, f"[step {batch}×{length}]")
     series = timer.run({name: (lambda n=name: one_pass(n)) for name in variants})
     names = list(variants)
     results: dict[str, dict] = {}
     for name in names:
         results[name] = {"times": series[name].values, "saved_mb": saved_mb[name]}
-        for key in ("total_s", "forward_s", "backward_s"):
+        for key in PASS_PARTS:
             results[name][f"median_{key}"] = series[name].median(key=lambda t, k=key: t[k])
     dense = results[names[0]]["median_total_s"]
     for name in names:
@@ -396,9 +389,14 @@ def goals(loss: dict, step: dict) -> list[dict]:
     return rows
 
 
+def _median_cells(data: dict, scale: float, digits: int) -> list[str]:
+    """The median fwd+bwd, fwd and bwd times, times ``scale``, to ``digits`` decimals."""
+    return [f"{data[f'median_{key}'] * scale:.{digits}f}" for key in PASS_PARTS]
+
+
 def render(meta: dict, loss: dict, step: dict, goal_rows: list[dict]) -> str:
     lines = ["# BERTScoreLoss cost on CPU: gradient checkpointing and top-k", ""]
-    lines += header_lines(meta["env"], "torch default")
+    lines += harness.header_lines(meta["env"], "torch default")
     lines += [
         f"- loss: embedded all-MiniLM-L6-v2 (layer 6, V = {meta['vocab']:,}), "
         f"matching={MATCHING!r}, temperature={TEMPERATURE}, F1; candidates: random normal "
@@ -415,9 +413,7 @@ def render(meta: dict, loss: dict, step: dict, goal_rows: list[dict]) -> str:
         (
             size,
             config,
-            f"{data['median_total_s']:.2f}",
-            f"{data['median_forward_s']:.2f}",
-            f"{data['median_backward_s']:.2f}",
+            *_median_cells(data, 1, 2),
             f"{m['saved_mb']:.0f} ({m['saved_vocab_mb']:.0f} · {m['saved_other_mb']:.0f})",
             f"{m['retained_alloc_mb']:.0f}",
             f"{m['peak_alloc_mb']:.0f}",
@@ -430,7 +426,7 @@ def render(meta: dict, loss: dict, step: dict, goal_rows: list[dict]) -> str:
     header = ["B×L", "configuration", "fwd+bwd s", "fwd s", "bwd s"]
     header += ["saved activations MB (V-sized · rest)", "retained after fwd MB"]
     header += ["peak allocated MB", "peak RSS Δ MB"]
-    lines.append(markdown_table(header, loss_rows, "llrrrrrrr"))
+    lines.append(harness.markdown_table(header, loss_rows, "llrrrrrrr"))
     first = next(iter(loss.values()))[CKPT]["memory"]
     lines += [
         "",
@@ -448,9 +444,7 @@ def render(meta: dict, loss: dict, step: dict, goal_rows: list[dict]) -> str:
         (
             size,
             name,
-            f"{data['median_total_s'] * 1e3:.0f}",
-            f"{data['median_forward_s'] * 1e3:.0f}",
-            f"{data['median_backward_s'] * 1e3:.0f}",
+            *_median_cells(data, 1e3, 0),
             f"{data['saved_mb']:.1f}",
             f"{data['speedup_vs_dense']:.2f}×",
         )
@@ -458,7 +452,7 @@ def render(meta: dict, loss: dict, step: dict, goal_rows: list[dict]) -> str:
         for name, data in res.items()
     ]
     header = ["B×L", "variant", "fwd+bwd ms", "fwd ms", "bwd ms", "saved MB", "dense / variant"]
-    lines.append(markdown_table(header, step_rows, "llrrrrr"))
+    lines.append(harness.markdown_table(header, step_rows, "llrrrrr"))
     diffs = [
         res[name]["max_abs_diff_vs_bsloss_top_k"]
         for res in step.values()
@@ -478,19 +472,15 @@ def render(meta: dict, loss: dict, step: dict, goal_rows: list[dict]) -> str:
         for r in goal_rows
     ]
     header = ["goal", "B×L", "measure", "ratio", "target", "result"]
-    lines += [markdown_table(header, rows, "lllrll"), ""]
+    lines += [harness.markdown_table(header, rows, "lllrll"), ""]
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None = None):
-    parser = argument_parser(__doc__)
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=None,
-        help="timed repetitions at 16×64 (default 5; 1 with --quick)",
-    )
+    parser = harness.argument_parser(__doc__)
+    repeats = "timed repetitions at 16×64 (default 5; 1 with --quick)"
+    parser.add_argument("--repeats", type=int, help=repeats)
     parser.add_argument(
         "--large-repeats", type=int, default=1, help="timed repetitions at 64×128 (default 1)"
     )
@@ -508,12 +498,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bsloss.scorer.encoder import ScorerEncoder
 
     started = time.perf_counter()
-    env = environment()  # before measuring: other people may edit the tree meanwhile
+    env = harness.environment()  # before measuring: other people may edit the tree meanwhile
     sizes = SIZES[:1] if args.quick else SIZES
     repeats = {SIZES[0]: args.repeats, SIZES[1]: 1 if args.quick else args.large_repeats}
     table = ScorerEncoder.from_pretrained(None, device="cpu").input_embeddings.weight.detach()
     loss = {f"{b}×{n}": measure_loss(b, n, repeats[(b, n)]) for b, n in sizes}
-    log("distribution→embedding step ...")
+    harness.log("distribution→embedding step ...")
     step = {f"{b}×{n}": measure_step(b, n, repeats[(b, n)], table) for b, n in sizes}
     meta = {
         "env": env,
@@ -526,8 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = render(meta, loss, step, goal_rows)
     meta["runtime_s"] = time.perf_counter() - started
     payload = {"meta": meta, "loss": loss, "step": step, "goals": goal_rows}
-    write_outputs(report, args.out, args.json, payload)
-    log(f"total runtime {meta['runtime_s']:.0f} s")
+    harness.write_outputs(report, args.out, args.json, payload)
+    harness.log(f"total runtime {meta['runtime_s']:.0f} s")
     return 0
 
 

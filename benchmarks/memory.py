@@ -23,21 +23,11 @@ import sys
 if not __package__:  # run as `python benchmarks/memory.py`
     import _path  # noqa: F401
 
+from benchmarks import harness
 from benchmarks._data import data_dir
-from benchmarks.harness import (
-    Goal,
-    MemoryMeter,
-    argument_parser,
-    environment,
-    header_lines,
-    log,
-    markdown_table,
-    run_isolated,
-    write_outputs,
-)
 
 MIB = 2**20
-GROWTH = Goal("peak RSS, largest / smallest number of pairs", 1.2, "<=")
+GROWTH = harness.Goal("peak RSS, largest / smallest number of pairs", 1.2, "<=")
 
 
 def score_pairs(num_pairs: int, mode: str, chunk_size: int) -> dict:
@@ -54,7 +44,7 @@ def score_pairs(num_pairs: int, mode: str, chunk_size: int) -> dict:
     dtype = torch.bfloat16 if mode == "fast" else None
     scorer = bsloss.BERTScorer(autocast_dtype=dtype, chunk_size=chunk_size)
     scorer.score(cands[:64], refs[:64])  # warm-up: allocator and kernels
-    with MemoryMeter(reset_peak=False) as meter:  # the process's lifetime peak, as measured
+    with harness.MemoryMeter(reset_peak=False) as meter:  # the process's lifetime peak, as measured
         start = time.perf_counter()
         _, _, f = scorer.score(cands, refs, progress=False)
         seconds = time.perf_counter() - start
@@ -69,16 +59,16 @@ def score_pairs(num_pairs: int, mode: str, chunk_size: int) -> dict:
 
 
 def main() -> None:
-    parser = argument_parser(__doc__, out=False)
+    parser = harness.argument_parser(__doc__, out=False)
     parser.add_argument("--pairs", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--mode", choices=["exact", "fast"], default="fast")
     parser.add_argument("--chunk-size", type=int, default=8192)
     args = parser.parse_args()
-    env = environment()
+    env = harness.environment()
     rows = []
     for n in args.pairs:
-        rows.append(run_isolated(score_pairs, n, args.mode, args.chunk_size))
-        log(f"{n} pairs: {rows[-1]}")
+        rows.append(harness.run_isolated(score_pairs, n, args.mode, args.chunk_size))
+        harness.log(f"{n} pairs: {rows[-1]}")
     table = [
         (
             row["pairs"],
@@ -90,15 +80,15 @@ def main() -> None:
         for row in rows
     ]
     header = ["pairs", "seconds", "RSS before scoring MB", "peak RSS MB", "peak − before MB"]
-    lines = [*header_lines(env), f"- mode {args.mode}, chunk_size {args.chunk_size}", ""]
-    lines.append(markdown_table(header, table, "rrrrr"))
+    lines = [*harness.header_lines(env), f"- mode {args.mode}, chunk_size {args.chunk_size}", ""]
+    lines.append(harness.markdown_table(header, table, "rrrrr"))
     if len(rows) >= 2:
         ratio = rows[-1]["peak_rss_mb"] / rows[0]["peak_rss_mb"]
         lines.append(
             f"\npeak RSS ratio {rows[-1]['pairs']} / {rows[0]['pairs']} pairs: {ratio:.2f}× "
             f"(goal {GROWTH.target}×: {GROWTH.verdict(ratio)})"
         )
-    write_outputs("\n".join(lines), None, args.json, rows)
+    harness.write_outputs("\n".join(lines), None, args.json, rows)
 
 
 if __name__ == "__main__":

@@ -59,20 +59,8 @@ if not __package__:  # run as `python benchmarks/throughput.py`
 import torch
 
 import bsloss
+from benchmarks import harness
 from benchmarks._data import load_stsb_dev, load_xsum
-from benchmarks.harness import (
-    AlternatingTimer,
-    Goal,
-    Series,
-    argument_parser,
-    environment,
-    header_lines,
-    log,
-    markdown_table,
-    package_version,
-    ratio_range,
-    write_outputs,
-)
 from bsloss.scorer.default import embedded_model_path
 
 NUM_LAYERS = 6
@@ -82,8 +70,8 @@ WARMUP_PAIRS = 16
 QUICK = {"repeats": 1, "stsb_pairs": 200, "xsum_pairs": 20}
 DEFAULTS = {"repeats": 5, "stsb_pairs": None, "xsum_pairs": 200}
 GOALS = {  # system key -> throughput vs bert_score, on every dataset
-    "bsloss": Goal("bsloss exact vs bert_score throughput", 1.2, ">="),
-    "bsloss_fast": Goal("bsloss fast (bf16) vs bert_score throughput", 2.5, ">="),
+    "bsloss": harness.Goal("bsloss exact vs bert_score throughput", 1.2, ">="),
+    "bsloss_fast": harness.Goal("bsloss fast (bf16) vs bert_score throughput", 2.5, ">="),
 }
 
 
@@ -101,13 +89,13 @@ class System:
 
 def benchmark(
     systems: Sequence[System], name: str, cands: list[str], refs: list[str], repeats: int
-) -> tuple[dict[str, float], dict[str, Series]]:
+) -> tuple[dict[str, float], dict[str, harness.Series]]:
     """One untimed warm-up call of each system (on the first ``WARMUP_PAIRS`` pairs; its
     seconds are returned), then ``repeats`` alternating timed rounds over all pairs."""
-    timer = AlternatingTimer(repeats, f"  [{name}]")
+    timer = harness.AlternatingTimer(repeats, f"  [{name}]")
     warmup_s = {}
     for system in systems:
-        log(f"  [{name}] warm-up {system.label} ...")
+        harness.log(f"  [{name}] warm-up {system.label} ...")
         warmup_s[system.key], _ = timer.time(
             lambda s=system: s.run(cands[:WARMUP_PAIRS], refs[:WARMUP_PAIRS])
         )
@@ -144,7 +132,7 @@ def goals(results: dict) -> list[dict]:
 def render(meta: dict, results: dict) -> str:
     lines = ["# bsloss vs bert_score throughput", ""]
     threads = "set by --threads" if meta["threads_arg"] else "torch default"
-    lines += header_lines(meta["env"], threads)
+    lines += harness.header_lines(meta["env"], threads)
     lines += [
         f"- device: {meta['device']}",
         f"- model: {meta['model']} (layer {NUM_LAYERS}), no idf, no rescaling; "
@@ -182,7 +170,7 @@ def render(meta: dict, results: dict) -> str:
             )
     header = ["dataset", "pairs", "tokens/text (cand · ref)", "system", "warm-up s", "median s"]
     header += ["pairs/s", "vs bert_score", "per-round range"]
-    lines += ["## Throughput", "", markdown_table(header, rows, "lrllrrrrr"), ""]
+    lines += ["## Throughput", "", harness.markdown_table(header, rows, "lrllrrrrr"), ""]
     lines.append(
         "`vs bert_score` = pairs/s of the system ÷ pairs/s of bert_score "
         "(> 1: faster than bert_score), from the median times; per-round range: the smallest "
@@ -198,7 +186,9 @@ def render(meta: dict, results: dict) -> str:
     lines += [
         f"## Agreement on STS-B ({agree['pairs']} pairs, F1, not timed)",
         "",
-        markdown_table(["comparison", "max abs diff", "pairs with abs diff > 1e-4"], rows, "lrr"),
+        harness.markdown_table(
+            ["comparison", "max abs diff", "pairs with abs diff > 1e-4"], rows, "lrr"
+        ),
         "",
     ]
     if "fast" in agree:
@@ -207,14 +197,14 @@ def render(meta: dict, results: dict) -> str:
             ("max abs diff F", f"{fast['max_abs_diff']:.2e}"),
             ("Pearson(F_fast, F_exact)", f"{fast['pearson']:.6f}"),
         ]
-        lines += [markdown_table(["fast mode vs exact", "value"], rows, "lr"), ""]
+        lines += [harness.markdown_table(["fast mode vs exact", "value"], rows, "lr"), ""]
     if results["goals"]:
         rows = [
             (r["goal"], r["dataset"], f"{r['ratio']:.2f}×", r["target"] + "×", r["result"])
             for r in results["goals"]
         ]
         header = ["goal", "dataset", "measured", "target", "result"]
-        lines += ["## Goals", "", markdown_table(header, rows, "llrll"), ""]
+        lines += ["## Goals", "", harness.markdown_table(header, rows, "llrll"), ""]
     return "\n".join(lines)
 
 
@@ -229,13 +219,9 @@ def _agreement(label: str, ours: torch.Tensor, theirs: torch.Tensor) -> dict:
 
 # ----------------------------------------------------------------------------- main
 def parse_args(argv: Sequence[str] | None = None):
-    parser = argument_parser(__doc__)
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=None,
-        help="timed repetitions per dataset (default 5; 1 with --quick)",
-    )
+    parser = harness.argument_parser(__doc__)
+    repeats = "timed repetitions per dataset (default 5; 1 with --quick)"
+    parser.add_argument("--repeats", type=int, help=repeats)
     parser.add_argument(
         "--stsb-pairs",
         type=int,
@@ -307,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fast mode is not available yet (bsloss.BERTScorer has no `autocast_dtype` "
             "parameter); skipped"
         )
-        log(fast_note)
+        harness.log(fast_note)
         want_fast = False
 
     # Build the scorers once (not timed). Exact bsloss is always built: it is the reference for
@@ -348,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     systems: list[System] = []
     if want_exact:
         systems.append(bsloss_system("bsloss", "exact", ours))
-    bert_score_version = package_version("bert-score")
+    bert_score_version = harness.package_version("bert-score")
     systems.append(
         System(
             "bert_score",
@@ -363,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "XSum test": load_xsum(args.xsum_pairs),
     }
     meta = {
-        "env": environment(bert_score=bert_score_version),
+        "env": harness.environment(bert_score=bert_score_version),
         "threads_arg": args.threads,
         "device": str(torch.device(device))
         + (f" ({torch.cuda.get_device_name()})" if cuda else ""),
@@ -376,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict = {"datasets": {}}
     first_f: dict[str, dict[str, torch.Tensor]] = {}  # dataset -> system key -> F1, round 1
     for name, (cands, refs) in datasets.items():
-        log(f"{name}: {len(cands)} pairs")
+        harness.log(f"{name}: {len(cands)} pairs")
         cand_tokens = token_stats(ours, cands)
         ref_tokens = token_stats(ours, refs)
         with warnings.catch_warnings():
@@ -396,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "label": s.label,
                     "times_s": series[s.key].seconds,
                     "warmup_s": warmup_s[s.key],
-                    "per_round_vs_bert_score": ratio_range(anchor, series[s.key].seconds),
+                    "per_round_vs_bert_score": harness.ratio_range(anchor, series[s.key].seconds),
                     "median_s": series[s.key].median(),
                     "pairs_per_s": rate[s.key],
                     "vs_bert_score": rate[s.key] / rate["bert_score"],
@@ -411,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Agreement on STS-B, not timed: reuse the first round's F1; run bert_score once at bs=1.
     stsb_cands, stsb_refs = datasets["STS-B dev"]
-    log("agreement: bert_score at batch_size=1 (untimed) ...")
+    harness.log("agreement: bert_score at batch_size=1 (untimed) ...")
     f_theirs_1 = theirs.score(stsb_cands, stsb_refs, batch_size=1)[2]
     f_exact = (
         first_f["STS-B dev"]["bsloss"]
@@ -440,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["agreement"] = agreement
 
     results["goals"] = goals(results)
-    write_outputs(render(meta, results), args.out, args.json, {"meta": meta, **results})
+    harness.write_outputs(render(meta, results), args.out, args.json, {"meta": meta, **results})
     return 0
 
 
