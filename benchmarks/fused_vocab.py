@@ -62,7 +62,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
-import os
 import statistics
 import time
 from pathlib import Path
@@ -462,7 +461,7 @@ def main() -> None:
     if args.gemma_runs:
         results["gemma"] = gemma_compare(args.gemma_runs, args.gemma_steps, str(path))
     results["wall_s"] = time.perf_counter() - start
-    results["load"] = [env["load_average"], list(os.getloadavg())]
+    results["load"] = [env["load_average"], harness.load_average()]
     results["env"] = env
     harness.write_outputs(report(results), args.out, args.json, results)
 
