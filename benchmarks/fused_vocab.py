@@ -36,7 +36,7 @@ encoded and cached before any measurement.
 
 Method
 ------
-Every variant runs in its own worker process (this script with ``--worker``). Memory: the
+Every variant runs in its own worker process (``harness.Worker``, a ``PassSession``). Memory: the
 worker's first measured pass, right after one warm-up pass at B x 8: *extra peak* = peak RSS
 during the pass (``VmHWM`` after resetting it through ``/proc/self/clear_refs``) minus the RSS
 just before it (so the LM head, the bridge table, the scorer and the cached references are not

@@ -14,11 +14,11 @@ references are the first B ``sentence2`` of STS-B dev (``../shared/data/stsb-dev
 
 Method
 ------
-For each size, one fresh worker process per configuration (``--worker``, the same script) builds
-the loss, encodes and caches its B references (so no measurement includes reference encoding) and
-warms up with one forward+backward at B×8. The workers stay alive side by side; the parent sends
-each a command in turn, so the configurations alternate within every repetition and only one
-computes at a time.
+For each size, one fresh worker process per configuration (``harness.Worker``, a
+``LossSession``) builds the loss, encodes and caches its B references (so no measurement
+includes reference encoding) and warms up with one forward+backward at B×8. The workers stay
+alive side by side; the parent sends each a command in turn, so the configurations alternate
+within every repetition and only one computes at a time.
 
 * Memory (the first command to each worker, one forward+backward, in a fresh process):
 
@@ -56,7 +56,7 @@ per-sample weights, and a finiteness check by ``aminmax``; it shows what the ste
 
 Goals (from the issue): gradient checkpointing at least halves the peak activation memory at no
 more than 1.4× the time; ``top_k=32`` cuts the cost of the distribution→embedding step at least
-10× at V≈30k. The report prints the measured ratios next to them with PASS/FAIL.
+10× at V≈30k. The report prints the measured ratios next to them, met or NOT met.
 
 Reproduce (from the repository root; the data folder is ``../shared/data`` or
 ``$BSLOSS_DATA_DIR``)::
