@@ -28,82 +28,64 @@ Reproduce::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if not __package__:  # run as `python benchmarks/bridge.py`
+    import _path  # noqa: F401
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))  # the Brown tokenizers, as the tests train them
-
-import torch  # noqa: E402
-from _data import data_dir, load_stsb_dev, load_xsum  # noqa: E402
-from _env import command_line, cpu_model  # noqa: E402
-
-from bsloss import BERTScoreLoss, BERTScorer, VocabularyBridge  # noqa: E402
-from bsloss.bridge import special_token_ids  # noqa: E402
-from bsloss.scorer.encoder import ScorerEncoder  # noqa: E402
-
-_BUILD_WORKER = """
-import json, os, sys, time
-def rss():
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
-def hwm():
-    with open("/proc/self/status") as f:
-        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM"))
 import torch
-from transformers import AutoTokenizer
-from bsloss import VocabularyBridge
-from bsloss.pretrained import pretrained_folder
+
+from benchmarks import harness
+from benchmarks._data import data_dir, load_stsb_dev, load_xsum
+from bsloss import BERTScoreLoss, BERTScorer, VocabularyBridge
+from bsloss.bridge import special_token_ids
 from bsloss.scorer.encoder import ScorerEncoder
-start_rss = rss()
-encoder = ScorerEncoder.from_pretrained(None)
-scorer_rss = rss()
-tokenizer = AutoTokenizer.from_pretrained(pretrained_folder("gemma-3-270m"))
-tokenizer_rss = rss()
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-base = hwm()
-t = time.perf_counter()
-bridge = VocabularyBridge.build(tokenizer, encoder, cache_dir=sys.argv[1])
-table = bridge.embedding_table(encoder.input_embeddings.weight.detach())
-weights = bridge.weight_table(torch.ones(encoder.input_embeddings.num_embeddings))
-seconds = time.perf_counter() - t
-print(json.dumps({
-    "seconds": seconds,
-    "peak_above_scorer_and_tokenizer_mb": (hwm() - base) / 2**20,
-    "peak_above_scorer_mb": (hwm() - scorer_rss) / 2**20,
-    "scorer_rss_mb": (scorer_rss - start_rss) / 2**20,
-    "tokenizer_rss_mb": (tokenizer_rss - scorer_rss) / 2**20,
-    "table_mb": table.numel() * table.element_size() / 2**20,
-    "rows": len(table),
-}))
-"""
+
+# the Brown tokenizers, as the tests train them
+sys.path.insert(0, str(harness.REPO_ROOT / "tests"))
+MIB = 2**20
+
+
+def build_once(cache_dir: str) -> dict:
+    """In a fresh process (:func:`~benchmarks.harness.run_isolated`): load the scorer and Gemma's
+    tokenizer, then build the bridge and its tables with the peak RSS reset just before."""
+    from transformers import AutoTokenizer
+
+    from bsloss.pretrained import pretrained_folder
+
+    start_rss = harness.current_rss_bytes()
+    encoder = ScorerEncoder.from_pretrained(None)
+    scorer_rss = harness.current_rss_bytes()
+    tokenizer = AutoTokenizer.from_pretrained(pretrained_folder("gemma-3-270m"))
+    tokenizer_rss = harness.current_rss_bytes()
+    with harness.MemoryMeter() as meter:
+        start = time.perf_counter()
+        bridge = VocabularyBridge.build(tokenizer, encoder, cache_dir=cache_dir)
+        table = bridge.embedding_table(encoder.input_embeddings.weight.detach())
+        bridge.weight_table(torch.ones(encoder.input_embeddings.num_embeddings))
+        seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "peak_above_scorer_and_tokenizer_mb": meter.extra_peak / MIB,
+        "peak_above_scorer_mb": (meter.peak_rss - scorer_rss) / MIB,
+        "scorer_rss_mb": (scorer_rss - start_rss) / MIB,
+        "tokenizer_rss_mb": (tokenizer_rss - scorer_rss) / MIB,
+        "table_mb": table.numel() * table.element_size() / MIB,
+        "rows": len(table),
+    }
 
 
 def run_build() -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     out = {}
     with tempfile.TemporaryDirectory() as cache:
         for name in ("fresh", "cached"):
-            done = subprocess.run(
-                [sys.executable, "-c", _BUILD_WORKER, cache],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if done.returncode:
-                raise RuntimeError(done.stderr[-3000:])
-            out[name] = json.loads(done.stdout.strip().splitlines()[-1])
+            out[name] = harness.run_isolated(build_once, cache)
             print(name, out[name], flush=True)
     return out
 
@@ -283,7 +265,7 @@ def train_free_generator(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.argument_parser(__doc__, out=False, json_out=False)
     parser.add_argument("--part", choices=["build", "fidelity", "train", "all"], default="all")
     parser.add_argument("--pairs", nargs="*", default=None, help="generator:scorer pairs")
     parser.add_argument("--train-generators", nargs="*", default=["brown-sentencepiece"])
@@ -292,7 +274,7 @@ def main() -> None:
     parser.add_argument("--train-lr", type=float, default=0.5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    report: dict = {"command": command_line(), "cpu": cpu_model(), "torch": torch.__version__}
+    report: dict = harness.environment()
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     pairs = args.pairs or [
         "gemma-3-270m:minilm",

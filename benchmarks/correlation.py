@@ -17,23 +17,22 @@ Reproduce::
 
 from __future__ import annotations
 
-import argparse
 import csv
 import itertools
-import os
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if not __package__:  # run as `python benchmarks/correlation.py`
+    import _path  # noqa: F401
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from _data import load_stsb  # noqa: E402
-from _env import command_line, cpu_model  # noqa: E402
-from torch.nn.utils.rnn import pad_sequence  # noqa: E402
+import numpy as np
+import torch
+from torch.nn.utils.rnn import pad_sequence
 
-from bsloss.functional import batch_center, bert_score, idf_table  # noqa: E402
-from bsloss.scorer.encoder import ScorerEncoder  # noqa: E402
+from benchmarks import harness
+from benchmarks._data import load_stsb
+from bsloss.functional import batch_center, bert_score, idf_table
+from bsloss.scorer.encoder import ScorerEncoder
 
 TEMPERATURES = (0.01, 0.02, 0.05, 0.1, 0.15)
 MATCHINGS = {  # name -> (functional matching, sinkhorn iterations)
@@ -184,7 +183,7 @@ def summary(rows: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.argument_parser(__doc__, out=False, json_out=False)
     parser.add_argument("--out-csv", type=Path, default=Path("benchmarks/results/correlation.csv"))
     parser.add_argument("--out-md", type=Path, default=Path("benchmarks/results/correlation.md"))
     parser.add_argument("--splits", nargs="+", default=["train", "dev"])
@@ -192,6 +191,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     started = time.perf_counter()
+    env = harness.environment()
     encoder = ScorerEncoder.from_pretrained(None, device="cpu")
     layers = encoder.num_layers
     rows = [row for split in args.splits for row in score_split(encoder, split, layers, args.limit)]
@@ -205,8 +205,9 @@ def main() -> None:
             )
     report = (
         "# Correlation of BERTScore variants with STS-B human scores\n\n"
-        f"- command: `{command_line()}`\n- CPU: {cpu_model()}; model: {encoder.describe()} "
-        f"(all layers 0-{layers}); runtime {time.perf_counter() - started:.0f} s\n"
+        + "\n".join(harness.header_lines(env))
+        + f"\n- model: {encoder.describe()} (all layers 0-{layers}); runtime "
+        f"{time.perf_counter() - started:.0f} s\n"
         "- every configuration is in the CSV; below, per matching x centering x idf, the layer "
         "and temperature with the best *train* Pearson of F, reported on *dev*\n\n"
         + summary(rows)

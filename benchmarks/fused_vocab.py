@@ -36,7 +36,7 @@ encoded and cached before any measurement.
 
 Method
 ------
-Every variant runs in its own worker process (this script with ``--worker``). Memory: the
+Every variant runs in its own worker process (``harness.Worker``, a ``PassSession``). Memory: the
 worker's first measured pass, right after one warm-up pass at B x 8: *extra peak* = peak RSS
 during the pass (``VmHWM`` after resetting it through ``/proc/self/clear_refs``) minus the RSS
 just before it (so the LM head, the bridge table, the scorer and the cached references are not
@@ -59,36 +59,35 @@ step) took 10 minutes. ``--from-json A.json B.json`` rewrites the report from sa
 
 from __future__ import annotations
 
-import os
+import contextlib
+import gc
+import json
+import statistics
+import time
+from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not __package__:  # run as `python benchmarks/fused_vocab.py`
+    import _path  # noqa: F401
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import torch
 
-import torch  # noqa: E402
-from _env import command_line, cpu_model  # noqa: E402
-from _memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss  # noqa: E402
+from benchmarks import harness
 
-MB = 1e6
 TOP_K = 32
 HEAD_GRAD_BYTES = 262_144 * 640 * 4
 PROMPT, COMPLETION, GEMMA_BATCH = 128, 40, 4
-RESULT = "@@RESULT "
 TERM_VARIANTS = ("dense", "fused", "dense+CE", "fused+CE")
 STEP_VARIANTS = ("dense step", "top-k=32 fused")
 GEMMA_VARIANTS = ("CE-only", "CE+BERTScore fused")
+FUSED_MEMORY = harness.Goal(
+    "fused BERTScore term at 8x128: extra peak memory fused/dense", 0.25, "<="
+)
+FUSED_TIME = harness.Goal("fused BERTScore term at 8x128: time fused/dense", 1.2, "<=")
+GEMMA_TIME = harness.Goal("Gemma step CE+BERTScore (fused) / CE-only: time", 1.3, "<=")
+GEMMA_MEMORY = harness.Goal("Gemma step CE+BERTScore (fused) / CE-only: peak RSS", 1.1, "<=")
+TOPK_SPEEDUP = harness.Goal(f"top-k={TOP_K} fused vs the dense expected-embedding step", 10, ">=")
 
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+MB = harness.MB
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -113,7 +112,7 @@ def bridge_path() -> tuple[Path, dict]:
         encoder = ScorerEncoder.from_pretrained(None, None, "cpu")
         start = time.perf_counter()
         VocabularyBridge.build(tokenizer, encoder).save(path)
-        log(f"bridge built in {time.perf_counter() - start:.0f} s")
+        harness.log(f"bridge built in {time.perf_counter() - start:.0f} s")
     bridge = VocabularyBridge.load(path)
     return path, {k: round(v, 3) for k, v in bridge.fidelity().items()}
 
@@ -134,7 +133,7 @@ def make_loss(bridge_file: str):
 
 
 def references(batch: int) -> list[str]:
-    from _data import load_stsb_dev
+    from benchmarks._data import load_stsb_dev
 
     _, refs = load_stsb_dev(batch)
     return refs
@@ -173,44 +172,48 @@ def step_pass(variant, table, weight, h, grad):
     (out.reshape(grad.shape) * grad).sum().backward()
 
 
-def serve(kind: str, variant: str, batch: int, length: int, bridge_file: str) -> None:
-    """Answer 'pass' commands on stdin with JSON (time, RSS before, peak)."""
-    torch.manual_seed(0)
-    weight = load_head().requires_grad_()
-    loss = make_loss(bridge_file)
-    table = loss._generator_table()
-    refs = references(batch)
-    loss.encode_references(refs)
-    g = torch.Generator().manual_seed(0)
+class PassSession:
+    """One variant in its own process (a :class:`~benchmarks.harness.Worker`): the LM head, the
+    loss with its cached references and one warm-up pass at B x 8; then ``run_pass()``."""
 
-    def inputs(rows: int):
+    def __init__(self, kind: str, variant: str, batch: int, length: int, bridge_file: str):
+        torch.manual_seed(0)
+        self.kind, self.variant = kind, variant
+        self.weight = load_head().requires_grad_()
+        self.loss = make_loss(bridge_file)
+        self.table = self.loss._generator_table()
+        self.refs = references(batch)
+        self.loss.encode_references(self.refs)
+        self.generator = torch.Generator().manual_seed(0)
+        self._run(*self._inputs(batch, 8))  # warm-up: allocator, kernels, the scorer's buckets
+        self.h, self.targets, self.grad = self._inputs(batch, length)
+
+    def _inputs(self, batch: int, rows: int):
+        g, weight = self.generator, self.weight
         h = torch.randn(batch, rows, weight.shape[1], generator=g).requires_grad_()
         targets = torch.randint(0, weight.shape[0], (batch, rows), generator=g)
-        grad = torch.randn(batch, rows, table.shape[1], generator=g)
+        grad = torch.randn(batch, rows, self.table.shape[1], generator=g)
         return h, targets, grad
 
-    def run(h, targets, grad):
-        if kind == "term":
-            term_pass(variant, loss, weight, h, targets, refs)
+    def _run(self, h, targets, grad) -> None:
+        if self.kind == "term":
+            term_pass(self.variant, self.loss, self.weight, h, targets, self.refs)
         else:
-            step_pass(variant, table, weight, h, grad)
+            step_pass(self.variant, self.table, self.weight, h, grad)
 
-    run(*inputs(8))  # warm-up: allocator, kernels, the scorer's buckets
-    h, targets, grad = inputs(length)
-    print(RESULT + json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        if line.strip() == "quit":
-            break
-        h.grad = weight.grad = None
+    def run_pass(self) -> dict:
+        """One measured pass: its seconds and the extra peak RSS above the RSS before it."""
+        self.h.grad = self.weight.grad = None
         gc.collect()
-        before = current_rss_bytes()
-        reset = reset_peak_rss()
-        start = time.perf_counter()
-        run(h, targets, grad)
-        seconds = time.perf_counter() - start
-        peak = peak_rss_bytes(reset)
-        answer = {"s": seconds, "rss_before_mb": before / MB, "extra_peak_mb": (peak - before) / MB}
-        print(RESULT + json.dumps(answer), flush=True)
+        with harness.MemoryMeter() as meter:
+            start = time.perf_counter()
+            self._run(self.h, self.targets, self.grad)
+            seconds = time.perf_counter() - start
+        return {
+            "s": seconds,
+            "rss_before_mb": meter.rss_before / MB,
+            "extra_peak_mb": meter.extra_peak / MB,
+        }
 
 
 def gemma_run(variant: str, steps: int, bridge_file: str) -> dict:
@@ -251,238 +254,182 @@ def gemma_run(variant: str, steps: int, bridge_file: str) -> dict:
 
     step()  # warm-up: AdamW's state
     gc.collect()
-    before = current_rss_bytes()
-    reset = reset_peak_rss()
     times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    with harness.MemoryMeter() as meter:
+        for _ in range(steps):
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
     return {
         "step_s": times,
-        "rss_before_mb": before / MB,
-        "peak_rss_mb": peak_rss_bytes(reset) / MB,
+        "rss_before_mb": meter.rss_before / MB,
+        "peak_rss_mb": meter.peak_rss / MB,
     }
 
 
 # ----------------------------------------------------------------------------- parent
-class Worker:
-    def __init__(self, kind: str, variant: str, batch: int, length: int, bridge_file: str):
-        self.variant = variant
-        command = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--worker",
-            kind,
-            "--variant",
-            variant,
-            "--batch",
-            str(batch),
-            "--length",
-            str(length),
-            "--bridge-file",
-            bridge_file,
-        ]
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-        self.read()
-
-    def read(self) -> dict:
-        for line in self.process.stdout:
-            if line.startswith(RESULT):
-                return json.loads(line[len(RESULT) :])
-        raise RuntimeError(f"worker {self.variant} ended (exit {self.process.wait()})")
-
-    def one(self) -> dict:
-        self.process.stdin.write("pass\n")
-        self.process.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        try:
-            self.process.stdin.write("quit\n")
-            self.process.stdin.flush()
-        except OSError:
-            pass
-        self.process.wait()
-
-
 def compare(kind: str, variants, batch: int, length: int, repeats: int, bridge_file: str) -> dict:
-    """Workers side by side: a memory pass each, then ``repeats`` alternating timed passes."""
-    workers = [Worker(kind, v, batch, length, bridge_file) for v in variants]
-    try:
-        rows = {}
-        for worker in workers:
-            first = worker.one()
-            rows[worker.variant] = {**first, "times": []}
-            log(f"{kind} {batch}x{length} {worker.variant}: memory pass {first}")
-        for _ in range(repeats):
-            for worker in workers:
-                rows[worker.variant]["times"].append(worker.one()["s"])
-        for row in rows.values():
-            # the memory pass does the same work (only the RSS is read around it): it counts
-            row["times"].insert(0, row["s"])
-            row["median_s"] = statistics.median(row["times"])
-        return rows
-    finally:
-        for worker in workers:
-            worker.close()
+    """Workers side by side, alternating: a memory pass each, then ``repeats`` more rounds (the
+    memory pass does the same work, only the RSS is read around it: it counts as a round)."""
+    with contextlib.ExitStack() as stack:
+        workers = {
+            v: stack.enter_context(harness.Worker(PassSession, kind, v, batch, length, bridge_file))
+            for v in variants
+        }
+        for worker in workers.values():  # all loaded before anything is measured
+            worker.ready()
+        timer = harness.AlternatingTimer(1 + repeats, f"{kind} {batch}x{length}")
+        series = timer.run({v: (lambda w=w: w.call("run_pass")) for v, w in workers.items()})
+    rows = {}
+    for variant, passes in series.items():
+        first = passes.values[0]
+        harness.log(f"{kind} {batch}x{length} {variant}: memory pass {first}")
+        times = [p["s"] for p in passes.values]
+        rows[variant] = {**first, "times": times, "median_s": statistics.median(times)}
+    return rows
 
 
 def gemma_compare(runs: int, steps: int, bridge_file: str) -> dict:
-    rows = {v: [] for v in GEMMA_VARIANTS}
-    for _ in range(runs):
-        for variant in GEMMA_VARIANTS:
-            done = subprocess.run(
-                [
-                    sys.executable,
-                    str(Path(__file__).resolve()),
-                    "--worker",
-                    "gemma",
-                    "--variant",
-                    variant,
-                    "--steps",
-                    str(steps),
-                    "--bridge-file",
-                    bridge_file,
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            result = json.loads(done.stdout.strip().splitlines()[-1][len(RESULT) :])
-            rows[variant].append(result)
-            log(f"gemma {variant}: {result}")
+    """One fresh process per run, alternating the variants ``runs`` times."""
+    timer = harness.AlternatingTimer(runs, "gemma")
+    series = timer.run(
+        {
+            v: (lambda v=v: harness.run_isolated(gemma_run, v, steps, bridge_file))
+            for v in GEMMA_VARIANTS
+        }
+    )
     return {
         variant: {
-            "median_step_s": statistics.median(t for r in results for t in r["step_s"]),
-            "peak_rss_mb": max(r["peak_rss_mb"] for r in results),
-            "rss_before_mb": max(r["rss_before_mb"] for r in results),
-            "runs": results,
+            "median_step_s": statistics.median(t for r in runs_ for t in r["step_s"]),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs_),
+            "rss_before_mb": max(r["rss_before_mb"] for r in runs_),
+            "runs": runs_,
         }
-        for variant, results in rows.items()
+        for variant, runs_ in ((v, series[v].values) for v in GEMMA_VARIANTS)
     }
 
 
-def verdict(ok: bool) -> str:
-    return "met" if ok else "NOT met"
-
-
-def report(results: dict, args) -> str:
-    lines = [
-        "# Fused LM-head path vs dense logits (Gemma 3 270M head, V = 262,144)",
-        "",
-        f"- command: `{command_line()}`",
-        f"- CPU: {cpu_model()}, {os.cpu_count()} cores, torch {torch.__version__}; "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
-        f"- bridge: Gemma's tokenizer -> all-MiniLM-L6-v2, fidelity {results['bridge_fidelity']}",
-        f"- total wall time {results['wall_s'] / 60:.1f} min; load average (1, 5, 15 min) at the "
-        f"start {results['load'][0]}, at the end {results['load'][1]} (the machine is shared)",
-        "",
-        "## BERTScore term (forward + backward into h and W)",
-        "",
-        "| B x L | variant | median s | passes | extra peak RSS MB |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for size, rows in results["term"].items():
-        for variant, row in rows.items():
-            lines.append(
-                f"| {size} | {variant} | {row['median_s']:.2f} | {len(row['times'])} | "
-                f"{row['extra_peak_mb']:.0f} |"
-            )
-    for size in results.get("skipped", []):
-        lines.append(f"| {size} | dense, dense+CE | skipped | | (logits > --dense-max-rows) |")
-    lines += ["", "## Expected-embedding step (no scorer)", ""]
-    lines += ["| B x L | variant | median s | extra peak RSS MB |", "|---|---|---:|---:|"]
-    for size, rows in results["step"].items():
-        for variant, row in rows.items():
-            lines.append(
-                f"| {size} | {variant} | {row['median_s']:.2f} | {row['extra_peak_mb']:.0f} |"
-            )
-    lines += ["", "## Gemma 3 270M training step (fp32, AdamW, B=4, 168 tokens, 40 completion)", ""]
-    lines += [
-        "| variant | median step s | peak RSS MB | RSS before steps MB |",
-        "|---|---:|---:|---:|",
-    ]
-    for variant, row in results.get("gemma", {}).items():
-        lines.append(
-            f"| {variant} | {row['median_step_s']:.2f} | {row['peak_rss_mb']:.0f} | "
-            f"{row['rss_before_mb']:.0f} |"
-        )
-    lines += ["", "## Goals (ratios from this run)", ""]
+def goals(results: dict) -> tuple[list[dict], list[str]]:
+    """The goal rows for the sizes measured, and notes for the diagnosis (no goal)."""
+    rows, notes = [], []
     term = results["term"].get("8x128")
     if term and "dense" in term:
-        memory = term["fused"]["extra_peak_mb"] / term["dense"]["extra_peak_mb"]
-        speed = term["fused"]["median_s"] / term["dense"]["median_s"]
-        lines.append(
-            f"- fused BERTScore term at 8x128, extra peak memory fused/dense: {memory:.2f}x "
-            f"(goal <= 0.25x: {verdict(memory <= 0.25)}); time fused/dense: {speed:.2f}x "
-            f"(goal <= 1.2x: {verdict(speed <= 1.2)})"
-        )
+        fused, dense = term["fused"], term["dense"]
+        memory = fused["extra_peak_mb"] / dense["extra_peak_mb"]
+        rows.append(FUSED_MEMORY.row(memory, size="8x128"))
+        rows.append(FUSED_TIME.row(fused["median_s"] / dense["median_s"], size="8x128"))
         grad_mb = HEAD_GRAD_BYTES / MB
-        fused_mb = term["fused"]["extra_peak_mb"] - grad_mb
-        dense_mb = term["dense"]["extra_peak_mb"] - grad_mb
-        lines.append(
+        ratio = (fused["extra_peak_mb"] - grad_mb) / (dense["extra_peak_mb"] - grad_mb)
+        notes.append(
             f"- the same memory ratio without the LM head's gradient (V x d x 4 bytes = "
             f"{grad_mb:.0f} MB, allocated by both variants and by any step that trains the "
-            f"head): {fused_mb / dense_mb:.2f}x (not the goal's figure; for the diagnosis)"
+            f"head): {ratio:.2f}x (not the goal's figure; for the diagnosis)"
         )
         if "dense+CE" in term:
-            memory = term["fused+CE"]["extra_peak_mb"] / term["dense+CE"]["extra_peak_mb"]
-            speed = term["fused+CE"]["median_s"] / term["dense+CE"]["median_s"]
-            lines.append(
+            fused, dense = term["fused+CE"], term["dense+CE"]
+            memory = fused["extra_peak_mb"] / dense["extra_peak_mb"]
+            speed = fused["median_s"] / dense["median_s"]
+            notes.append(
                 f"- with the CE in the same pass at 8x128: memory {memory:.2f}x, time {speed:.2f}x"
             )
     gemma = results.get("gemma")
     if gemma:
         base, fused = gemma["CE-only"], gemma["CE+BERTScore fused"]
-        speed = fused["median_step_s"] / base["median_step_s"]
-        memory = fused["peak_rss_mb"] / base["peak_rss_mb"]
-        lines.append(
-            f"- Gemma step CE+BERTScore (fused) / CE-only: time {speed:.2f}x (goal <= 1.3x: "
-            f"{verdict(speed <= 1.3)}), peak RSS {memory:.2f}x (goal <= 1.1x: "
-            f"{verdict(memory <= 1.1)})"
-        )
-    for size, rows in results["step"].items():
-        speed = rows["dense step"]["median_s"] / rows[f"top-k={TOP_K} fused"]["median_s"]
-        memory = rows["dense step"]["extra_peak_mb"] / max(
-            rows[f"top-k={TOP_K} fused"]["extra_peak_mb"], 1
-        )
-        lines.append(
+        rows.append(GEMMA_TIME.row(fused["median_step_s"] / base["median_step_s"], size="4x168"))
+        rows.append(GEMMA_MEMORY.row(fused["peak_rss_mb"] / base["peak_rss_mb"], size="4x168"))
+    for size, step in results["step"].items():
+        dense, topk = step["dense step"], step[f"top-k={TOP_K} fused"]
+        rows.append(TOPK_SPEEDUP.row(dense["median_s"] / topk["median_s"], size=size))
+        memory = dense["extra_peak_mb"] / max(topk["extra_peak_mb"], 1)
+        notes.append(
             f"- top-k={TOP_K} fused vs the dense expected-embedding step at {size}: "
-            f"{speed:.1f}x faster (goal >= 10x: {verdict(speed >= 10)}), {memory:.1f}x less "
-            "extra peak memory"
+            f"{memory:.1f}x less extra peak memory"
         )
+    return rows, notes
+
+
+def report(results: dict) -> str:
+    env = results.get("env") or harness.environment()  # older JSON files have none
+    term_rows = [
+        (size, variant, f"{row['median_s']:.2f}", len(row["times"]), f"{row['extra_peak_mb']:.0f}")
+        for size, rows in results["term"].items()
+        for variant, row in rows.items()
+    ]
+    term_rows += [
+        (size, "dense, dense+CE", "skipped", "", "(logits > --dense-max-rows)")
+        for size in results.get("skipped", [])
+    ]
+    step_rows = [
+        (size, variant, f"{row['median_s']:.2f}", f"{row['extra_peak_mb']:.0f}")
+        for size, rows in results["step"].items()
+        for variant, row in rows.items()
+    ]
+    gemma_rows = [
+        (
+            variant,
+            f"{r['median_step_s']:.2f}",
+            f"{r['peak_rss_mb']:.0f}",
+            f"{r['rss_before_mb']:.0f}",
+        )
+        for variant, r in results.get("gemma", {}).items()
+    ]
+    goal_rows, notes = goals(results)
+    goal_table = [
+        (r["goal"], r["size"], f"{r['ratio']:.2f}x", r["target"] + "x", r["result"])
+        for r in goal_rows
+    ]
+    lines = [
+        "# Fused LM-head path vs dense logits (Gemma 3 270M head, V = 262,144)",
+        "",
+        *harness.header_lines(env),
+        f"- bridge: Gemma's tokenizer -> all-MiniLM-L6-v2, fidelity {results['bridge_fidelity']}",
+        f"- total wall time {results['wall_s'] / 60:.1f} min; load average (1, 5, 15 "
+        f"min) at the start {results['load'][0]}, at the end {results['load'][1]} (the "
+        "machine is shared)",
+        "",
+        "## BERTScore term (forward + backward into h and W)",
+        "",
+        harness.markdown_table(
+            ["B x L", "variant", "median s", "passes", "extra peak RSS MB"],
+            term_rows,
+            "llrrr",
+        ),
+        "",
+        "## Expected-embedding step (no scorer)",
+        "",
+        harness.markdown_table(
+            ["B x L", "variant", "median s", "extra peak RSS MB"], step_rows, "llrr"
+        ),
+        "",
+        "## Gemma 3 270M training step (fp32, AdamW, B=4, 168 tokens, 40 completion)",
+        "",
+        harness.markdown_table(
+            ["variant", "median step s", "peak RSS MB", "RSS before steps MB"],
+            gemma_rows,
+            "lrrr",
+        ),
+        "",
+        "## Goals (ratios from this run)",
+        "",
+        harness.markdown_table(["goal", "B x L", "ratio", "target", "result"], goal_table, "llrll"),
+        "",
+        *notes,
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.argument_parser(__doc__)
     parser.add_argument("--sizes", nargs="*", default=["4x40", "8x128", "16x256"])
     parser.add_argument("--repeats", nargs="+", type=int, default=[2, 1, 0])
     parser.add_argument("--step-sizes", nargs="*", default=["8x128"])
     parser.add_argument("--dense-max-rows", type=int, default=1024)
     parser.add_argument("--gemma-runs", type=int, default=2)
     parser.add_argument("--gemma-steps", type=int, default=1)
-    parser.add_argument("--out", metavar="MD")
-    parser.add_argument("--json", metavar="FILE")
     parser.add_argument(
         "--from-json", nargs="+", metavar="FILE", help="rewrite the report from saved JSON files"
     )
-    parser.add_argument("--worker", choices=["term", "step", "gemma"], help=argparse.SUPPRESS)
-    parser.add_argument("--variant", help=argparse.SUPPRESS)
-    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=2, help=argparse.SUPPRESS)
-    parser.add_argument("--bridge-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker == "gemma":
-        print(RESULT + json.dumps(gemma_run(args.variant, args.steps, args.bridge_file)))
-        return
-    if args.worker:
-        serve(args.worker, args.variant, args.batch, args.length, args.bridge_file)
-        return
     if args.from_json:
         results: dict = {}
         for name in args.from_json:  # later files add their sections (e.g. a re-run's gemma)
@@ -491,13 +438,10 @@ def main() -> None:
                     results[key].update(value)
                 else:
                     results[key] = value
-        text = report(results, args)
-        print(text)
-        if args.out:
-            Path(args.out).write_text(text, encoding="utf-8")
+        harness.write_outputs(report(results), args.out, None, None)
         return
     start = time.perf_counter()
-    load_before = os.getloadavg()
+    env = harness.environment()
     path, fidelity = bridge_path()
     results: dict = {"term": {}, "step": {}, "skipped": [], "bridge_fidelity": fidelity}
     repeats_of = dict(zip(args.sizes, args.repeats + [0] * len(args.sizes), strict=False))
@@ -517,13 +461,9 @@ def main() -> None:
     if args.gemma_runs:
         results["gemma"] = gemma_compare(args.gemma_runs, args.gemma_steps, str(path))
     results["wall_s"] = time.perf_counter() - start
-    results["load"] = [load_before, os.getloadavg()]
-    text = report(results, args)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
+    results["load"] = [env["load_average"], harness.load_average()]
+    results["env"] = env
+    harness.write_outputs(report(results), args.out, args.json, results)
 
 
 if __name__ == "__main__":

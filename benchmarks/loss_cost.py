@@ -14,11 +14,11 @@ references are the first B ``sentence2`` of STS-B dev (``../shared/data/stsb-dev
 
 Method
 ------
-For each size, one fresh worker process per configuration (``--worker``, the same script) builds
-the loss, encodes and caches its B references (so no measurement includes reference encoding) and
-warms up with one forward+backward at B×8. The workers stay alive side by side; the parent sends
-each a command in turn, so the configurations alternate within every repetition and only one
-computes at a time.
+For each size, one fresh worker process per configuration (``harness.Worker``, a
+``LossSession``) builds the loss, encodes and caches its B references (so no measurement
+includes reference encoding) and warms up with one forward+backward at B×8. The workers stay
+alive side by side; the parent sends each a command in turn, so the configurations alternate
+within every repetition and only one computes at a time.
 
 * Memory (the first command to each worker, one forward+backward, in a fresh process):
 
@@ -56,7 +56,7 @@ per-sample weights, and a finiteness check by ``aminmax``; it shows what the ste
 
 Goals (from the issue): gradient checkpointing at least halves the peak activation memory at no
 more than 1.4× the time; ``top_k=32`` cuts the cost of the distribution→embedding step at least
-10× at V≈30k. The report prints the measured ratios next to them with PASS/FAIL.
+10× at V≈30k. The report prints the measured ratios next to them, met or NOT met.
 
 Reproduce (from the repository root; the data folder is ``../shared/data`` or
 ``$BSLOSS_DATA_DIR``)::
@@ -69,30 +69,22 @@ Reproduce (from the repository root; the data folder is ``../shared/data`` or
 
 from __future__ import annotations
 
-import os
+import contextlib
+import gc
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not __package__:  # run as `python benchmarks/loss_cost.py`
+    import _path  # noqa: F401
 
-import argparse  # noqa: E402
-import contextlib  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
-from pathlib import Path  # noqa: E402
+import torch
 
-import torch  # noqa: E402
-from _env import command_line, cpu_model  # noqa: E402
-from _memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss  # noqa: E402
+from benchmarks import harness
 
-MB = 1e6
 MATCHING, TEMPERATURE, TOP_K = "softmax", 0.05, 32
 SIZES = ((16, 64), (64, 128))
 WARMUP_LENGTH = 8
@@ -102,12 +94,12 @@ CONFIGS: dict[str, dict] = {
     f"ckpt top_k={TOP_K}": {"gradient_checkpointing": True, "top_k": TOP_K},
 }
 CKPT, NOCKPT, TOPK = CONFIGS
-GOAL_CKPT_MEMORY, GOAL_CKPT_TIME, GOAL_TOPK_SPEEDUP = 0.5, 1.4, 10.0
-RESULT_PREFIX = "@@RESULT "
+PASS_PARTS = ("total_s", "forward_s", "backward_s")  # fwd+bwd, fwd, bwd seconds of a pass
+CKPT_TIME = harness.Goal("checkpointing: time ≤ 1.4× no-checkpointing", 1.4, "<=")
+CKPT_MEMORY = harness.Goal("checkpointing: ≤ 0.5× activation memory", 0.5, "<=")
+TOPK_SPEEDUP = harness.Goal(f"top_k={TOP_K}: distribution→embedding step ≥ 10× cheaper", 10.0, ">=")
 
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+MB = harness.MB
 
 
 # ----------------------------------------------------------------------------- memory meters
@@ -208,164 +200,92 @@ def _make_logits(batch: int, length: int, vocab: int, seed: int) -> torch.Tensor
     return torch.randn(batch, length, vocab, generator=generator).requires_grad_(True)
 
 
-def worker(batch: int, length: int, config: str) -> int:
-    """Serve commands on stdin ('memory', 'time', 'quit'); answer JSON lines on stdout."""
-    from _data import load_stsb_dev
+class LossSession:
+    """One configuration in its own process (a :class:`~benchmarks.harness.Worker`): the loss
+    built, its references cached, one warm-up pass at B×8; then ``memory()`` and ``time()``."""
 
-    from bsloss import BERTScoreLoss
+    def __init__(self, batch: int, length: int, config: str):
+        from benchmarks._data import load_stsb_dev
+        from bsloss import BERTScoreLoss
 
-    torch.manual_seed(0)
-    loss = BERTScoreLoss(
-        matching=MATCHING, temperature=TEMPERATURE, device="cpu", **CONFIGS[config]
-    )
-    vocab = loss.encoder.input_embeddings.num_embeddings
-    _, references = load_stsb_dev(batch)
-    if len(references) != batch:
-        raise SystemExit(f"STS-B dev has only {len(references)} sentences")
-    loss.encode_references(references)  # cached: the measured passes do not encode references
-    warm = _make_logits(batch, WARMUP_LENGTH, vocab, seed=1)
-    loss(logits=warm, references=references).backward()
-    del warm
-    logits = _make_logits(batch, length, vocab, seed=0)
-    exclude = [*loss.parameters(), *loss.buffers(), logits]
+        torch.manual_seed(0)
+        self.loss = BERTScoreLoss(
+            matching=MATCHING, temperature=TEMPERATURE, device="cpu", **CONFIGS[config]
+        )
+        self.vocab = self.loss.encoder.input_embeddings.num_embeddings
+        _, self.references = load_stsb_dev(batch)
+        if len(self.references) != batch:
+            raise SystemExit(f"STS-B dev has only {len(self.references)} sentences")
+        self.loss.encode_references(self.references)  # the measured passes do not encode them
+        warm = _make_logits(batch, WARMUP_LENGTH, self.vocab, seed=1)
+        self.loss(logits=warm, references=self.references).backward()
+        self.logits = _make_logits(batch, length, self.vocab, seed=0)
+        self.exclude = [*self.loss.parameters(), *self.loss.buffers(), self.logits]
 
-    def one_pass() -> tuple[float, float]:
+    def _forward(self) -> torch.Tensor:
+        return self.loss(logits=self.logits, references=self.references)
+
+    def _clear(self) -> None:
+        self.logits.grad = None
+        gc.collect()
+
+    def time(self) -> dict:
+        self._clear()
         start = time.perf_counter()
-        value = loss(logits=logits, references=references)
+        value = self._forward()
         middle = time.perf_counter()
         value.backward()
         end = time.perf_counter()
-        return middle - start, end - middle
+        return {"forward_s": middle - start, "backward_s": end - middle, "total_s": end - start}
 
-    def answer(payload: dict) -> None:
-        print(RESULT_PREFIX + json.dumps(payload), flush=True)
+    def memory(self) -> dict:
+        from torch.profiler import ProfilerActivity, profile, record_function
 
-    answer({"ready": True, "vocab": vocab})
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "quit":
-            break
-        logits.grad = None
-        gc.collect()
-        if command == "time":
-            forward_s, backward_s = one_pass()
-            answer(
-                {
-                    "forward_s": forward_s,
-                    "backward_s": backward_s,
-                    "total_s": forward_s + backward_s,
-                }
-            )
-        elif command == "memory":
-            from torch.profiler import ProfilerActivity, profile, record_function
-
-            meter = SavedTensorMeter(exclude, vocab)
-            rss_before = current_rss_bytes()
-            reset_worked = reset_peak_rss()
+        self._clear()
+        saved = SavedTensorMeter(self.exclude, self.vocab)
+        with harness.MemoryMeter() as rss:
             start = time.perf_counter()
             with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-                with meter.recording():
-                    value = loss(logits=logits, references=references)
+                with saved.recording():
+                    value = self._forward()
                 with record_function("loss_cost_backward"):
                     value.backward()
-            instrumented_s = time.perf_counter() - start
-            rss_peak = peak_rss_bytes(reset_worked)
-            del value
-            answer(
-                {
-                    **meter.summary(),
-                    **allocator_profile(prof, "loss_cost_backward"),
-                    "rss_before_mb": rss_before / MB,
-                    "peak_rss_delta_mb": (rss_peak - rss_before) / MB,
-                    "rss_method": "VmHWM after clear_refs" if reset_worked else "ru_maxrss",
-                    "logits_grad_mb": logits.numel() * logits.element_size() / MB,
-                    "instrumented_pass_s": instrumented_s,
-                }
-            )
-        else:
-            answer({"error": f"unknown command {command!r}"})
-    return 0
-
-
-class Worker:
-    def __init__(self, batch: int, length: int, config: str):
-        self.config = config
-        command = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--worker",
-            "--batch",
-            str(batch),
-            "--length",
-            str(length),
-            "--config",
-            config,
-        ]
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
-        )
-        self.ready: dict | None = None
-
-    def wait_ready(self) -> dict:
-        if self.ready is None:
-            self.ready = self._read()
-        return self.ready
-
-    def _read(self) -> dict:
-        for line in self.process.stdout:
-            if line.startswith(RESULT_PREFIX):
-                payload = json.loads(line[len(RESULT_PREFIX) :])
-                if "error" in payload:
-                    raise RuntimeError(f"worker {self.config}: {payload['error']}")
-                return payload
-        raise RuntimeError(f"worker {self.config} exited with {self.process.wait()}")
-
-    def ask(self, command: str) -> dict:
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
-        return self._read()
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(BrokenPipeError):
-                self.process.stdin.write("quit\n")
-                self.process.stdin.flush()
-        self.process.wait(timeout=60)
+        instrumented_s = time.perf_counter() - start
+        del value
+        return {
+            **saved.summary(),
+            **allocator_profile(prof, "loss_cost_backward"),
+            "rss_before_mb": rss.rss_before / MB,
+            "peak_rss_delta_mb": rss.extra_peak / MB,
+            "rss_method": rss.method,
+            "logits_grad_mb": self.logits.numel() * self.logits.element_size() / MB,
+            "instrumented_pass_s": instrumented_s,
+        }
 
 
 def measure_loss(batch: int, length: int, repeats: int) -> dict:
-    label = f"{batch}×{length}"
-    log(f"[loss {label}] starting {len(CONFIGS)} workers (model load, reference cache, warm-up)")
-    workers: list[Worker] = []
-    try:
-        for config in CONFIGS:  # they load side by side; nothing is measured until all are ready
-            workers.append(Worker(batch, length, config))
-        for w in workers:
-            w.wait_ready()
+    label = f"[loss {batch}×{length}]"
+    harness.log(f"{label} starting {len(CONFIGS)} workers (model load, reference cache, warm-up)")
+    with contextlib.ExitStack() as stack:
+        # they load side by side; nothing is measured until all are ready
+        workers = {
+            c: stack.enter_context(harness.Worker(LossSession, batch, length, c)) for c in CONFIGS
+        }
         results: dict[str, dict] = {}
-        for w in workers:
-            memory = w.ask("memory")
-            results[w.config] = {"memory": memory, "times": []}
-            log(
-                f"[loss {label}] {w.config}: saved {memory['saved_mb']:.0f} MB, peak alloc "
+        for config, worker in workers.items():
+            memory = worker.ready().call("memory")
+            results[config] = {"memory": memory}
+            harness.log(
+                f"{label} {config}: saved {memory['saved_mb']:.0f} MB, peak alloc "
                 f"{memory['peak_alloc_mb']:.0f} MB, peak RSS Δ {memory['peak_rss_delta_mb']:.0f} "
                 "MB"
             )
-        for r in range(repeats):
-            for w in workers:
-                sample = w.ask("time")
-                results[w.config]["times"].append(sample)
-                log(
-                    f"[loss {label}] repeat {r + 1}/{repeats} {w.config}: "
-                    f"{sample['total_s']:.2f} s (fwd {sample['forward_s']:.2f}, "
-                    f"bwd {sample['backward_s']:.2f})"
-                )
-    finally:
-        for w in workers:
-            w.close()
-    for data in results.values():
-        for key in ("total_s", "forward_s", "backward_s"):
-            data[f"median_{key}"] = statistics.median(t[key] for t in data["times"])
+        timer = harness.AlternatingTimer(repeats, label)
+        series = timer.run({c: (lambda w=w: w.call("time")) for c, w in workers.items()})
+    for config, data in results.items():
+        data["times"] = series[config].values  # the worker's own clock, without the pipe
+        for key in PASS_PARTS:
+            data[f"median_{key}"] = series[config].median(key=lambda t, k=key: t[k])
     return results
 
 
@@ -398,7 +318,6 @@ def measure_step(batch: int, length: int, repeats: int, table: torch.Tensor) -> 
         f"top_k={TOP_K}": lambda x: expected_embeddings(token_distribution(x, top_k=TOP_K), table),
         reference: lambda x: reference_topk_embeddings(x, table, TOP_K),
     }
-    label = f"{batch}×{length}"
     generator = torch.Generator().manual_seed(2)
     warm_logits = _make_logits(batch, WARMUP_LENGTH, vocab, seed=1)
     warm_grad = torch.randn(batch, WARMUP_LENGTH, hidden, generator=generator)
@@ -407,37 +326,34 @@ def measure_step(batch: int, length: int, repeats: int, table: torch.Tensor) -> 
     del warm_logits, warm_grad
     logits = _make_logits(batch, length, vocab, seed=0)
     grad = torch.randn(batch, length, hidden, generator=generator)
-    results: dict[str, dict] = {name: {"times": []} for name in variants}
     outputs: dict[str, torch.Tensor] = {}
-    for r in range(repeats):
-        for name, run in variants.items():
-            logits.grad = None
-            gc.collect()
-            # The first repetition also counts the saved tensors (a pack hook: a Python call per
-            # saved tensor, a handful here) and keeps the output for the agreement check.
-            meter = SavedTensorMeter([table, logits], vocab)
-            recording = meter.recording() if r == 0 else contextlib.nullcontext()
-            start = time.perf_counter()
-            with recording:
-                out = run(logits)
-            middle = time.perf_counter()
-            out.backward(grad)
-            end = time.perf_counter()
-            if r == 0:
-                outputs[name] = out.detach()
-                results[name]["saved_mb"] = meter.summary()["saved_mb"]
-            del out
-            sample = {
-                "forward_s": middle - start,
-                "backward_s": end - middle,
-                "total_s": end - start,
-            }
-            results[name]["times"].append(sample)
-            log(f"[step {label}] repeat {r + 1}/{repeats} {name}: {sample['total_s'] * 1e3:.0f} ms")
+    saved_mb: dict[str, float] = {}
+
+    def one_pass(name: str) -> dict:
+        logits.grad = None
+        # The first repetition also counts the saved tensors (a pack hook: a Python call per
+        # saved tensor, a handful here) and keeps the output for the agreement check.
+        first = name not in outputs
+        meter = SavedTensorMeter([table, logits], vocab)
+        start = time.perf_counter()
+        with meter.recording() if first else contextlib.nullcontext():
+            out = variants[name](logits)
+        middle = time.perf_counter()
+        out.backward(grad)
+        end = time.perf_counter()
+        if first:
+            outputs[name] = out.detach()
+            saved_mb[name] = meter.summary()["saved_mb"]
+        return {"forward_s": middle - start, "backward_s": end - middle, "total_s": end - start}
+
+    timer = harness.AlternatingTimer(repeats, f"[step {batch}×{length}]")
+    series = timer.run({name: (lambda n=name: one_pass(n)) for name in variants})
     names = list(variants)
-    for data in results.values():
-        for key in ("total_s", "forward_s", "backward_s"):
-            data[f"median_{key}"] = statistics.median(t[key] for t in data["times"])
+    results: dict[str, dict] = {}
+    for name in names:
+        results[name] = {"times": series[name].values, "saved_mb": saved_mb[name]}
+        for key in PASS_PARTS:
+            results[name][f"median_{key}"] = series[name].median(key=lambda t, k=key: t[k])
     dense = results[names[0]]["median_total_s"]
     for name in names:
         results[name]["speedup_vs_dense"] = dense / results[name]["median_total_s"]
@@ -448,90 +364,40 @@ def measure_step(batch: int, length: int, repeats: int, table: torch.Tensor) -> 
 
 
 # ----------------------------------------------------------------------------- report
-def git_state() -> str:
-    """The commit measured, and the bsloss files that differ from it (uncommitted edits)."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "bsloss"],
-            cwd=root,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.split("\n")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git)"
-    changed = [line[3:] for line in dirty if line.strip()]
-    return commit + (f" + uncommitted changes in {', '.join(changed)}" if changed else "")
-
-
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
+MEMORY_MEASURES = (
+    ("saved_mb", "saved activations (total)"),
+    ("saved_other_mb", "saved activations without V-sized tensors"),
+    ("peak_alloc_mb", "peak allocated"),
+    ("peak_rss_delta_mb", "peak RSS Δ"),
+)
 
 
 def goals(loss: dict, step: dict) -> list[dict]:
     rows = []
     for size, res in loss.items():
         on, off = res[CKPT], res[NOCKPT]
-        time_ratio = on["median_total_s"] / off["median_total_s"]
-        rows.append(
-            {
-                "goal": "checkpointing: time ≤ 1.4× no-checkpointing",
-                "size": size,
-                "measure": "median fwd+bwd time, ckpt / no-ckpt",
-                "ratio": time_ratio,
-                "target": f"≤ {GOAL_CKPT_TIME}",
-                "pass": time_ratio <= GOAL_CKPT_TIME,
-            }
-        )
-        for key, what in (
-            ("saved_mb", "saved activations (total)"),
-            ("saved_other_mb", "saved activations without V-sized tensors"),
-            ("peak_alloc_mb", "peak allocated"),
-            ("peak_rss_delta_mb", "peak RSS Δ"),
-        ):
+        ratio = on["median_total_s"] / off["median_total_s"]
+        rows.append(CKPT_TIME.row(ratio, size=size, measure="median fwd+bwd time, ckpt / no-ckpt"))
+        for key, what in MEMORY_MEASURES:
             ratio = on["memory"][key] / off["memory"][key]
-            rows.append(
-                {
-                    "goal": "checkpointing: ≤ 0.5× activation memory",
-                    "size": size,
-                    "measure": f"{what}, ckpt / no-ckpt",
-                    "ratio": ratio,
-                    "target": f"≤ {GOAL_CKPT_MEMORY}",
-                    "pass": ratio <= GOAL_CKPT_MEMORY,
-                }
-            )
+            rows.append(CKPT_MEMORY.row(ratio, size=size, measure=f"{what}, ckpt / no-ckpt"))
     for size, res in step.items():
         speedup = res[f"top_k={TOP_K}"]["speedup_vs_dense"]
         rows.append(
-            {
-                "goal": f"top_k={TOP_K}: distribution→embedding step ≥ 10× cheaper",
-                "size": size,
-                "measure": "median fwd+bwd time, dense / top_k",
-                "ratio": speedup,
-                "target": f"≥ {GOAL_TOPK_SPEEDUP:g}",
-                "pass": speedup >= GOAL_TOPK_SPEEDUP,
-            }
+            TOPK_SPEEDUP.row(speedup, size=size, measure="median fwd+bwd time, dense / top_k")
         )
     return rows
 
 
+def _median_cells(data: dict, scale: float, digits: int) -> list[str]:
+    """The median fwd+bwd, fwd and bwd times, times ``scale``, to ``digits`` decimals."""
+    return [f"{data[f'median_{key}'] * scale:.{digits}f}" for key in PASS_PARTS]
+
+
 def render(meta: dict, loss: dict, step: dict, goal_rows: list[dict]) -> str:
     lines = ["# BERTScoreLoss cost on CPU: gradient checkpointing and top-k", ""]
+    lines += harness.header_lines(meta["env"], "torch default")
     lines += [
-        f"- command: `{meta['command']}`",
-        f"- date (UTC): {meta['date']}",
-        f"- CPU: {meta['cpu']} ({meta['logical_cpus']} logical CPUs, shared with other "
-        f"processes); torch threads: {meta['torch_threads']} (torch default)",
-        f"- versions: python {meta['python']}, torch {meta['torch']}, transformers "
-        f"{meta['transformers']}, bsloss {meta['bsloss']} (git {meta['git']})",
         f"- loss: embedded all-MiniLM-L6-v2 (layer 6, V = {meta['vocab']:,}), "
         f"matching={MATCHING!r}, temperature={TEMPERATURE}, F1; candidates: random normal "
         "logits [B, L, V]; references: the first B STS-B dev sentence2 (cached)",
@@ -540,24 +406,27 @@ def render(meta: dict, loss: dict, step: dict, goal_rows: list[dict]) -> str:
         "- memory: one forward+backward in a fresh process per configuration "
         "(see the module docstring)",
         "",
-    ]
-    lines += [
         "## Loss forward+backward",
         "",
-        "| B×L | configuration | fwd+bwd s | fwd s | bwd s | saved activations MB "
-        "(V-sized · rest) | retained after fwd MB | peak allocated MB | peak RSS Δ MB |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for size, res in loss.items():
-        for config, data in res.items():
-            m = data["memory"]
-            lines.append(
-                f"| {size} | {config} | {data['median_total_s']:.2f} "
-                f"| {data['median_forward_s']:.2f} | {data['median_backward_s']:.2f} "
-                f"| {m['saved_mb']:.0f} ({m['saved_vocab_mb']:.0f} · {m['saved_other_mb']:.0f}) "
-                f"| {m['retained_alloc_mb']:.0f} | {m['peak_alloc_mb']:.0f} "
-                f"| {m['peak_rss_delta_mb']:.0f} |"
-            )
+    loss_rows = [
+        (
+            size,
+            config,
+            *_median_cells(data, 1, 2),
+            f"{m['saved_mb']:.0f} ({m['saved_vocab_mb']:.0f} · {m['saved_other_mb']:.0f})",
+            f"{m['retained_alloc_mb']:.0f}",
+            f"{m['peak_alloc_mb']:.0f}",
+            f"{m['peak_rss_delta_mb']:.0f}",
+        )
+        for size, res in loss.items()
+        for config, data in res.items()
+        for m in [data["memory"]]
+    ]
+    header = ["B×L", "configuration", "fwd+bwd s", "fwd s", "bwd s"]
+    header += ["saved activations MB (V-sized · rest)", "retained after fwd MB"]
+    header += ["peak allocated MB", "peak RSS Δ MB"]
+    lines.append(harness.markdown_table(header, loss_rows, "llrrrrrrr"))
     first = next(iter(loss.values()))[CKPT]["memory"]
     lines += [
         "",
@@ -568,20 +437,22 @@ def render(meta: dict, loss: dict, step: dict, goal_rows: list[dict]) -> str:
         f"({first['logits_grad_mb']:.0f} MB at {next(iter(loss))}; 8× that at 64×128). "
         f"RSS method: {first['rss_method']}.",
         "",
-    ]
-    lines += [
         "## Distribution→embedding step (token_distribution + expected_embeddings)",
         "",
-        "| B×L | variant | fwd+bwd ms | fwd ms | bwd ms | saved MB | dense / variant |",
-        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for size, res in step.items():
-        for name, data in res.items():
-            lines.append(
-                f"| {size} | {name} | {data['median_total_s'] * 1e3:.0f} "
-                f"| {data['median_forward_s'] * 1e3:.0f} | {data['median_backward_s'] * 1e3:.0f} "
-                f"| {data['saved_mb']:.1f} | {data['speedup_vs_dense']:.2f}× |"
-            )
+    step_rows = [
+        (
+            size,
+            name,
+            *_median_cells(data, 1e3, 0),
+            f"{data['saved_mb']:.1f}",
+            f"{data['speedup_vs_dense']:.2f}×",
+        )
+        for size, res in step.items()
+        for name, data in res.items()
+    ]
+    header = ["B×L", "variant", "fwd+bwd ms", "fwd ms", "bwd ms", "saved MB", "dense / variant"]
+    lines.append(harness.markdown_table(header, step_rows, "llrrrrr"))
     diffs = [
         res[name]["max_abs_diff_vs_bsloss_top_k"]
         for res in step.values()
@@ -593,43 +464,27 @@ def render(meta: dict, loss: dict, step: dict, goal_rows: list[dict]) -> str:
         "The reference row is not bsloss code (see `reference_topk_embeddings`); its "
         f"output matches bsloss's top_k={TOP_K} to {max(diffs):.1e} (max abs diff).",
         "",
-    ]
-    lines += [
         "## Goals",
         "",
-        "| goal | B×L | measure | ratio | target | result |",
-        "|---|---|---|---:|---|---|",
     ]
-    for row in goal_rows:
-        lines.append(
-            f"| {row['goal']} | {row['size']} | {row['measure']} | {row['ratio']:.2f} "
-            f"| {row['target']} | {_verdict(row['pass'])} |"
-        )
-    lines.append("")
+    rows = [
+        (r["goal"], r["size"], r["measure"], f"{r['ratio']:.2f}", r["target"], r["result"])
+        for r in goal_rows
+    ]
+    header = ["goal", "B×L", "measure", "ratio", "target", "result"]
+    lines += [harness.markdown_table(header, rows, "lllrll"), ""]
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- main
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=None,
-        help="timed repetitions at 16×64 (default 5; 1 with --quick)",
-    )
+def parse_args(argv: Sequence[str] | None = None):
+    parser = harness.argument_parser(__doc__)
+    repeats = "timed repetitions at 16×64 (default 5; 1 with --quick)"
+    parser.add_argument("--repeats", type=int, help=repeats)
     parser.add_argument(
         "--large-repeats", type=int, default=1, help="timed repetitions at 64×128 (default 1)"
     )
     parser.add_argument("--quick", action="store_true", help="smoke test: 1 repetition, 16×64")
-    parser.add_argument("--out", metavar="FILE.md", help="also write the markdown report here")
-    parser.add_argument("--json", metavar="FILE", help="write machine-readable results here")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--length", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--config", choices=list(CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
@@ -640,33 +495,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # for _data
-    if args.worker:
-        return worker(args.batch, args.length, args.config)
-    import transformers
-
-    import bsloss
     from bsloss.scorer.encoder import ScorerEncoder
 
     started = time.perf_counter()
-    git = git_state()  # before measuring: other people may edit the tree meanwhile
+    env = harness.environment()  # before measuring: other people may edit the tree meanwhile
     sizes = SIZES[:1] if args.quick else SIZES
     repeats = {SIZES[0]: args.repeats, SIZES[1]: 1 if args.quick else args.large_repeats}
     table = ScorerEncoder.from_pretrained(None, device="cpu").input_embeddings.weight.detach()
     loss = {f"{b}×{n}": measure_loss(b, n, repeats[(b, n)]) for b, n in sizes}
-    log("distribution→embedding step ...")
+    harness.log("distribution→embedding step ...")
     step = {f"{b}×{n}": measure_step(b, n, repeats[(b, n)], table) for b, n in sizes}
     meta = {
-        "command": command_line(),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "cpu": cpu_model(),
-        "logical_cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "bsloss": bsloss.__version__,
-        "git": git,
+        "env": env,
         "vocab": int(table.shape[0]),
         "repeats": repeats[SIZES[0]],
         "large_repeats": repeats[SIZES[1]],
@@ -675,13 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     goal_rows = goals(loss, step)
     report = render(meta, loss, step, goal_rows)
     meta["runtime_s"] = time.perf_counter() - started
-    print(report)
-    log(f"total runtime {meta['runtime_s']:.0f} s")
-    if args.out:
-        Path(args.out).write_text(report + "\n", encoding="utf-8")
-    if args.json:
-        payload = {"meta": meta, "loss": loss, "step": step, "goals": goal_rows}
-        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    payload = {"meta": meta, "loss": loss, "step": step, "goals": goal_rows}
+    harness.write_outputs(report, args.out, args.json, payload)
+    harness.log(f"total runtime {meta['runtime_s']:.0f} s")
     return 0
 
 

@@ -18,29 +18,22 @@ the README).
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import resource
-import subprocess
 import sys
-import time
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if not __package__:  # run as `python benchmarks/memory.py`
+    import _path  # noqa: F401
 
-from _data import data_dir  # noqa: E402
-from _env import command_line, cpu_model  # noqa: E402
+from benchmarks import harness
+from benchmarks._data import data_dir
 
-
-def _rss_mb() -> float:
-    with open("/proc/self/status", encoding="utf-8") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+MIB = 2**20
+GROWTH = harness.Goal("peak RSS, largest / smallest number of pairs", 1.2, "<=")
 
 
-def worker(num_pairs: int, mode: str, chunk_size: int) -> dict:
+def score_pairs(num_pairs: int, mode: str, chunk_size: int) -> dict:
+    """In a fresh process (:func:`~benchmarks.harness.run_isolated`): score ``num_pairs``."""
+    import time
+
     import torch
 
     import bsloss
@@ -51,72 +44,52 @@ def worker(num_pairs: int, mode: str, chunk_size: int) -> dict:
     dtype = torch.bfloat16 if mode == "fast" else None
     scorer = bsloss.BERTScorer(autocast_dtype=dtype, chunk_size=chunk_size)
     scorer.score(cands[:64], refs[:64])  # warm-up: allocator and kernels
-    before = _rss_mb()
-    start = time.perf_counter()
-    _, _, f = scorer.score(cands, refs, progress=False)
-    seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    with harness.MemoryMeter(reset_peak=False) as meter:  # the process's lifetime peak, as measured
+        start = time.perf_counter()
+        _, _, f = scorer.score(cands, refs, progress=False)
+        seconds = time.perf_counter() - start
     return {
         "pairs": num_pairs,
-        "rss_before_mb": before,
-        "peak_rss_mb": peak,
-        "peak_minus_before_mb": peak - before,
+        "rss_before_mb": meter.rss_before / MIB,
+        "peak_rss_mb": meter.peak_rss / MIB,
+        "peak_minus_before_mb": meter.extra_peak / MIB,
         "seconds": seconds,
         "mean_f": f.mean().item(),
     }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.argument_parser(__doc__, out=False)
     parser.add_argument("--pairs", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--mode", choices=["exact", "fast"], default="fast")
     parser.add_argument("--chunk-size", type=int, default=8192)
-    parser.add_argument("--json", metavar="FILE")
-    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.mode, args.chunk_size)))
-        return
+    env = harness.environment()
     rows = []
     for n in args.pairs:
-        out = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--worker",
-                str(n),
-                "--mode",
-                args.mode,
-                "--chunk-size",
-                str(args.chunk_size),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
+        rows.append(harness.run_isolated(score_pairs, n, args.mode, args.chunk_size))
+        harness.log(f"{n} pairs: {rows[-1]}")
+    table = [
+        (
+            row["pairs"],
+            f"{row['seconds']:.1f}",
+            f"{row['rss_before_mb']:.0f}",
+            f"{row['peak_rss_mb']:.0f}",
+            f"{row['peak_minus_before_mb']:.0f}",
         )
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-        print(f"{n} pairs: {rows[-1]}", file=sys.stderr)
-    print(
-        f"- command: `{command_line()}`\n- CPU: {cpu_model()}; mode {args.mode}, "
-        f"chunk_size {args.chunk_size}\n"
-    )
-    print("| pairs | seconds | RSS before scoring MB | peak RSS MB | peak − before MB |")
-    print("|---:|---:|---:|---:|---:|")
-    for row in rows:
-        print(
-            f"| {row['pairs']} | {row['seconds']:.1f} | {row['rss_before_mb']:.0f} | "
-            f"{row['peak_rss_mb']:.0f} | {row['peak_minus_before_mb']:.0f} |"
-        )
+        for row in rows
+    ]
+    header = ["pairs", "seconds", "RSS before scoring MB", "peak RSS MB", "peak − before MB"]
+    lines = [*harness.header_lines(env), f"- mode {args.mode}, chunk_size {args.chunk_size}", ""]
+    lines.append(harness.markdown_table(header, table, "rrrrr"))
     if len(rows) >= 2:
         ratio = rows[-1]["peak_rss_mb"] / rows[0]["peak_rss_mb"]
-        print(
+        lines.append(
             f"\npeak RSS ratio {rows[-1]['pairs']} / {rows[0]['pairs']} pairs: {ratio:.2f}× "
-            "(goal ≤ 1.2×)"
+            f"(goal {GROWTH.target}×: {GROWTH.verdict(ratio)})"
         )
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(rows, handle, indent=2)
+    harness.write_outputs("\n".join(lines), None, args.json, rows)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

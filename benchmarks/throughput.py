@@ -46,30 +46,22 @@ minute on a CPU.
 
 from __future__ import annotations
 
-import os
+import inspect
+import statistics
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if not __package__:  # run as `python benchmarks/throughput.py`
+    import _path  # noqa: F401
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import inspect  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from collections.abc import Callable, Sequence  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from datetime import datetime, timezone  # noqa: E402
-from importlib.metadata import PackageNotFoundError, version  # noqa: E402
+import torch
 
-import torch  # noqa: E402
-from _data import load_stsb_dev, load_xsum  # noqa: E402
-from _env import command_line, cpu_model  # noqa: E402
-
-import bsloss  # noqa: E402
-from bsloss.scorer.default import embedded_model_path  # noqa: E402
+import bsloss
+from benchmarks import harness
+from benchmarks._data import load_stsb_dev, load_xsum
+from bsloss.scorer.default import embedded_model_path
 
 NUM_LAYERS = 6
 BATCH_SIZE = 64
@@ -77,14 +69,10 @@ DIFF_THRESHOLD = 1e-4
 WARMUP_PAIRS = 16
 QUICK = {"repeats": 1, "stsb_pairs": 200, "xsum_pairs": 20}
 DEFAULTS = {"repeats": 5, "stsb_pairs": None, "xsum_pairs": 200}
-
-
-# ----------------------------------------------------------------------------- environment
-def _package_version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
+GOALS = {  # system key -> throughput vs bert_score, on every dataset
+    "bsloss": harness.Goal("bsloss exact vs bert_score throughput", 1.2, ">="),
+    "bsloss_fast": harness.Goal("bsloss fast (bf16) vs bert_score throughput", 2.5, ">="),
+}
 
 
 def fast_mode_available() -> bool:
@@ -97,39 +85,22 @@ class System:
     key: str
     label: str
     run: Callable[[list[str], list[str]], torch.Tensor]  # returns F1
-    times: dict[str, list[float]] = field(default_factory=dict)
-    warmup_s: dict[str, float] = field(default_factory=dict)
-    first_f: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-def _timed(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
-    gc.collect()
-    start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
 
 
 def benchmark(
     systems: Sequence[System], name: str, cands: list[str], refs: list[str], repeats: int
-) -> None:
-    """One untimed warm-up call of each system (on the first ``WARMUP_PAIRS`` pairs), then
-    ``repeats`` alternating timed rounds over all pairs. The F1 of the first round is kept."""
+) -> tuple[dict[str, float], dict[str, harness.Series]]:
+    """One untimed warm-up call of each system (on the first ``WARMUP_PAIRS`` pairs; its
+    seconds are returned), then ``repeats`` alternating timed rounds over all pairs."""
+    timer = harness.AlternatingTimer(repeats, f"  [{name}]")
+    warmup_s = {}
     for system in systems:
-        print(f"  [{name}] warm-up {system.label} ...", file=sys.stderr, flush=True)
-        system.warmup_s[name], _ = _timed(
+        harness.log(f"  [{name}] warm-up {system.label} ...")
+        warmup_s[system.key], _ = timer.time(
             lambda s=system: s.run(cands[:WARMUP_PAIRS], refs[:WARMUP_PAIRS])
         )
-        system.times[name] = []
-    for r in range(repeats):
-        for system in systems:
-            seconds, f1 = _timed(lambda s=system: s.run(cands, refs))
-            system.times[name].append(seconds)
-            system.first_f.setdefault(name, f1)
-            print(
-                f"  [{name}] repeat {r + 1}/{repeats} {system.label}: {seconds:.3f} s",
-                file=sys.stderr,
-                flush=True,
-            )
+    series = timer.run({s.key: (lambda s=s: s.run(cands, refs)) for s in systems})
+    return warmup_s, series
 
 
 def token_stats(scorer: bsloss.BERTScorer, texts: list[str]) -> dict[str, float]:
@@ -149,21 +120,21 @@ def token_stats(scorer: bsloss.BERTScorer, texts: list[str]) -> dict[str, float]
 
 
 # ----------------------------------------------------------------------------- report
-def _fmt_ratio(x: float) -> str:
-    return f"{x:.2f}×"
+def goals(results: dict) -> list[dict]:
+    return [
+        GOALS[system["key"]].row(system["vs_bert_score"], dataset=name, system=system["label"])
+        for name, data in results["datasets"].items()
+        for system in data["systems"]
+        if system["key"] in GOALS
+    ]
 
 
 def render(meta: dict, results: dict) -> str:
     lines = ["# bsloss vs bert_score throughput", ""]
+    threads = "set by --threads" if meta["threads_arg"] else "torch default"
+    lines += harness.header_lines(meta["env"], threads)
     lines += [
-        f"- command: `{meta['command']}`",
-        f"- date (UTC): {meta['date']}",
-        f"- CPU: {meta['cpu']} ({meta['logical_cpus']} logical CPUs); "
-        f"torch threads: {meta['torch_threads']}"
-        + (" (set by --threads)" if meta["threads_arg"] else " (torch default)"),
         f"- device: {meta['device']}",
-        f"- versions: python {meta['python']}, torch {meta['torch']}, transformers "
-        f"{meta['transformers']}, bert_score {meta['bert_score']}, bsloss {meta['bsloss']}",
         f"- model: {meta['model']} (layer {NUM_LAYERS}), no idf, no rescaling; "
         f"batch_size {BATCH_SIZE} for both",
         f"- method: model load not timed; one untimed warm-up call each "
@@ -175,13 +146,7 @@ def render(meta: dict, results: dict) -> str:
     if meta.get("fast_note"):
         lines += [f"- note: {meta['fast_note']}", ""]
 
-    lines += [
-        "## Throughput",
-        "",
-        "| dataset | pairs | tokens/text (cand · ref) | system | warm-up s | median s | pairs/s "
-        "| vs bert_score | per-round range |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for name, data in results["datasets"].items():
         tokens = (
             f"{data['cand_tokens']['mean_tokens']:.0f} · {data['ref_tokens']['mean_tokens']:.0f}"
@@ -190,13 +155,22 @@ def render(meta: dict, results: dict) -> str:
             tokens += f" ({data['ref_tokens']['truncated']} refs truncated)"
         for system in data["systems"]:
             low, high = system["per_round_vs_bert_score"]
-            lines.append(
-                f"| {name} | {data['pairs']} | {tokens} | {system['label']} "
-                f"| {system['warmup_s']:.1f} | {system['median_s']:.3f} "
-                f"| {system['pairs_per_s']:.1f} | {_fmt_ratio(system['vs_bert_score'])} "
-                f"| {low:.2f}–{high:.2f} |"
+            rows.append(
+                (
+                    name,
+                    data["pairs"],
+                    tokens,
+                    system["label"],
+                    f"{system['warmup_s']:.1f}",
+                    f"{system['median_s']:.3f}",
+                    f"{system['pairs_per_s']:.1f}",
+                    f"{system['vs_bert_score']:.2f}×",
+                    f"{low:.2f}–{high:.2f}",
+                )
             )
-    lines.append("")
+    header = ["dataset", "pairs", "tokens/text (cand · ref)", "system", "warm-up s", "median s"]
+    header += ["pairs/s", "vs bert_score", "per-round range"]
+    lines += ["## Throughput", "", harness.markdown_table(header, rows, "lrllrrrrr"), ""]
     lines.append(
         "`vs bert_score` = pairs/s of the system ÷ pairs/s of bert_score "
         "(> 1: faster than bert_score), from the median times; per-round range: the smallest "
@@ -206,30 +180,32 @@ def render(meta: dict, results: dict) -> str:
     lines.append("")
 
     agree = results["agreement"]
+    rows = [
+        (row["label"], f"{row['max_abs_diff']:.2e}", row["over_threshold"]) for row in agree["rows"]
+    ]
     lines += [
         f"## Agreement on STS-B ({agree['pairs']} pairs, F1, not timed)",
         "",
-        "| comparison | max abs diff | pairs with abs diff > 1e-4 |",
-        "|---|---:|---:|",
+        harness.markdown_table(
+            ["comparison", "max abs diff", "pairs with abs diff > 1e-4"], rows, "lrr"
+        ),
+        "",
     ]
-    for row in agree["rows"]:
-        lines.append(f"| {row['label']} | {row['max_abs_diff']:.2e} | {row['over_threshold']} |")
-    lines.append("")
     if "fast" in agree:
         fast = agree["fast"]
-        lines += [
-            "| fast mode vs exact | value |",
-            "|---|---:|",
-            f"| max abs diff F | {fast['max_abs_diff']:.2e} |",
-            f"| Pearson(F_fast, F_exact) | {fast['pearson']:.6f} |",
-            "",
+        rows = [
+            ("max abs diff F", f"{fast['max_abs_diff']:.2e}"),
+            ("Pearson(F_fast, F_exact)", f"{fast['pearson']:.6f}"),
         ]
+        lines += [harness.markdown_table(["fast mode vs exact", "value"], rows, "lr"), ""]
+    if results["goals"]:
+        rows = [
+            (r["goal"], r["dataset"], f"{r['ratio']:.2f}×", r["target"] + "×", r["result"])
+            for r in results["goals"]
+        ]
+        header = ["goal", "dataset", "measured", "target", "result"]
+        lines += ["## Goals", "", harness.markdown_table(header, rows, "llrll"), ""]
     return "\n".join(lines)
-
-
-def _round_ratio_range(system: System, anchor: System, name: str) -> tuple[float, float]:
-    ratios = [a / t for a, t in zip(anchor.times[name], system.times[name], strict=True)]
-    return min(ratios), max(ratios)
 
 
 def _agreement(label: str, ours: torch.Tensor, theirs: torch.Tensor) -> dict:
@@ -242,16 +218,10 @@ def _agreement(label: str, ours: torch.Tensor, theirs: torch.Tensor) -> dict:
 
 
 # ----------------------------------------------------------------------------- main
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=None,
-        help="timed repetitions per dataset (default 5; 1 with --quick)",
-    )
+def parse_args(argv: Sequence[str] | None = None):
+    parser = harness.argument_parser(__doc__)
+    repeats = "timed repetitions per dataset (default 5; 1 with --quick)"
+    parser.add_argument("--repeats", type=int, help=repeats)
     parser.add_argument(
         "--stsb-pairs",
         type=int,
@@ -289,8 +259,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--quick", action="store_true", help="smoke test: 1 repeat, 200 STS-B pairs, 20 XSum pairs"
     )
-    parser.add_argument("--out", metavar="FILE.md", help="also write the markdown report here")
-    parser.add_argument("--json", metavar="FILE", help="write machine-readable results here")
     args = parser.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
     for key, value in preset.items():
@@ -306,7 +274,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import bert_score
-    import transformers
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -326,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "fast mode is not available yet (bsloss.BERTScorer has no `autocast_dtype` "
             "parameter); skipped"
         )
-        print(fast_note, file=sys.stderr)
+        harness.log(fast_note)
         want_fast = False
 
     # Build the scorers once (not timed). Exact bsloss is always built: it is the reference for
@@ -367,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     systems: list[System] = []
     if want_exact:
         systems.append(bsloss_system("bsloss", "exact", ours))
-    bert_score_version = _package_version("bert-score")
+    bert_score_version = harness.package_version("bert-score")
     systems.append(
         System(
             "bert_score",
@@ -382,19 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "XSum test": load_xsum(args.xsum_pairs),
     }
     meta = {
-        "command": command_line(),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "cpu": cpu_model(),
-        "logical_cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        "env": harness.environment(bert_score=bert_score_version),
         "threads_arg": args.threads,
         "device": str(torch.device(device))
         + (f" ({torch.cuda.get_device_name()})" if cuda else ""),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "bert_score": bert_score_version,
-        "bsloss": bsloss.__version__,
         "model": f"all-MiniLM-L6-v2 (embedded, {model_path})",
         "repeats": args.repeats,
         "mode": args.mode,
@@ -402,16 +360,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
 
     results: dict = {"datasets": {}}
-    by_key = {s.key: s for s in systems}
+    first_f: dict[str, dict[str, torch.Tensor]] = {}  # dataset -> system key -> F1, round 1
     for name, (cands, refs) in datasets.items():
-        print(f"{name}: {len(cands)} pairs", file=sys.stderr, flush=True)
+        harness.log(f"{name}: {len(cands)} pairs")
         cand_tokens = token_stats(ours, cands)
         ref_tokens = token_stats(ours, refs)
         with warnings.catch_warnings():
             # both scorers truncate the long XSum articles; bsloss warns on every call
             warnings.filterwarnings("ignore", message=r".*were truncated")
-            benchmark(systems, name, cands, refs, args.repeats)
-        rate = {s.key: len(cands) / statistics.median(s.times[name]) for s in systems}
+            warmup_s, series = benchmark(systems, name, cands, refs, args.repeats)
+        first_f[name] = {key: run.values[0] for key, run in series.items()}
+        rate = {s.key: len(cands) / series[s.key].median() for s in systems}
+        anchor = series["bert_score"].seconds
         results["datasets"][name] = {
             "pairs": len(cands),
             "cand_tokens": cand_tokens,
@@ -420,10 +380,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {
                     "key": s.key,
                     "label": s.label,
-                    "times_s": s.times[name],
-                    "warmup_s": s.warmup_s[name],
-                    "per_round_vs_bert_score": _round_ratio_range(s, by_key["bert_score"], name),
-                    "median_s": statistics.median(s.times[name]),
+                    "times_s": series[s.key].seconds,
+                    "warmup_s": warmup_s[s.key],
+                    "per_round_vs_bert_score": harness.ratio_range(anchor, series[s.key].seconds),
+                    "median_s": series[s.key].median(),
                     "pairs_per_s": rate[s.key],
                     "vs_bert_score": rate[s.key] / rate["bert_score"],
                 }
@@ -437,14 +397,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # Agreement on STS-B, not timed: reuse the first round's F1; run bert_score once at bs=1.
     stsb_cands, stsb_refs = datasets["STS-B dev"]
-    print("agreement: bert_score at batch_size=1 (untimed) ...", file=sys.stderr, flush=True)
+    harness.log("agreement: bert_score at batch_size=1 (untimed) ...")
     f_theirs_1 = theirs.score(stsb_cands, stsb_refs, batch_size=1)[2]
     f_exact = (
-        by_key["bsloss"].first_f["STS-B dev"]
+        first_f["STS-B dev"]["bsloss"]
         if want_exact
         else ours.score(stsb_cands, stsb_refs, progress=False)[2]
     )
-    f_theirs_64 = by_key["bert_score"].first_f["STS-B dev"]
+    f_theirs_64 = first_f["STS-B dev"]["bert_score"]
     agreement: dict = {
         "pairs": len(stsb_cands),
         "rows": [
@@ -455,8 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ),
         ],
     }
-    if "bsloss_fast" in by_key:
-        f_fast = by_key["bsloss_fast"].first_f["STS-B dev"].double().cpu()
+    if "bsloss_fast" in first_f["STS-B dev"]:
+        f_fast = first_f["STS-B dev"]["bsloss_fast"].double().cpu()
         pearson = torch.corrcoef(torch.stack([f_fast, f_exact.double().cpu()]))[0, 1].item()
         agreement["fast"] = {
             "max_abs_diff": (f_fast - f_exact.double()).abs().max().item(),
@@ -465,15 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         agreement["rows"].append(_agreement("bsloss fast vs bsloss exact", f_fast, f_exact))
     results["agreement"] = agreement
 
-    report = render(meta, results)
-    print(report)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            handle.write(report + "\n")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump({"meta": meta, **results}, handle, indent=2)
-            handle.write("\n")
+    results["goals"] = goals(results)
+    harness.write_outputs(render(meta, results), args.out, args.json, {"meta": meta, **results})
     return 0
 
 

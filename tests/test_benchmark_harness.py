@@ -1,0 +1,173 @@
+"""The benchmark harness (``benchmarks/harness.py``): worker processes, the memory meter, the
+alternating timer, goals and tables. Fast: no model is loaded."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import harness  # noqa: E402
+
+
+# ----------------------------------------------------------------------------- worker process
+def test_run_isolated_round_trips_a_result_from_another_process():
+    assert harness.run_isolated("json:loads", '{"x": [1, 2.5, "a"], "y": null}') == {
+        "x": [1, 2.5, "a"],
+        "y": None,
+    }
+    assert harness.run_isolated("os:getpid") != os.getpid()
+
+
+def test_run_isolated_reports_the_childs_exception_with_its_traceback():
+    with pytest.raises(harness.WorkerError) as info:
+        harness.run_isolated("math:sqrt", -1.0)
+    message = str(info.value)
+    assert "math:sqrt" in message
+    assert "ValueError" in message and "Traceback" in message
+
+
+def test_a_child_that_dies_without_answering_is_reported_with_its_exit_code():
+    with pytest.raises(harness.WorkerError, match="exited with 3"):
+        harness.run_isolated("os:_exit", 3)
+
+
+def test_worker_keeps_its_state_between_calls_and_survives_an_error():
+    with harness.Worker("collections:Counter", "abracadabra") as worker:
+        assert worker.call("most_common", 1) == [["a", 5]]
+        with pytest.raises(harness.WorkerError, match="AttributeError"):
+            worker.call("no_such_method")
+        worker.call("update", "zzzzzz")
+        assert worker.call("most_common", 1) == [["z", 6]]
+    assert worker.process.returncode == 0
+
+
+def test_target_name_of_a_callable_and_of_a_script_run_as_main(monkeypatch):
+    assert harness.target_name(harness.markdown_table) == "benchmarks.harness:markdown_table"
+    assert harness.target_name("a.b:c") == "a.b:c"
+
+    class Main:
+        __file__ = str(harness.REPO_ROOT / "benchmarks" / "loss_cost.py")
+
+    def session():
+        pass
+
+    session.__module__ = "__main__"
+    monkeypatch.setitem(sys.modules, "__main__", Main)
+    assert harness.target_name(session) == "benchmarks.loss_cost:" + session.__qualname__
+
+
+# ----------------------------------------------------------------------------- memory meter
+def test_memory_meter_reads_positive_rss_and_sees_an_allocation():
+    with harness.MemoryMeter() as meter:
+        block = bytearray(64 * 2**20)
+        block[::4096] = b"\x01" * len(block[::4096])  # touch every page
+    del block
+    assert meter.rss_before > 0 and meter.peak_rss > 0
+    assert meter.peak_rss >= meter.rss_before
+    assert meter.method in ("VmHWM after clear_refs", "ru_maxrss")
+    if meter.reset_worked:  # a peak since the reset: the 64 MiB block shows
+        assert meter.extra_peak >= 48 * 2**20
+    readings = meter.as_dict()
+    assert readings["rss_before_mb"] > 0 and readings["peak_rss_mb"] > 0
+    assert "cuda_peak_mb" not in readings
+
+
+def test_memory_meter_lifetime_peak_without_reset():
+    with harness.MemoryMeter(reset_peak=False) as meter:
+        pass
+    assert not meter.reset_worked and meter.method == "ru_maxrss"
+    assert meter.peak_rss >= meter.rss_before > 0
+
+
+# ----------------------------------------------------------------------------- alternating timer
+def test_alternating_timer_runs_a_b_a_b_and_takes_medians_with_a_fake_clock():
+    calls = []
+    durations = {"A": iter([3.0, 1.0, 2.0]), "B": iter([10.0, 30.0, 20.0])}
+    now = [0.0]
+
+    def clock() -> float:
+        return now[0]
+
+    def variant(name: str):
+        def run():
+            calls.append(name)
+            now[0] += next(durations[name])
+            return name.lower()
+
+        return run
+
+    timer = harness.AlternatingTimer(3, clock=clock, prepare=lambda: None, report=None)
+    series = timer.run({"A": variant("A"), "B": variant("B")})
+    assert calls == ["A", "B", "A", "B", "A", "B"]
+    assert series["A"].seconds == [3.0, 1.0, 2.0]
+    assert series["B"].seconds == [10.0, 30.0, 20.0]
+    assert series["A"].values == ["a", "a", "a"]
+    assert series["A"].median() == 2.0 and series["B"].median() == 20.0
+    assert harness.ratio_range(series["B"].seconds, series["A"].seconds) == (10 / 3, 30.0)
+
+
+def test_series_median_of_a_value_measured_by_the_call():
+    series = harness.Series(seconds=[9.0, 9.0, 9.0], values=[{"s": 1}, {"s": 5}, {"s": 2}])
+    assert series.median(key=lambda v: v["s"]) == 2
+
+
+def test_alternating_timer_reports_each_call():
+    lines = []
+    timer = harness.AlternatingTimer(2, "[x]", prepare=lambda: None, report=lines.append)
+    timer.run({"A": lambda: None})
+    assert [line.split(":")[0] for line in lines] == ["[x] round 1/2 A", "[x] round 2/2 A"]
+
+
+# ----------------------------------------------------------------------------- goals and report
+def test_goal_rows_say_met_or_not_met_in_either_direction():
+    at_most = harness.Goal("time ratio", 1.2, "<=")
+    at_least = harness.Goal("speed-up", 10, ">=")
+    assert at_most.row(1.2)["result"] == "met" and at_most.row(1.21)["result"] == "NOT met"
+    assert at_least.row(10.0)["result"] == "met" and at_least.row(4.5)["result"] == "NOT met"
+    row = at_least.row(4.5, size="8x128")
+    assert row == {
+        "goal": "speed-up",
+        "size": "8x128",
+        "ratio": 4.5,
+        "target": "≥ 10",
+        "pass": False,
+        "result": "NOT met",
+    }
+    assert at_most.target == "≤ 1.2"
+    with pytest.raises(ValueError, match="direction"):
+        harness.Goal("bad", 1.0, "<")
+
+
+def test_markdown_table_aligns_columns():
+    table = harness.markdown_table(["a", "b", "c"], [(1, "x", 2.5)], "lr")
+    assert table.splitlines() == ["| a | b | c |", "|---|---:|---|", "| 1 | x | 2.5 |"]
+
+
+def test_header_lines_name_command_cpu_load_versions_and_commit():
+    env = {
+        "command": "python benchmarks/x.py --quick",
+        "date": "2026-01-01 00:00",
+        "cpu": "Some CPU",
+        "logical_cpus": 2,
+        "torch_threads": 2,
+        "load_average": [1.0, 2.5, 3.0],
+        "git": "abc1234",
+        "versions": {"python": "3.11", "torch": "2.0"},
+    }
+    text = "\n".join(harness.header_lines(env, "torch default"))
+    assert "`python benchmarks/x.py --quick`" in text
+    assert "Some CPU (2 logical CPUs); torch threads: 2 (torch default)" in text
+    assert "1.0, 2.5, 3.0" in text
+    assert "python 3.11, torch 2.0; git abc1234" in text
+
+
+def test_environment_records_the_run():
+    env = harness.environment(extra="1.0")
+    assert env["versions"]["extra"] == "1.0" and env["versions"]["torch"]
+    assert env["cpu"] and env["command"] and env["git"]
+    assert len(env["load_average"]) == 3
