@@ -103,17 +103,20 @@ def bridge_path() -> tuple[Path, dict]:
     from bsloss.pretrained import cache_root
 
     path = cache_root() / "bridges" / "gemma-3-270m__all-MiniLM-L6-v2.safetensors"
-    if not path.exists():
+    try:
+        bridge = VocabularyBridge.load(path)
+    except (FileNotFoundError, ValueError) as reason:  # absent, or saved in an older format
         from transformers import AutoTokenizer
 
         from bsloss.scorer.encoder import ScorerEncoder
 
+        harness.log(f"building the bridge ({reason})")
         tokenizer = AutoTokenizer.from_pretrained(gemma_folder())
         encoder = ScorerEncoder.from_pretrained(None, None, "cpu")
         start = time.perf_counter()
         VocabularyBridge.build(tokenizer, encoder).save(path)
         harness.log(f"bridge built in {time.perf_counter() - start:.0f} s")
-    bridge = VocabularyBridge.load(path)
+        bridge = VocabularyBridge.load(path)
     return path, {k: round(v, 3) for k, v in bridge.fidelity().items()}
 
 
