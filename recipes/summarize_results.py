@@ -73,6 +73,11 @@ class Scores:
             "f_bert_mpnet": bsloss.BERTScorer("all-mpnet-base-v2", num_layers=12, device="cpu"),
         }
         self._cache: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
+        self._statistics: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
+        if task != "xsum":
+            from sacrebleu.metrics import BLEU, CHRF
+
+            self._corpus_metrics = {"bleu": BLEU(), "chrf": CHRF()}
 
     def per_example(self, outputs: list[str]) -> dict[str, np.ndarray]:
         if len(outputs) != len(self.references):
@@ -105,15 +110,20 @@ class Scores:
         return means | self.corpus(outputs, everything)
 
     def corpus(self, outputs: list[str], subset: np.ndarray) -> dict[str, float]:
+        """Corpus BLEU and chrF (sacreBLEU defaults) of the examples ``subset``, from per-sentence
+        statistics summed over it (as sacreBLEU's own paired bootstrap does)."""
         if self.task == "xsum":
             return {}
-        import sacrebleu
-
-        hypotheses = [outputs[i] for i in subset]
-        references = [[self.references[i] for i in subset]]
+        key = tuple(outputs)
+        if key not in self._statistics:
+            self._statistics[key] = {
+                name: np.array(metric._extract_corpus_statistics(outputs, [self.references]))
+                for name, metric in self._corpus_metrics.items()
+            }
+        statistics = self._statistics[key]
         return {
-            "bleu": sacrebleu.corpus_bleu(hypotheses, references).score,
-            "chrf": sacrebleu.corpus_chrf(hypotheses, references).score,
+            name: metric._compute_score_from_stats(statistics[name][subset].sum(0).tolist()).score
+            for name, metric in self._corpus_metrics.items()
         }
 
 
