@@ -29,6 +29,7 @@ RESULTS = RECIPES / "results"
 CONFIGS = {"xsum": "xsum-gemma.yaml", "bible-es-en": "bible-es-en-gemma.yaml"}
 RUNS = ("ce", "hard", "soft")
 RESAMPLES = 1000
+DIGITS = {"bleu": 2, "chrf": 2, "words": 2}  # decimals shown; 4 for the scores in [0, 1]
 NAMES = {
     "f_bert": "F_BERT MiniLM (training)",
     "f_bert_mpnet": "F_BERT mpnet (independent)",
@@ -165,8 +166,9 @@ def difference_rows(scores: Scores, label: str, pairs, metrics, samples) -> list
     rows = []
     for metric in metrics:
         full, low, high, positive = paired_difference(scores, metric, pairs, samples)
+        d = DIGITS.get(metric, 4)
         rows.append(
-            f"| {label} | {NAMES[metric]} | {full:+.4f} | [{low:+.4f}, {high:+.4f}] "
+            f"| {label} | {NAMES[metric]} | {full:+.{d}f} | [{low:+.{d}f}, {high:+.{d}f}] "
             f"| {positive}/{len(pairs)} |"
         )
     return rows
@@ -192,14 +194,15 @@ def task_tables(task: Path) -> str:
         "|---|---:|" + "---:|" * len(metrics),
     ]
     if zero_shot is not None:
-        cells = [f"{scores.all(zero_shot)[m]:.4f}" for m in metrics]
+        cells = [f"{scores.all(zero_shot)[m]:.{DIGITS.get(m, 4)}f}" for m in metrics]
         lines.append("| zero-shot | – | " + " | ".join(cells) + " |")
     for run in runs:
         cells = []
         for m in metrics:
             values = [scores.all(outputs)[m] for outputs in runs[run].values()]
             spread = np.std(values, ddof=1) if len(values) > 1 else 0.0
-            cells.append(f"{np.mean(values):.4f} ± {spread:.4f}")
+            d = DIGITS.get(m, 4)
+            cells.append(f"{np.mean(values):.{d}f} ± {spread:.{d}f}")
         lines.append(f"| {run} | {len(runs[run])} | " + " | ".join(cells) + " |")
 
     samples = np.random.default_rng(0).integers(
@@ -232,7 +235,9 @@ def grpo_table(folder: Path) -> str:
     ]
     for name, outputs in (("before", before), ("after", after)):
         lines.append(
-            f"| {name} | " + " | ".join(f"{scores.all(outputs)[m]:.4f}" for m in metrics) + " |"
+            f"| {name} | "
+            + " | ".join(f"{scores.all(outputs)[m]:.{DIGITS.get(m, 4)}f}" for m in metrics)
+            + " |"
         )
     lines += ["", *DIFFERENCE_HEADER]
     lines += difference_rows(scores, "after − before", [(after, before)], metrics, samples)
