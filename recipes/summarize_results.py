@@ -174,6 +174,11 @@ def difference_rows(scores: Scores, label: str, pairs, metrics, samples) -> list
     return rows
 
 
+def column_order(metrics) -> list[str]:
+    """The scores first, the output length last."""
+    return [m for m in metrics if m != "words"] + ["words"]
+
+
 def held_out_references(task: str) -> list[str]:
     from common import load_config, load_splits
 
@@ -187,7 +192,7 @@ def task_tables(task: Path) -> str:
     if "ce" not in runs:
         return f"(no CE runs under {task})"
     scores = Scores(task.name, references)
-    metrics = list(scores.all(runs["ce"][min(runs["ce"])]))
+    metrics = column_order(scores.all(runs["ce"][min(runs["ce"])]))
     lines = [
         f"Test examples: {len(references)}.\n",
         "| run | seeds | " + " | ".join(NAMES[m] for m in metrics) + " |",
@@ -226,7 +231,7 @@ def grpo_table(folder: Path) -> str:
     task = "xsum" if "xsum" in folder.name else "bible-es-en"
     scores = Scores(task, [r["reference"] for r in rows])
     before, after = [r["before"] for r in rows], [r["after"] for r in rows]
-    metrics = [m for m in scores.all(after) if m != "words"] + ["words"]
+    metrics = column_order(scores.all(after))
     samples = np.random.default_rng(0).integers(0, len(rows), size=(RESAMPLES, len(rows)))
     lines = [
         f"Held-out prompts: {len(rows)}.\n",
