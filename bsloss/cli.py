@@ -1,4 +1,5 @@
-"""Command line: ``bsloss score`` (corpus and per-line BERTScore) and ``bsloss baseline``.
+"""Command line: ``bsloss score`` (corpus and per-line BERTScore), ``bsloss plot``, ``bsloss
+baseline`` and ``bsloss models`` (build the offline models once).
 
 A user error (a missing or unreadable file, a bad option value, a model that cannot be loaded)
 prints one line ``bsloss: error: ...`` on stderr and exits with status 2, as argparse does for a
