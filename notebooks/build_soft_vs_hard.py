@@ -31,7 +31,7 @@ with BERTScore's hard greedy max (Zhang et al., 2020, Eq. 1):
 - **(c)** gradient density: which similarity cells, candidate positions and vocabulary entries
   receive gradient from a generator's distributions;
 - **(d)** agreement with human judgments (STS-B), from `benchmarks/correlation.py`;
-- **(e)** training curves of the fine-tuning recipe with hard vs soft loss.
+- **(e)** the recipe study on a real generator (Gemma 3 270M): CE vs CE + hard vs soft loss.
 
 Everything runs offline on the CPU with the embedded all-MiniLM-L6-v2 scorer (layer 6).
 `BSLOSS_NOTEBOOK_SMALL=1` runs it on a small subset (the CI test does).""",
@@ -51,7 +51,7 @@ from torch.nn.utils.rnn import pad_sequence
 
 import bsloss
 from bsloss.functional import bert_score
-from bsloss.functional.matching import get_matching
+from bsloss.functional.matching import Hard, LogSumExp, Sinkhorn, Softmax
 from bsloss.functional.matching.sinkhorn import sinkhorn_log_plan
 from bsloss.plot import pair_similarity, plot_example
 
@@ -175,10 +175,10 @@ base_logits += torch.randn(base_logits.shape, generator=generator)
 
 # the similarity cells: the gradient of the matched score with respect to each cell
 cells = {}
-for name, matching in [("hard", "hard"), ("softmax T=0.05", "softmax"),
-                       ("logsumexp T=0.05", "logsumexp"), ("sinkhorn T=0.05", "sinkhorn")]:
+for name, matching in [("hard", Hard()), ("softmax T=0.05", Softmax(0.05)),
+                       ("logsumexp T=0.05", LogSumExp(0.05)), ("sinkhorn T=0.05", Sinkhorn(0.05))]:
     s = sim[None].clone().requires_grad_(True)
-    p, r = get_matching(matching)(s, ones_c, ones_r, temperature=0.05, sinkhorn_iterations=1)
+    p, r = matching(s, ones_c, ones_r)
     (p.mean() + r.mean()).backward()
     cells[name] = float((s.grad != 0).float().mean())
 
@@ -268,30 +268,35 @@ fig.tight_layout()
 plt.show()
 print((REPO / "benchmarks/results/correlation.md").read_text())""",
     ),
-    ("md", "## (e) Training curves of the recipe: CE vs CE + hard vs CE + soft BERTScore loss"),
+    ("md", """## (e) The recipe study: Gemma 3 270M, CE vs CE + hard vs CE + soft BERTScore loss
+
+From `recipes/results/` (`recipes/RESULTS.md`: 3 seeds, λ = 1 and 10, teacher-forced candidates):
+the training CE of seed 0 of each run, and each seed's held-out F_BERT (training scorer)."""),
     (
         "code",
         """runs = REPO / "recipes/results"
-tasks = [p for p in sorted(runs.glob("*")) if p.is_dir()] if runs.is_dir() else []
+tasks = [runs / t for t in ("xsum", "bible-es-en") if (runs / t).is_dir()]
 for task in tasks:
-    logs = {p.name: [json.loads(x) for x in (p / "log.jsonl").read_text().splitlines()]
-            for p in sorted(task.glob("*")) if (p / "log.jsonl").exists() and p.name != "ce-stage"}
-    metrics = [m for m in ("f_bert", "rougeL", "bleu", "ce")
-               if any(m in e for log in logs.values() for e in log if e.get("kind") == "eval")]
-    fig, axes = plt.subplots(1, len(metrics) + 1, figsize=(4 * (len(metrics) + 1), 3.4))
-    for name, log in logs.items():
-        train = [e for e in log if e.get("kind") == "train"]
-        axes[0].plot([e["step"] for e in train], [e["ce"] for e in train], lw=0.7, label=name)
-        evals = [e for e in log if e.get("kind") == "eval" and e.get("split") == "validation"]
-        for ax, metric in zip(axes[1:], metrics):
-            ax.plot([e["step"] for e in evals], [e[metric] for e in evals], marker="o",
-                    label=name)
-            ax.set_title(f"validation {metric}")
-    axes[0].set_title("train CE")
-    for ax in axes:
-        ax.set_xlabel("step")
-        ax.legend(fontsize=7)
-    fig.suptitle(task.name)
+    folders = sorted(p for p in task.iterdir() if (p / "results.json").exists())
+    names = sorted({p.name.rpartition("-s")[0] for p in folders}, key=lambda n: (n != "ce", n))
+    fig, (curves, seeds) = plt.subplots(1, 2, figsize=(11, 3.4))
+    for p in folders:
+        if p.name.endswith("-s0"):
+            log = [json.loads(x) for x in (p / "log.jsonl").read_text().splitlines()]
+            train = [e for e in log if e.get("kind") == "train"]
+            curves.plot([e["step"] for e in train], [e["ce"] for e in train], lw=0.8,
+                        label=p.name[:-3])
+    curves.set(title="train CE (seed 0)", xlabel="step")
+    curves.legend(fontsize=7)
+    after = {name: [json.loads((p / "results.json").read_text())["after"]["f_bert"]
+                    for p in folders if p.name.rpartition("-s")[0] == name] for name in names}
+    for i, name in enumerate(names):
+        seeds.bar(i, np.mean(after[name]), color="lightgray")
+        seeds.plot([i] * len(after[name]), after[name], "o", color="k", ms=3)
+    seeds.set_xticks(range(len(names)), names, fontsize=8)
+    seeds.set_ylim(min(min(v) for v in after.values()) - 0.03, None)
+    seeds.set_title("held-out F_BERT per seed (bar: mean)")
+    fig.suptitle(f"{task.name}: Gemma 3 270M fine-tuned from the same start")
     fig.tight_layout()
     plt.show()
 if not tasks:
