@@ -14,7 +14,7 @@ The collator has the seq2seq :class:`common.Collator`'s interface (``teacher_for
 from __future__ import annotations
 
 import torch
-from common import generate_ids, generated_labels
+from common import generate_ids, generated_labels, pad_labels
 from prompting import answer, lead, prompt_text, uses_chat_template
 
 
@@ -97,10 +97,8 @@ class CausalCollator:
     def teacher_forced_logits(self, model, batch, label_sets: list[torch.Tensor]) -> list:
         """Logits ``[B, C_i, V]`` predicting each label set's completion after the batch's
         prompts, all sets in one forward pass (one DDP reduction per step)."""
-        span = max(labels.shape[1] for labels in label_sets)
-        completions = torch.cat(
-            [torch.nn.functional.pad(x, (0, span - x.shape[1]), value=-100) for x in label_sets]
-        )
+        completions = torch.cat(pad_labels(label_sets))
+        span = completions.shape[1]
         repeat = len(label_sets)
         completion_mask = (completions != -100).long()
         input_ids = torch.cat(

@@ -332,7 +332,9 @@ class Collator:
 
     def generate(self, model, batch, max_new_tokens: int, **options) -> torch.Tensor:
         """The model's own output as labels-style ids."""
-        sequences = generate(model, batch, max_new_tokens, **options)
+        sequences = generate_ids(
+            model, batch["input_ids"], batch["attention_mask"], max_new_tokens, **options
+        )
         return generated_labels(sequences, self.pad, self.eos)
 
     def decode(self, labels: torch.Tensor) -> list[str]:
@@ -460,13 +462,6 @@ def generate_ids(
         model.train(was_training)
 
 
-def generate(model, batch, max_new_tokens: int, **options) -> torch.Tensor:
-    """A seq2seq model's own output ids (decoder start first)."""
-    return generate_ids(
-        model, batch["input_ids"], batch["attention_mask"], max_new_tokens, **options
-    )
-
-
 def decode_texts(tokenizer, sequences: torch.Tensor) -> list[str]:
     return [
         " ".join(t.split()) for t in tokenizer.batch_decode(sequences, skip_special_tokens=True)
@@ -483,15 +478,6 @@ class Evaluator:
         self.num_beams = config.get("num_beams", 1)
         self.max_new_tokens = config.get("max_new_tokens", 48)
         self.batch_size = config.get("batch_size", 16)
-
-    def generate(self, model, tokenizer, collator: Collator, examples, device) -> list[str]:
-        outputs = []
-        for start in range(0, len(examples), self.batch_size):
-            batch = collator(examples[start : start + self.batch_size])
-            batch = {k: v.to(device) for k, v in batch.items()}
-            labels = collator.generate(model, batch, self.max_new_tokens, num_beams=self.num_beams)
-            outputs += collator.decode(labels)
-        return outputs
 
     @torch.no_grad()
     def cross_entropy(self, model, collator: Collator, examples, device) -> float:
@@ -511,12 +497,8 @@ class Evaluator:
         _, _, f = self.scorer.score(hypotheses, references, progress=False)
         result = {"f_bert": float(f.mean())}
         if self.task == "summarization":
-            from rouge_score import rouge_scorer
-
-            rouge = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
-            scores = [rouge.score(r, h) for h, r in zip(hypotheses, references, strict=True)]
-            for key in ("rouge1", "rouge2", "rougeL"):
-                result[key] = float(sum(s[key].fmeasure for s in scores) / len(scores))
+            for key, values in rouge_scores(hypotheses, references).items():
+                result[key] = sum(values) / len(values)
         else:
             import sacrebleu
 
@@ -530,11 +512,36 @@ class Evaluator:
     def __call__(self, model, tokenizer, collator, examples, device) -> tuple[dict, list[str]]:
         was_training = model.training
         model.eval()
-        hypotheses = self.generate(model, tokenizer, collator, examples, device)
+        hypotheses = generate_answers(
+            model, collator, examples, device, self.max_new_tokens, self.batch_size, self.num_beams
+        )
         result = self.metrics(hypotheses, [e.target for e in examples], lowercases(tokenizer))
         result["ce"] = self.cross_entropy(model, collator, examples, device)
         model.train(was_training)
         return result, hypotheses
+
+
+def generate_answers(
+    model, collator, examples, device, max_new_tokens: int, batch_size: int, num_beams: int = 1
+) -> list[str]:
+    """The model's decoded outputs for ``examples`` (greedy, or beam search), in batches."""
+    outputs = []
+    for start in range(0, len(examples), batch_size):
+        batch = collator(examples[start : start + batch_size])
+        batch = {k: v.to(device) for k, v in batch.items()}
+        outputs += collator.decode(
+            collator.generate(model, batch, max_new_tokens, num_beams=num_beams)
+        )
+    return outputs
+
+
+def rouge_scores(hypotheses: list[str], references: list[str]) -> dict[str, list[float]]:
+    """Per-example ROUGE-1/2/L F-measures (``rouge-score``, with stemming)."""
+    from rouge_score import rouge_scorer
+
+    rouge = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    rows = [rouge.score(r, h) for h, r in zip(hypotheses, references, strict=True)]
+    return {key: [row[key].fmeasure for row in rows] for key in ("rouge1", "rouge2", "rougeL")}
 
 
 def lowercases(tokenizer) -> bool:
@@ -589,7 +596,7 @@ def resume(accelerator, output_dir: Path, log: RunLog, progress: Progress) -> in
     saved = sorted(folder.glob("checkpoint_*"), key=lambda p: int(p.name.split("_")[1]))
     if not saved:
         raise FileNotFoundError(f"--resume: no checkpoint under {folder}")
-    accelerator.load_state()  # the newest
+    accelerator.load_state(str(saved[-1]))
     # the next save continues the numbering (accelerate refuses to overwrite a checkpoint)
     accelerator.project_configuration.iteration = int(saved[-1].name.split("_")[1]) + 1
     if accelerator.is_main_process:

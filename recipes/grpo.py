@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from causal import CausalCollator  # noqa: E402
-from common import load_splits  # noqa: E402
+from common import generate_answers, load_splits, rouge_scores  # noqa: E402
 from prompting import answer  # noqa: E402
 
 from bsloss import BERTScorer, BERTScoreReward  # noqa: E402
@@ -78,19 +78,11 @@ class FirstLineReward:
 
 def held_out_scores(model, collator, examples, scorers, max_new_tokens, batch_size=8) -> dict:
     """Greedy answers to the examples' prompts, scored against their targets."""
-    from rouge_score import rouge_scorer
-
-    answers = []
-    for start in range(0, len(examples), batch_size):
-        batch = collator(examples[start : start + batch_size])
-        batch = {k: v.to(model.device) for k, v in batch.items()}
-        answers += collator.decode(collator.generate(model, batch, max_new_tokens))
+    answers = generate_answers(model, collator, examples, model.device, max_new_tokens, batch_size)
     references = [e.target for e in examples]
     scores = {name: float(s.score(answers, references)[2].mean()) for name, s in scorers.items()}
-    rouge = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    scores["rougeL"] = sum(
-        rouge.score(r, a)["rougeL"].fmeasure for a, r in zip(answers, references, strict=True)
-    ) / len(answers)
+    rouge_l = rouge_scores(answers, references)["rougeL"]
+    scores["rougeL"] = sum(rouge_l) / len(rouge_l)
     return {"scores": scores, "answers": answers}
 
 
@@ -141,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict:
     collator = CausalCollator(
         tokenizer, model, script.task, script.max_source_tokens,
         config.max_completion_length + 1, script.prompt_format,
-        {"true": True, "false": False}.get(script.chat_template.lower(), script.chat_template),
+        script.chat_template,
     )  # fmt: skip
     train = [{"prompt": collator.prompt(e.source), "reference": e.target} for e in splits["train"]]
     test = splits["test"]

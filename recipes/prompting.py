@@ -18,8 +18,11 @@ PROMPT_FORMATS = {
 
 def uses_chat_template(tokenizer, setting: bool | str = "auto") -> bool:
     """Whether prompts go through the tokenizer's chat template (config ``data.chat_template``):
-    ``"auto"`` when it has one, ``True`` requires one, ``False`` never."""
+    ``"auto"`` when it has one, ``True`` requires one, ``False`` never (``"true"`` and
+    ``"false"``, as a command line gives them, too)."""
     has_one = bool(getattr(tokenizer, "chat_template", None))
+    if isinstance(setting, str) and setting.lower() in ("true", "false"):
+        setting = setting.lower() == "true"
     if setting == "auto":
         return has_one
     if not isinstance(setting, bool):

@@ -15,6 +15,7 @@ difference is positive.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections import defaultdict
@@ -61,18 +62,24 @@ def _lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
+@functools.cache
+def scorers() -> dict:
+    """The training scorer and the independent one, loaded once for every task."""
+    import bsloss
+
+    return {
+        "f_bert": bsloss.BERTScorer(device="cpu"),
+        "f_bert_mpnet": bsloss.BERTScorer("all-mpnet-base-v2", num_layers=12, device="cpu"),
+    }
+
+
 class Scores:
     """Per-example scores of output lists against one task's references; corpus BLEU and chrF
     of any subset of examples."""
 
     def __init__(self, task: str, references: list[str]):
-        import bsloss
-
         self.task, self.references = task, references
-        self.scorers = {
-            "f_bert": bsloss.BERTScorer(device="cpu"),
-            "f_bert_mpnet": bsloss.BERTScorer("all-mpnet-base-v2", num_layers=12, device="cpu"),
-        }
+        self.scorers = scorers()
         self._cache: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
         self._statistics: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
         if task != "xsum":
@@ -88,12 +95,10 @@ class Scores:
             for name, scorer in self.scorers.items()
         }
         if self.task == "xsum":
-            from rouge_score import rouge_scorer
+            from common import rouge_scores
 
-            rouge = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
-            rows = [rouge.score(r, h) for h, r in zip(outputs, self.references, strict=True)]
-            for key in ("rouge1", "rouge2", "rougeL"):
-                scores[key] = np.array([row[key].fmeasure for row in rows])
+            for key, values in rouge_scores(outputs, self.references).items():
+                scores[key] = np.array(values)
         scores["words"] = np.array([len(h.split()) for h in outputs], dtype=float)
         return scores
 

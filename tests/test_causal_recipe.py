@@ -15,6 +15,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "recipes"))
 
+from _models import scorer_vocabulary_tokenizer  # noqa: E402
 from causal import CausalCollator  # noqa: E402
 from common import Example, token_cross_entropy  # noqa: E402
 
@@ -30,8 +31,7 @@ EXAMPLES = [
 def tiny(scorer):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    tokenizer = copy.deepcopy(scorer.encoder.tokenizer)
-    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
     torch.manual_seed(0)
     model = GPT2LMHeadModel(
         GPT2Config(
@@ -138,8 +138,9 @@ def test_chat_template_setting(tiny):
         setting: CausalCollator(chat, model, "translation", 32, 12, chat_template=setting).prompt(
             "hola"
         )
-        for setting in ("auto", True, False)
+        for setting in ("auto", True, False, "true", "False")  # strings: a command line's
     }
+    assert prompts["true"] == prompts[True] and prompts["False"] == prompts[False]
     assert prompts["auto"] == prompts[True] == "<user>Spanish: hola\nEnglish:</user><bot>"
     assert prompts[False] == "Spanish: hola\nEnglish:"
     assert CausalCollator(plain, model, "translation", 32, 12).prompt("hola") == prompts[False]

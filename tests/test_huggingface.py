@@ -4,11 +4,10 @@ scorer's tokenizer), its gradient-accumulation normalisation, and the compute_me
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
+from _models import scorer_vocabulary_tokenizer, tiny_gpt2
 
 import bsloss
 from bsloss.integrations.huggingface import (
@@ -31,24 +30,7 @@ def loss(scorer):
 
 @pytest.fixture(scope="module")
 def tokenizer(scorer):
-    tokenizer = copy.deepcopy(scorer.encoder.tokenizer)
-    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"  # a BERT tokenizer has neither
-    return tokenizer
-
-
-def tiny_gpt2(tokenizer):
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=64,
-        n_embd=32,
-        n_layer=1,
-        n_head=2,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    return transformers.GPT2LMHeadModel(config)
+    return scorer_vocabulary_tokenizer(scorer)
 
 
 def tiny_bert2bert(tokenizer):

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-import torch
 
 import bsloss
 from bsloss.reward import BERTScoreReward
@@ -94,23 +91,10 @@ def test_trl_grpo_two_steps(reward, scorer, tmp_path):
     randomly initialised causal LM that uses the embedded scorer's tokenizer."""
     trl = pytest.importorskip("trl")
     datasets = pytest.importorskip("datasets")
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from _models import scorer_vocabulary_tokenizer, tiny_gpt2
 
-    tokenizer = copy.deepcopy(scorer.encoder.tokenizer)
-    tokenizer.bos_token, tokenizer.eos_token = "[CLS]", "[SEP]"  # a BERT tokenizer has neither
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(
-        GPT2Config(
-            vocab_size=len(tokenizer),
-            n_positions=64,
-            n_embd=32,
-            n_layer=1,
-            n_head=2,
-            bos_token_id=tokenizer.cls_token_id,
-            eos_token_id=tokenizer.sep_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-    )
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    model = tiny_gpt2(tokenizer)
     calls: list[int] = []
 
     def recorded(**kwargs):

@@ -9,7 +9,7 @@ Everything that takes ``matching=`` goes through :func:`resolve_matching`, which
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 
 from torch import Tensor
 
@@ -113,26 +113,9 @@ def resolve_matching(
     return cls.from_shorthand(temperature=temperature, iterations=sinkhorn_iterations)
 
 
-class _Kernels(Mapping):
-    """Shorthand -> the matching's math kernel (``hard_match``, ...), read from the classes."""
-
-    def __getitem__(self, name: str) -> Callable[..., tuple[Tensor, Tensor]]:
-        kernel = getattr(SHORTHANDS[name], "kernel", None)
-        if kernel is None:
-            raise KeyError(name)
-        return kernel
-
-    def __iter__(self) -> Iterator[str]:
-        return (name for name, cls in SHORTHANDS.items() if hasattr(cls, "kernel"))
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-    def __repr__(self) -> str:
-        return repr(dict(self))
-
-
-MATCHINGS: Mapping[str, Callable[..., tuple[Tensor, Tensor]]] = _Kernels()
+MATCHINGS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
+    name: cls.kernel for name, cls in SHORTHANDS.items()
+}
 """Legacy: shorthand -> math kernel (``MATCHINGS["hard"] is hard_match``); new code uses
 :func:`resolve_matching` or the classes."""
 
