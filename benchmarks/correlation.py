@@ -64,13 +64,15 @@ def spearman(x: np.ndarray, y: np.ndarray) -> float:
 @torch.inference_mode()
 def encode_all_layers(encoder: ScorerEncoder, texts: list[str]) -> tuple[list, list]:
     """Per text: hidden states ``[layers + 1, L, d]`` (float32) and token ids ``[L]``."""
-    ids = encoder.tokenize(texts)
+    ids = encoder.tokenization(texts)
     order = sorted(range(len(texts)), key=lambda i: len(ids[i]))
     hidden: list = [None] * len(texts)
     for start in range(0, len(order), 128):
         batch = order[start : start + 128]
         rows = [torch.tensor(ids[i]) for i in batch]
-        input_ids = pad_sequence(rows, batch_first=True, padding_value=encoder.pad_token_id)
+        input_ids = pad_sequence(
+            rows, batch_first=True, padding_value=encoder.tokenization.pad_token_id
+        )
         lengths = [len(r) for r in rows]
         mask = torch.arange(input_ids.shape[1])[None] < torch.tensor(lengths)[:, None]
         out = encoder.model(
@@ -94,8 +96,12 @@ def score_split(encoder, split: str, layers: int, limit: int | None = None) -> l
     hidden2, ids2 = encode_all_layers(encoder, second)
     vocab = encoder.input_embeddings.num_embeddings
     tables = {
-        False: torch.ones(vocab).index_fill_(0, torch.tensor(encoder.special_token_ids), 0.0),
-        True: idf_table([x.tolist() for x in ids2], vocab, encoder.special_token_ids).float(),
+        False: torch.ones(vocab).index_fill_(
+            0, torch.tensor(encoder.tokenization.special_token_ids), 0.0
+        ),
+        True: idf_table(
+            [x.tolist() for x in ids2], vocab, encoder.tokenization.special_token_ids
+        ).float(),
     }
     y = np.asarray(human)
     results = []

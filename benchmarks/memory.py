@@ -37,7 +37,7 @@ def score_pairs(num_pairs: int, mode: str, chunk_size: int) -> dict:
     import torch
 
     import bsloss
-    from bsloss.baseline import random_pairs
+    from bsloss.baseline_estimation import random_pairs
 
     sentences = (data_dir() / "brown-sentences.txt").read_text(encoding="utf-8").splitlines()
     cands, refs = random_pairs(sentences, num_pairs, seed=0)

@@ -10,8 +10,7 @@ from bsloss._version import __version__
 from bsloss.bridge import VocabularyBridge
 from bsloss.functional.matching import Hard, LogSumExp, Matching, Sinkhorn, Softmax
 from bsloss.loss import BERTScoreLoss
-from bsloss.metric import BERTScorer, score
-from bsloss.plot import plot_example
+from bsloss.metric import BERTScorer, plot_example, score
 from bsloss.reward import BERTScoreReward
 
 __all__ = [

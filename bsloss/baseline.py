@@ -1,4 +1,5 @@
-"""Baseline files for rescaling: read, look up, and compute them for any model and layer.
+"""Baseline files for rescaling: read, write and look them up (computing one:
+:mod:`bsloss.baseline_estimation`).
 
 A baseline is the mean P, R and F of random, unrelated sentence pairs (Zhang et al., 2020, Sec. 3:
 1M Common Crawl pairs). The file format is bert_score's: comma-separated, a header
@@ -9,21 +10,11 @@ move freely between the two packages.
 from __future__ import annotations
 
 import csv
-import random
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from bsloss.inputs import check_int, check_texts
-
-__all__ = [
-    "load_baseline",
-    "read_baseline",
-    "shipped_baseline_path",
-    "write_baseline",
-    "compute_baseline",
-]
+__all__ = ["load_baseline", "read_baseline", "shipped_baseline_path", "write_baseline"]
 
 BASELINE_DIR = Path(__file__).parent / "baselines"
 
@@ -115,54 +106,3 @@ def write_baseline(path: str | Path, per_layer: torch.Tensor) -> None:
         writer.writerow(["LAYER", "P", "R", "F"])
         for layer, (p, r, f) in enumerate(per_layer.tolist()):
             writer.writerow([layer, f"{p:.10f}", f"{r:.10f}", f"{f:.10f}"])
-
-
-def random_pairs(
-    sentences: Sequence[str], num_pairs: int, seed: int
-) -> tuple[list[str], list[str]]:
-    """``num_pairs`` pairs of distinct, randomly chosen sentences."""
-    num_pairs = check_int(num_pairs, "num_pairs", 1)
-    rng = random.Random(seed)
-    pool = [s for s in sentences if s.strip()]
-    if len(pool) < 2:
-        raise ValueError("a baseline needs a corpus of at least two non-empty sentences")
-    cands, refs = [], []
-    for _ in range(num_pairs):
-        i, j = rng.sample(range(len(pool)), 2)
-        cands.append(pool[i])
-        refs.append(pool[j])
-    return cands, refs
-
-
-def compute_baseline(
-    sentences: Sequence[str],
-    model: str | None = None,
-    num_pairs: int = 10_000,
-    seed: int = 0,
-    batch_size: int = 64,
-    device: str | None = None,
-    progress: bool | None = None,
-) -> torch.Tensor:
-    """Mean raw P, R, F of random sentence pairs, for every layer ``0..L`` of ``model``.
-
-    Returns ``[L + 1, 3]``. One scorer per layer; each scorer only computes up to its layer.
-    """
-    from transformers import AutoConfig
-
-    from bsloss.metric import BERTScorer
-
-    sentences = check_texts(sentences, "sentences")
-    cands, refs = random_pairs(sentences, num_pairs, seed)
-    total_layers = int(AutoConfig.from_pretrained(_model_path(model)).num_hidden_layers)
-    rows = []
-    for layer in range(total_layers + 1):
-        scorer = BERTScorer(model=model, num_layers=layer, batch_size=batch_size, device=device)
-        p, r, f = scorer.score(cands, refs, progress=progress)
-        rows.append(torch.stack([p.double().mean(), r.double().mean(), f.double().mean()]))
-    return torch.stack(rows)
-
-
-def _model_path(model: str | None) -> str:
-    from bsloss.scorer.default import embedded_model_path
-
-    return embedded_model_path() if model is None else model

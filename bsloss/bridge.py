@@ -571,38 +571,37 @@ class Retokenizer:
 
     def _scorer_pieces(self, texts: list[str]) -> tuple[list[list[int]], list[list[tuple]]]:
         """Content piece ids and their character offsets in each text, tokenised as
-        :meth:`ScorerEncoder.tokenize_checked` tokenises (strip, prefix space, special tokens,
-        truncation at the scorer's maximum length with the same warning)."""
-        encoder = self.encoder
-        prepared = [t.strip() for t in texts]
+        :meth:`~bsloss.scorer.tokenization.ScorerTokenizer.encode` tokenises (strip, prefix
+        space, special tokens, truncation at the scorer's maximum length with the same
+        warning)."""
+        tokens = self.encoder.tokenization
+        prepared = tokens.prepare(texts)
         lead = [len(t) - len(t.lstrip()) for t in texts]
-        shift = [0] * len(texts)
-        if encoder.prefix_space:
-            shift = [1 if p else 0 for p in prepared]
-            prepared = [" " + p if p else p for p in prepared]
-        encoded = encoder.tokenizer(
+        # a prefix space moves every offset one character right
+        shift = [1 if tokens.prefix_space and p else 0 for p in prepared]
+        encoded = tokens.tokenizer(
             prepared,
             add_special_tokens=True,
             truncation=False,
             return_offsets_mapping=True,
             verbose=False,
         )
-        n_prefix, n_suffix = len(encoder.prefix_ids), len(encoder.suffix_ids)
+        n_prefix, n_suffix = len(tokens.prefix_ids), len(tokens.suffix_ids)
         all_ids, all_offsets, too_long = [], [], []
         for b, (ids, offsets) in enumerate(
             zip(encoded["input_ids"], encoded["offset_mapping"], strict=True)
         ):
-            if list(ids[:n_prefix]) != encoder.prefix_ids or (
-                n_suffix and list(ids[len(ids) - n_suffix :]) != encoder.suffix_ids
+            if list(ids[:n_prefix]) != tokens.prefix_ids or (
+                n_suffix and list(ids[len(ids) - n_suffix :]) != tokens.suffix_ids
             ):
                 raise ValueError(
                     f"the scorer's tokenizer wrapped candidate {b} in {ids[:n_prefix]} ... "
                     f"{ids[len(ids) - n_suffix :]}, not its usual special tokens"
                 )
             stop = len(ids) - n_suffix
-            if len(ids) > encoder.max_length:
+            if len(ids) > tokens.max_length:
                 too_long.append(b)
-                stop = encoder.max_length - n_suffix
+                stop = tokens.max_length - n_suffix
             all_ids.append(list(ids[n_prefix:stop]))
             all_offsets.append(
                 [
@@ -612,7 +611,7 @@ class Retokenizer:
             )
         if too_long:
             shown = ", ".join(f"candidates[{i}]" for i in too_long[:10])
-            warn_user(encoder.truncation_message(len(too_long), len(texts), shown))
+            warn_user(tokens.truncation_message(len(too_long), len(texts), shown))
         return all_ids, all_offsets
 
     def __call__(self, token_ids: Tensor, mask: Tensor) -> RetokenizedBatch:

@@ -89,7 +89,8 @@ def _score(args: argparse.Namespace) -> int:
 
 
 def _baseline(args: argparse.Namespace) -> int:
-    from bsloss.baseline import compute_baseline, write_baseline
+    from bsloss.baseline import write_baseline
+    from bsloss.baseline_estimation import compute_baseline
 
     if args.output.is_dir():
         raise ValueError(f"-o {args.output} is a directory; give the baseline file's name")
@@ -121,17 +122,11 @@ def _baseline(args: argparse.Namespace) -> int:
 
 def _plot(args: argparse.Namespace) -> int:
     from bsloss import BERTScorer
-    from bsloss.plot import check_image_path, plot_example
+    from bsloss.plot import check_image_path, draw_pair
 
     check_image_path(args.output)  # before loading the model
     scorer = BERTScorer(model=args.model, num_layers=args.num_layers, device=args.device)
-    plot_example(
-        args.candidate,
-        args.reference,
-        scorer=scorer,
-        fname=args.output,
-        temperature=args.temperature,
-    )
+    draw_pair(scorer, args.candidate, args.reference, args.output, args.temperature)
     print(f"wrote {args.output}")
     return 0
 

@@ -34,6 +34,7 @@ from bsloss.scorer.checkpointing import set_gradient_checkpointing
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder
 from bsloss.scorer.weights import IdfSpec, weight_table
+from bsloss.special_tokens import splice_special_tokens
 
 __all__ = ["BERTScoreLoss", "LossAndCrossEntropy"]
 
@@ -338,8 +339,7 @@ class BERTScoreLoss(nn.Module):
     def _fit_candidates(self, mask: Tensor, name: str) -> Tensor:
         """Keep at most as many real tokens per row as the scorer takes between its special
         tokens; warn naming the rows cut (their later tokens get no score and no gradient)."""
-        limit = self.encoder.max_length - len(self.encoder.prefix_ids)
-        limit -= len(self.encoder.suffix_ids)
+        limit = self.encoder.tokenization.content_length
         if mask.shape[1] <= limit:
             return mask
         rank = torch.cumsum(mask.long(), dim=1)
@@ -459,7 +459,16 @@ class BERTScoreLoss(nn.Module):
         return self._encode_inputs(inputs, weights, batch.piece_mask)
 
     def _encode_inputs(self, inputs: Tensor, weights: Tensor, candidate_mask: Tensor):
-        hidden, attention, special = self.encoder.forward_token_embeddings(inputs, candidate_mask)
+        tokens = self.encoder.tokenization
+        inputs, attention, special = splice_special_tokens(
+            inputs,
+            candidate_mask,
+            self.encoder.input_embeddings.weight,
+            tokens.prefix_ids,
+            tokens.suffix_ids,
+            tokens.max_length,
+        )
+        hidden = self.encoder(inputs_embeds=inputs, attention_mask=attention.long())
         # Weights follow the tokens to their packed slots; special tokens weigh 0.
         packed = torch.zeros(attention.shape, dtype=weights.dtype, device=hidden.device)
         real = attention & ~special
@@ -545,7 +554,7 @@ class BERTScoreLoss(nn.Module):
 
     def _warn_truncated(self, where: list[str], total: int) -> None:
         shown = ", ".join(where[:10]) + (", ..." if len(where) > 10 else "")
-        warn_user(self.encoder.truncation_message(len(where), total, shown))
+        warn_user(self.encoder.tokenization.truncation_message(len(where), total, shown))
 
     @torch.no_grad()
     def encode_reference_ids(self, reference_ids: Tensor, reference_mask: Tensor | None):

@@ -16,6 +16,7 @@ import hashlib
 import time
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -26,6 +27,7 @@ from bsloss.baseline import load_baseline
 from bsloss.functional import bert_score, rescale_with_baseline
 from bsloss.functional.idf import document_frequency, idf_from_frequency
 from bsloss.inputs import check_int, check_texts, flatten_groups, validate_pairs
+from bsloss.plot import draw_pair
 from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.layers import num_hidden_layers
@@ -133,7 +135,7 @@ class BERTScorer:
             for a validation set or reward scored many times. Needs a C++ compiler on CPU.
         long_inputs: ``"truncate"`` (as bert_score, with a warning) texts longer than the
             model's maximum, or ``"window"``: encode them whole with overlapping windows
-            (:meth:`~bsloss.scorer.encoder.ScorerEncoder.embed_windows`).
+            (:func:`~bsloss.scorer.inference.embed_windows`).
         chunk_size: pairs scored per chunk. Embeddings live only for one chunk, so memory is
             bounded by the chunk, not by the corpus; unique sentences are encoded once per chunk.
         reference_cache_size: keep the embeddings of up to this many reference texts across
@@ -287,11 +289,9 @@ class BERTScorer:
             self._weight_table = table
 
     def plot_example(self, candidate: str, reference: str, fname: str = ""):
-        """The similarity heatmap of one pair (:func:`bsloss.plot.plot_example`), saved to
+        """The similarity heatmap of one pair (:func:`bsloss.plot.draw_pair`), saved to
         ``fname`` when given. Returns the matplotlib figure."""
-        from bsloss.plot import plot_example
-
-        return plot_example(candidate, reference, scorer=self, fname=fname or None)
+        return draw_pair(self, candidate, reference, fname or None)
 
     # ----------------------------------------------------------------- weights
     @property
@@ -381,7 +381,9 @@ class BERTScorer:
         )
         if truncated:
             where = ", ".join(f"texts[{i}]" for i, t in enumerate(texts) if t in truncated)
-            warn_user(self.encoder.truncation_message(len(truncated), len(embedded), where))
+            warn_user(
+                self.encoder.tokenization.truncation_message(len(truncated), len(embedded), where)
+            )
         return embedded
 
     def _warn_truncated(self, long_texts: set[str], cands, groups, offset: int = 0) -> None:
@@ -392,19 +394,21 @@ class BERTScorer:
                     where.append(f"refs[{i}]" if len(group) == 1 else f"refs[{i}][{k}]")
         shown = ", ".join(where[:10]) + (", ..." if len(where) > 10 else "")
         total = len(cands) + sum(len(g) for g in groups)
-        warn_user(self.encoder.truncation_message(len(where), total, shown))
+        warn_user(self.encoder.tokenization.truncation_message(len(where), total, shown))
 
     def _idf_from_references(self, pair_refs: list[str]) -> Tensor:
         """idf=True: weights from this call's references (as ``bert_score.score`` does),
         counted chunk by chunk."""
         frequency = torch.zeros(self.vocab_size, dtype=torch.float64)
         for start in range(0, len(pair_refs), self.chunk_size):
-            ids, _ = self.encoder.tokenize_checked(
+            ids, _ = self.encoder.tokenization.encode(
                 pair_refs[start : start + self.chunk_size],
                 truncate=self.long_inputs == "truncate",
             )
             frequency += document_frequency(ids, self.vocab_size)
-        return idf_from_frequency(frequency, len(pair_refs), self.encoder.special_token_ids)
+        return idf_from_frequency(
+            frequency, len(pair_refs), self.encoder.tokenization.special_token_ids
+        )
 
     # ----------------------------------------------------------------- scoring
     def score(
@@ -696,3 +700,64 @@ def score(
         distributed=distributed,
     )
     return scorer.score(cands, refs, verbose=verbose, return_hash=return_hash, progress=progress)
+
+
+def plot_example(
+    candidate: str,
+    reference: str,
+    scorer: BERTScorer | str | None = None,
+    fname: str | Path | None = None,
+    temperature: float | None = None,
+    ax=None,
+    *,
+    model_type: str | None = None,
+    num_layers: int | None = None,
+    lang: str | None = None,
+    rescale_with_baseline: bool = False,
+    baseline_path: str | None = None,
+    use_fast_tokenizer: bool = False,
+):
+    """The similarity heatmap of one pair, a drop-in for ``bert_score.plot_example``
+    (drawn by :func:`bsloss.plot.draw_pair`: each token's best match marked; with
+    ``temperature`` the soft matching plan shaded).
+
+    Without ``scorer``, one is built from ``model_type`` / ``num_layers`` / ``lang`` /
+    ``rescale_with_baseline`` / ``baseline_path`` (a string third argument is taken as
+    ``model_type``); ``fname=""`` saves nothing. The shading is the raw cosine similarity (not
+    rescaled).
+
+    Args:
+        candidate, reference: the pair of texts.
+        scorer: the :class:`BERTScorer` (default: built from the keywords below, the embedded
+            all-MiniLM-L6-v2 without them).
+        fname: image file to save to (``.png``, ``.pdf``); ``None`` or ``""``: not saved.
+        temperature: shade the soft matching plan ``softmax(s / T)`` instead of ``s``.
+        ax: a matplotlib axes to draw into.
+        model_type, num_layers, lang, rescale_with_baseline, baseline_path,
+            use_fast_tokenizer: bert_score's keywords, as for :class:`BERTScorer`.
+
+    Returns:
+        The matplotlib figure.
+
+    Raises:
+        ImportError: matplotlib is not installed.
+        TypeError, ValueError: a text that is not a string or has no token, a ``temperature``
+            that is not a finite number > 0, or an image format matplotlib cannot write.
+
+    >>> import bsloss
+    >>> figure = bsloss.plot_example("the cat sat", "a cat was sitting")
+    >>> len(figure.axes) >= 1
+    True
+    """
+    if isinstance(scorer, str):
+        model_type, scorer = scorer, None
+    if scorer is None:
+        scorer = BERTScorer(
+            model_type,
+            num_layers,
+            lang=lang,
+            rescale_with_baseline=rescale_with_baseline,
+            baseline_path=baseline_path,
+            use_fast_tokenizer=use_fast_tokenizer,
+        )
+    return draw_pair(scorer, candidate, reference, fname or None, temperature, ax)

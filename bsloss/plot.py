@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -11,9 +12,11 @@ from torch import Tensor
 from bsloss.functional.matching import check_temperature
 from bsloss.functional.similarity import cosine_similarity
 from bsloss.inputs import check_text
-from bsloss.metric import BERTScorer
 
-__all__ = ["pair_similarity", "plot_example", "check_image_path"]
+if TYPE_CHECKING:
+    from bsloss.metric import BERTScorer
+
+__all__ = ["pair_similarity", "draw_pair", "check_image_path"]
 
 
 @torch.inference_mode()
@@ -27,8 +30,8 @@ def pair_similarity(scorer: BERTScorer, candidate: str, reference: str):
         check_text(text, name)
     embedded = scorer.embed([candidate, reference])
     (cand, cand_ids), (ref, ref_ids) = embedded[candidate], embedded[reference]
-    keep_c = ~torch.isin(cand_ids, torch.tensor(scorer.encoder.special_token_ids))
-    keep_r = ~torch.isin(ref_ids, torch.tensor(scorer.encoder.special_token_ids))
+    keep_c = ~torch.isin(cand_ids, torch.tensor(scorer.encoder.tokenization.special_token_ids))
+    keep_r = ~torch.isin(ref_ids, torch.tensor(scorer.encoder.tokenization.special_token_ids))
     sim = cosine_similarity(cand[keep_c][None], ref[keep_r][None], normalized=True)[0]
     for kept, name in ((keep_c, "candidate"), (keep_r, "reference")):
         if not kept.any():
@@ -61,41 +64,26 @@ def check_image_path(fname: str | Path) -> Path:
     return path
 
 
-def plot_example(
+def draw_pair(
+    scorer: BERTScorer,
     candidate: str,
     reference: str,
-    scorer: BERTScorer | None = None,
     fname: str | Path | None = None,
     temperature: float | None = None,
     ax=None,
-    *,
-    model_type: str | None = None,
-    num_layers: int | None = None,
-    lang: str | None = None,
-    rescale_with_baseline: bool = False,
-    baseline_path: str | None = None,
-    use_fast_tokenizer: bool = False,
 ):
-    """Heatmap of the token similarities; a dot marks each candidate token's best reference
-    token (precision), a ring each reference token's best candidate token (recall). With
-    ``temperature``, the cell shading is the row softmax ``softmax_j(s_ij / T)`` instead (the
-    soft matching plan). Special tokens are not drawn, so a mark is the best match among the
-    words shown. Returns the matplotlib figure (saved to ``fname`` if given).
-
-    Also a drop-in for ``bert_score.plot_example``: without ``scorer``, one is built from
-    ``model_type`` / ``num_layers`` / ``lang`` / ``rescale_with_baseline`` / ``baseline_path``
-    (a string third argument is taken as ``model_type``); ``fname=""`` saves nothing. The
-    shading is the raw cosine similarity (not rescaled).
+    """Heatmap of the token similarities of one pair under ``scorer``; a dot marks each
+    candidate token's best reference token (precision), a ring each reference token's best
+    candidate token (recall). With ``temperature``, the cell shading is the row softmax
+    ``softmax_j(s_ij / T)`` instead (the soft matching plan). Special tokens are not drawn, so a
+    mark is the best match among the words shown.
 
     Args:
+        scorer: the :class:`~bsloss.BERTScorer`.
         candidate, reference: the pair of texts.
-        scorer: the :class:`~bsloss.BERTScorer` (default: built from the keywords below, the
-            embedded all-MiniLM-L6-v2 without them).
         fname: image file to save to (``.png``, ``.pdf``); ``None`` or ``""``: not saved.
         temperature: shade the soft matching plan ``softmax(s / T)`` instead of ``s``.
         ax: a matplotlib axes to draw into.
-        model_type, num_layers, lang, rescale_with_baseline, baseline_path,
-            use_fast_tokenizer: bert_score's keywords, as for :class:`~bsloss.BERTScorer`.
 
     Returns:
         The matplotlib figure.
@@ -106,7 +94,7 @@ def plot_example(
             that is not a finite number > 0, or an image format matplotlib cannot write.
 
     >>> import bsloss
-    >>> figure = bsloss.plot_example("the cat sat", "a cat was sitting")
+    >>> figure = draw_pair(bsloss.BERTScorer(), "the cat sat", "a cat was sitting")
     >>> len(figure.axes) >= 1
     True
     """
@@ -119,21 +107,10 @@ def plot_example(
             matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as error:
-        raise ImportError("plot_example needs matplotlib: pip install 'bsloss[plot]'") from error
+        raise ImportError("plotting needs matplotlib: pip install 'bsloss[plot]'") from error
     fname = fname or None
     if fname is not None:
         check_image_path(fname)
-    if isinstance(scorer, str):
-        model_type, scorer = scorer, None
-    if scorer is None:
-        scorer = BERTScorer(
-            model_type,
-            num_layers,
-            lang=lang,
-            rescale_with_baseline=rescale_with_baseline,
-            baseline_path=baseline_path,
-            use_fast_tokenizer=use_fast_tokenizer,
-        )
     sim, cand_tokens, ref_tokens = pair_similarity(scorer, candidate, reference)
     shown: Tensor = sim if temperature is None else torch.softmax(sim / temperature, dim=1)
     if ax is None:

@@ -53,7 +53,8 @@ import bsloss
 from bsloss.functional import bert_score
 from bsloss.functional.matching import Hard, LogSumExp, Sinkhorn, Softmax
 from bsloss.functional.matching.sinkhorn import sinkhorn_log_plan
-from bsloss.plot import pair_similarity, plot_example
+from bsloss import plot_example
+from bsloss.plot import pair_similarity
 
 SMALL = os.environ.get("BSLOSS_NOTEBOOK_SMALL") == "1"
 REPO = Path.cwd() if (Path.cwd() / "bsloss").is_dir() else Path.cwd().parent
@@ -94,7 +95,7 @@ for title, matrix in plans.items():
     ),
     (
         "md",
-        "The package's plot helper (`bsloss.plot.plot_example`, CLI `bsloss plot`) draws the same "
+        "The package's plot helper (`bsloss.plot_example`, CLI `bsloss plot`) draws the same "
         "pair with each token's best match marked:",
     ),
     ("code", """plot_example(candidate, reference, scorer=scorer)\nplt.show()"""),
@@ -107,7 +108,7 @@ rows = rows[:100] if SMALL else rows
 human = np.array([float(r[0]) for r in rows])
 first, second = [r[1] for r in rows], [r[2] for r in rows]
 embedded = scorer.embed(first + second)
-special = torch.tensor(scorer.encoder.special_token_ids)
+special = torch.tensor(scorer.encoder.tokenization.special_token_ids)
 
 
 def padded(texts):
@@ -268,10 +269,13 @@ fig.tight_layout()
 plt.show()
 print((REPO / "benchmarks/results/correlation.md").read_text())""",
     ),
-    ("md", """## (e) The recipe study: Gemma 3 270M, CE vs CE + hard vs CE + soft BERTScore loss
+    (
+        "md",
+        """## (e) The recipe study: Gemma 3 270M, CE vs CE + hard vs CE + soft BERTScore loss
 
 From `recipes/results/` (`recipes/RESULTS.md`: 3 seeds, λ = 1 and 10, teacher-forced candidates):
-the training CE of seed 0 of each run, and each seed's held-out F_BERT (training scorer)."""),
+the training CE of seed 0 of each run, and each seed's held-out F_BERT (training scorer).""",
+    ),
     (
         "code",
         """runs = REPO / "recipes/results"

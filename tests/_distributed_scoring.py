@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 import bsloss
+from bsloss.scorer import reference_cache
 
 
 def main() -> None:
@@ -26,16 +27,16 @@ def main() -> None:
         device="cpu", idf=True, rescale_with_baseline=True, distributed=True, batch_size=16
     )
     encoded: list[int] = []
-    embed = scorer.encoder.embed_token_ids
+    embed = reference_cache.embed_token_ids
 
-    def counting(token_ids, *args, **kwargs):
+    def counting(encoder, token_ids, *args, **kwargs):
         encoded.append(len(token_ids))
-        return embed(token_ids, *args, **kwargs)
+        return embed(encoder, token_ids, *args, **kwargs)
 
-    scorer.encoder.embed_token_ids = counting
+    reference_cache.embed_token_ids = counting
     prf = scorer.score(pairs["cands"], pairs["refs"], progress=False)
     plain = bsloss.BERTScorer(encoder=scorer.encoder, distributed=True)
-    scorer.encoder.embed_token_ids = embed
+    reference_cache.embed_token_ids = embed
     # a multi-reference call too, and a mismatch that must raise on every process
     multi = plain.score(pairs["cands"], pairs["multi_refs"], progress=False)
     every_layer = bsloss.BERTScorer(all_layers=True, device="cpu", distributed=True)

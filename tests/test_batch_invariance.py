@@ -134,7 +134,7 @@ def test_fast_mode_own_encoder_keeps_linear_weights_in_bf16(scorer, fast_scorer,
 
 
 def test_bf16_linear_encoder_outside_autocast_is_a_clear_error(fast_scorer):
-    ids = torch.tensor([fast_scorer.encoder.tokenize(["a cat"])[0]])
+    ids = torch.tensor([fast_scorer.encoder.tokenization(["a cat"])[0]])
     with pytest.raises(RuntimeError, match=r"torch\.autocast"):
         fast_scorer.encoder(input_ids=ids, attention_mask=torch.ones_like(ids))
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -154,7 +154,7 @@ def test_compiled_encoder_scores_like_eager(scorer, pairs):
     assert counters["stats"]["unique_graphs"] > graphs_before  # it did go through dynamo
     assert (compiled.score(cands[:1], refs[:1])[2] - eager[:1]).abs().max().item() <= 1e-4
     # the loss path (with grad) does not go through the frozen compiled model
-    ids = torch.tensor([layer.tokenize(["a cat"])[0]])
+    ids = torch.tensor([layer.tokenization(["a cat"])[0]])
     embeds = layer.input_embeddings(ids).detach().requires_grad_()
     layer(inputs_embeds=embeds, attention_mask=torch.ones_like(ids)).sum().backward()
     assert embeds.grad is not None and torch.isfinite(embeds.grad).all()

@@ -18,6 +18,7 @@ from bsloss.scorer.batching import (
     token_budget_batches,
     token_budget_rows,
 )
+from bsloss.scorer.inference import embed_token_ids
 
 
 @pytest.mark.parametrize("max_length", [128, 256, 512])
@@ -54,11 +55,11 @@ def test_token_budget_rows_respect_budget():
 def random_ids(scorer) -> list[list[int]]:
     """500 id sequences of random lengths 40..200 (where the length buckets are 8 to 32 tokens
     wide), between the scorer's special tokens."""
-    encoder = scorer.encoder
+    tokens = scorer.encoder.tokenization
     rng = random.Random(0)
     vocab = range(1000, 20000)
     return [
-        encoder.prefix_ids + rng.choices(vocab, k=rng.randint(38, 198)) + encoder.suffix_ids
+        tokens.prefix_ids + rng.choices(vocab, k=rng.randint(38, 198)) + tokens.suffix_ids
         for _ in range(500)
     ]
 
@@ -66,15 +67,15 @@ def random_ids(scorer) -> list[list[int]]:
 def test_encoder_sees_few_shapes(scorer, random_ids, monkeypatch):
     encoder = scorer.encoder
     shapes: list[tuple[int, int]] = []
-    original = encoder._encode_without_grad
+    original = encoder.encode_without_grad
 
     def recording(input_ids, attention_mask):
         shapes.append(tuple(input_ids.shape))
         return original(input_ids, attention_mask)
 
-    monkeypatch.setattr(encoder, "_encode_without_grad", recording)
+    monkeypatch.setattr(encoder, "encode_without_grad", recording)
     with torch.inference_mode():
-        encoder.embed_token_ids(random_ids, batch_size=8)
+        embed_token_ids(encoder, random_ids, batch_size=8)
     lengths = sorted((len(ids) for ids in random_ids), reverse=True)
     exact_shapes = {lengths[start] for start, _ in token_budget_batches(lengths, 8)}
     assert len(exact_shapes) > 40  # batches padded to their longest text: this many shapes
@@ -89,7 +90,7 @@ def test_padding_and_filler_rows_change_no_embedding(scorer, random_ids):
     chosen = [ids for ids in random_ids if len(ids) <= 60][:9]
     assert len(chosen) == 9
     with torch.inference_mode():
-        batched = encoder.embed_token_ids(chosen, batch_size=64)
+        batched = embed_token_ids(encoder, chosen, batch_size=64)
         for ids, got in zip(chosen, batched, strict=True):
             whole = torch.ones(1, len(ids))
             alone = encoder(input_ids=torch.tensor([ids]), attention_mask=whole)[0]

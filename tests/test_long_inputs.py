@@ -7,6 +7,7 @@ import warnings
 import torch
 
 import bsloss
+from bsloss.scorer.inference import embed_windows
 
 FIRST_TOPIC = [
     "the",
@@ -61,9 +62,9 @@ def _long_text() -> str:
 def test_text_of_twice_the_maximum_is_fully_covered(scorer):
     encoder = scorer.encoder
     text = _long_text()
-    ids = encoder.tokenize_checked([text], truncate=False)[0][0]
+    ids = encoder.tokenization.encode([text], truncate=False)[0][0]
     assert len(ids) >= 2 * encoder.max_length
-    hidden = encoder.embed_windows(ids).detach()
+    hidden = embed_windows(encoder, ids).detach()
     assert hidden.shape == (len(ids), encoder.hidden_size)
     assert torch.isfinite(hidden).all()
     # Every token has its own vector; tokens inside the first window equal a plain encoding.

@@ -7,8 +7,9 @@ import torch
 
 pytest.importorskip("matplotlib")
 
+from bsloss import plot_example  # noqa: E402
 from bsloss.cli import main  # noqa: E402
-from bsloss.plot import pair_similarity, plot_example  # noqa: E402
+from bsloss.plot import pair_similarity  # noqa: E402
 
 
 def test_plot_example_marks_each_tokens_best_match(scorer, tmp_path):
@@ -28,3 +29,13 @@ def test_plot_cli(tmp_path, capsys):
     out = tmp_path / "cli.png"
     main(["plot", "-c", "a cat sat", "-r", "the cat sits", "-o", str(out), "--progress", "off"])
     assert out.exists() and "wrote" in capsys.readouterr().out
+
+
+def test_scorer_method_draws_the_same_pair(scorer, tmp_path):
+    """``BERTScorer.plot_example`` (bert_score's method) marks the same best matches."""
+    cand, ref = "a cat sat on the mat", "the cat sits on a mat"
+    sim, _, _ = pair_similarity(scorer, cand, ref)
+    fig = scorer.plot_example(cand, ref, fname=str(tmp_path / "method.png"))
+    assert (tmp_path / "method.png").stat().st_size > 10_000
+    marks = fig.axes[0].collections[0].get_offsets()
+    assert torch.equal(torch.tensor(marks[:, 0]).long(), sim.argmax(dim=1))

@@ -6,6 +6,7 @@ import pytest
 
 import bsloss
 from bsloss.reward import BERTScoreReward
+from bsloss.scorer import reference_cache
 
 CANDS = ["A man is playing a guitar.", "The cat sleeps on the mat.", "Stocks fell sharply today."]
 REFS = ["A man plays the guitar.", "A cat is sleeping on a rug.", "Markets dropped on Tuesday."]
@@ -56,13 +57,13 @@ def test_reference_embeddings_are_cached_across_calls(scorer, monkeypatch):
     reward = BERTScoreReward(scorer=bsloss.BERTScorer(encoder=scorer.encoder))
     first = reward(completions=CANDS, reference=REFS)
     encoded: list[int] = []
-    original = scorer.encoder.embed_token_ids
+    original = reference_cache.embed_token_ids
 
-    def counting(token_ids, *args, **kwargs):
+    def counting(encoder, token_ids, *args, **kwargs):
         encoded.append(len(token_ids))
-        return original(token_ids, *args, **kwargs)
+        return original(encoder, token_ids, *args, **kwargs)
 
-    monkeypatch.setattr(scorer.encoder, "embed_token_ids", counting)
+    monkeypatch.setattr(reference_cache, "embed_token_ids", counting)
     second = reward(completions=list(reversed(CANDS)), reference=REFS)
     assert sum(encoded) == len(CANDS)  # only the new candidate texts
     assert second[1] == pytest.approx(first[1], abs=1e-6)  # same middle pair

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from bsloss.inputs import check_int
 from bsloss.scorer.encoder import ScorerEncoder
+from bsloss.scorer.inference import embed_token_ids
 
 __all__ = ["ReferenceCache", "ReferenceEmbedder"]
 
@@ -193,10 +194,10 @@ class ReferenceEmbedder:
             missing = [text for text in unique if text not in embedded]
             if not missing:
                 return embedded, truncated
-            token_ids, too_long = self.encoder.tokenize_checked(missing, truncate=not window)
+            token_ids, too_long = self.encoder.tokenization.encode(missing, truncate=not window)
             if not window:
                 truncated.update(missing[i] for i in too_long)
-            hidden = self.encoder.embed_token_ids(token_ids, batch_size, progress, self.transform)
+            hidden = embed_token_ids(self.encoder, token_ids, batch_size, progress, self.transform)
             device = self.encoder.device
             ids = torch.tensor(
                 [i for row in token_ids for i in row], dtype=torch.long, device=device

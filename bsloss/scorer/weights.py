@@ -18,7 +18,7 @@ IdfSpec = bool | Mapping[int, float] | Sequence[str]
 def weight_table(encoder: ScorerEncoder, idf: IdfSpec, vocab_size: int) -> Tensor | None:
     """``[V]`` weights (special tokens 0) for ``idf`` = False, a ``{token_id: weight}`` dict or
     a list of sentences; ``None`` for ``idf=True`` (weights from each call's references)."""
-    specials = encoder.special_token_ids
+    specials = encoder.tokenization.special_token_ids
     if idf is False:
         return uniform_table(vocab_size, specials)
     if idf is True:
@@ -30,5 +30,5 @@ def weight_table(encoder: ScorerEncoder, idf: IdfSpec, vocab_size: int) -> Tenso
         if not sentences:
             # log((0 + 1) / (0 + 1)) = 0 for every token: every score would be 0
             raise ValueError("idf is an empty list: pass the reference sentences to count")
-        return idf_table(encoder.tokenize(sentences, name="idf"), vocab_size, specials)
+        return idf_table(encoder.tokenization(sentences, name="idf"), vocab_size, specials)
     raise TypeError(f"idf must be a bool, a dict or a list of sentences, got {type(idf)}")

@@ -1,0 +1,158 @@
+"""Batched no-grad inference: many token-id sequences -> their hidden states, fast and bounded.
+
+Sequences are encoded longest first in token-budget batches (little padding, bounded memory),
+padded to bucketed shapes (:func:`~bsloss.scorer.batching.bucket_length`,
+:func:`~bsloss.scorer.batching.bucket_rows`) so that a long run reuses a few tensor sizes. A
+sequence longer than the scorer's maximum is encoded whole with overlapping sliding windows
+(:func:`embed_windows`).
+
+Both functions run the encoder's no-grad path
+(:meth:`~bsloss.scorer.encoder.ScorerEncoder.encode_without_grad`: the compiled model when there
+is one, every layer with ``all_layers``); the caller chooses ``torch.no_grad`` or
+``torch.inference_mode`` and the autocast around them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from bsloss.scorer.batching import (
+    bucket_length,
+    bucket_rows,
+    progress_bar,
+    token_budget_batches,
+    token_budget_rows,
+)
+
+if TYPE_CHECKING:
+    from bsloss.scorer.encoder import ScorerEncoder
+
+__all__ = ["embed_token_ids", "embed_windows"]
+
+
+def embed_token_ids(
+    encoder: ScorerEncoder,
+    token_ids: Sequence[Sequence[int]],
+    batch_size: int,
+    progress: bool | None = None,
+    transform: Callable[[Tensor], Tensor] | None = None,
+) -> list[Tensor]:
+    """Hidden states ``[L_i, d]`` of each id sequence, in input order.
+
+    Args:
+        encoder: the scorer encoder.
+        token_ids: id sequences with their special tokens
+            (:meth:`~bsloss.scorer.tokenization.ScorerTokenizer.encode`).
+        batch_size: the token budget of a batch, in sequences of the longest length.
+        progress: a progress bar (``None``: when stderr is a terminal).
+        transform: applied to each batch's ``[B, L, d]`` hidden states at once (e.g. a
+            normalisation).
+
+    Returns:
+        Views of one packed ``[sum L_i, d]`` tensor laid out in encoding order: the real tokens
+        of each batch are selected straight into their slice of it, so the embeddings are held
+        once, in one block, and no temporary depends on the batch's exact token count.
+
+    >>> from bsloss.scorer.encoder import ScorerEncoder
+    >>> encoder = ScorerEncoder.from_pretrained(device="cpu")
+    >>> with torch.no_grad():
+    ...     hidden = embed_token_ids(encoder, [[101, 4937, 102], [101, 102]], batch_size=8)
+    >>> [tuple(h.shape) for h in hidden]
+    [(3, 384), (2, 384)]
+    """
+    transform = transform or (lambda hidden: hidden)
+    tokens = encoder.tokenization
+    max_length = tokens.max_length
+    sizes = [len(ids) for ids in token_ids]
+    long = [i for i, size in enumerate(sizes) if size > max_length]
+    short = sorted(
+        (i for i, size in enumerate(sizes) if size <= max_length),
+        key=lambda i: sizes[i],
+        reverse=True,
+    )
+    offsets: dict[int, int] = {}  # the packed layout: encoding order
+    offset = 0
+    for i in long + short:
+        offsets[i] = offset
+        offset += sizes[i]
+    packed: Tensor | None = None
+
+    def slots(first: int, count: int, like: Tensor) -> Tensor:
+        """The ``count`` packed rows that start at text ``first`` (allocated like ``like`` on
+        first use)."""
+        nonlocal packed
+        if packed is None:
+            packed = like.new_empty(offset, like.shape[-1])
+        return packed[offsets[first] : offsets[first] + count]
+
+    for i in long:
+        rows = transform(embed_windows(encoder, token_ids[i]))
+        slots(i, len(rows), rows).copy_(rows)
+    padded_lengths = [bucket_length(sizes[i], max_length) for i in short]
+    batches = token_budget_batches(padded_lengths, batch_size)
+    pad = tokens.pad_token_id
+    for start, stop in progress_bar(batches, len(batches), progress, "bsloss: encoding"):
+        members = short[start:stop]
+        length = padded_lengths[start]
+        rows = bucket_rows(len(members), token_budget_rows(length, batch_size))
+        input_ids = torch.tensor(
+            [list(token_ids[i]) + [pad] * (length - sizes[i]) for i in members]
+            + [[pad] * length] * (rows - len(members)),
+            dtype=torch.long,
+        )
+        real_lengths = torch.tensor([sizes[i] for i in members] + [0] * (rows - len(members)))
+        real = torch.arange(length)[None, :] < real_lengths[:, None]
+        # a filler row attends to one token, not none: not every attention implementation
+        # handles a fully masked row (a softmax over only -inf is NaN)
+        filler_first_token = (torch.arange(rows)[:, None] >= len(members)) & (
+            torch.arange(length)[None, :] == 0
+        )
+        attended = real | filler_first_token
+        hidden = transform(
+            encoder.encode_without_grad(input_ids.to(encoder.device), attended.to(encoder.device))
+        )
+        flat_hidden = hidden.reshape(rows * length, -1)
+        token_rows = real.flatten().nonzero().squeeze(1).to(encoder.device)
+        # row-major: sequence by sequence, which is the packed layout of ``members``
+        out = slots(members[0], len(token_rows), flat_hidden)
+        torch.index_select(flat_hidden, 0, token_rows, out=out)
+        del hidden, flat_hidden
+    if packed is None:
+        return []
+    return [packed[offsets[i] : offsets[i] + sizes[i]] for i in range(len(sizes))]
+
+
+def embed_windows(encoder: ScorerEncoder, ids: Sequence[int], overlap: float = 0.5) -> Tensor:
+    """Hidden states ``[len(ids), d]`` of a token sequence longer than the scorer's maximum.
+
+    The content between the special tokens is cut into windows of ``max_length`` tokens
+    (special tokens included) that overlap by ``overlap``; each window is encoded with the
+    scorer's own special tokens, and every content token takes its vector from the window in
+    which it lies farthest from an edge (the most context on both sides). The prefix special
+    tokens come from the first window, the suffix ones from the last.
+    """
+    tokens = encoder.tokenization
+    prefix_ids, suffix_ids = tokens.prefix_ids, tokens.suffix_ids
+    n_prefix, n_suffix = len(prefix_ids), len(suffix_ids)
+    content = list(ids[n_prefix : len(ids) - n_suffix])
+    width = tokens.content_length
+    stride = max(1, int(width * (1 - overlap)))
+    starts = list(range(0, max(len(content) - width, 0) + 1, stride))
+    if starts[-1] + width < len(content):
+        starts.append(len(content) - width)
+    windows = [prefix_ids + content[a : a + width] + suffix_ids for a in starts]
+    device = encoder.device
+    input_ids = torch.tensor(windows, device=device)  # all windows have the full width
+    hidden = encoder.encode_without_grad(input_ids, torch.ones_like(input_ids))
+    position = torch.arange(len(content), device=device)
+    start = torch.tensor(starts, device=device)
+    offset = position[None, :] - start[:, None]  # [windows, tokens]
+    inside = (offset >= 0) & (offset < width)
+    margin = torch.minimum(offset, width - 1 - offset).masked_fill(~inside, -1)
+    best = margin.argmax(dim=0)  # the window where each token is most central
+    rows = hidden[best, n_prefix + offset[best, position]]
+    return torch.cat([hidden[0, :n_prefix], rows, hidden[-1, hidden.shape[1] - n_suffix :]])

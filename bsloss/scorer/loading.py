@@ -1,0 +1,132 @@
+"""Loading a scorer: a hub name, a local folder or the embedded default -> a frozen Hugging Face
+encoder cut at ``num_layers``, with its tokenizer, on a device.
+
+The model is cut the way bert_score cuts it: the layers above ``num_layers`` are dropped, so
+compute stops there. An encoder-decoder contributes its encoder.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bsloss.inputs import check_int
+from bsloss.pretrained import hub_name, resolve_model
+from bsloss.scorer.default import (
+    DEFAULT_MODEL_NAME,
+    embedded_model_installed,
+    embedded_model_path,
+)
+from bsloss.scorer.layers import default_num_layers, num_hidden_layers, truncate_layers
+from bsloss.scorer.tokenization import is_byte_level
+
+__all__ = ["load_scorer", "locate_scorer", "resolve_device"]
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a ``torch.device`` (``None``: CUDA when available, else CPU).
+
+    Raises:
+        ValueError: not a device name, or a CUDA device on a machine without CUDA.
+
+    >>> resolve_device("cpu")
+    device(type='cpu')
+    """
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device {device!r} is not a torch device ({error})") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+            )
+    return resolved
+
+
+def _load(name_or_path: str):
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        if is_byte_level(tokenizer):
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, add_prefix_space=True)
+        model = AutoModel.from_pretrained(name_or_path)
+    except OSError as error:
+        if Path(name_or_path).exists():
+            raise
+        raise OSError(
+            f"could not load scorer model {name_or_path!r}: it is not a local folder and the "
+            "Hugging Face hub is unreachable from here (offline, or HF_HUB_OFFLINE=1). Download "
+            "the model on a machine with internet (e.g. `hf download NAME --local-dir DIR`) and "
+            "pass its folder: model='/path/to/DIR' and num_layers=N. model=None uses the embedded "
+            "all-MiniLM-L6-v2."
+        ) from error
+    return tokenizer, model
+
+
+def locate_scorer(model: str | Path | None) -> tuple[str, str]:
+    """The hub name of ``model`` and the folder or name to load it from.
+
+    ``None`` and all-MiniLM-L6-v2's hub name give the embedded copy (when installed); offline
+    short names such as ``"all-mpnet-base-v2"`` give their converted folder and keep the hub
+    name, which keys the layer table and the shipped baselines (:mod:`bsloss.pretrained`).
+
+    >>> locate_scorer(None)[0]
+    'sentence-transformers/all-MiniLM-L6-v2'
+    """
+    name = DEFAULT_MODEL_NAME if model is None else hub_name(str(model))
+    if model is None or (name == DEFAULT_MODEL_NAME and embedded_model_installed()):
+        return name, embedded_model_path()
+    return name, resolve_model(str(model))
+
+
+def load_scorer(
+    model: str | Path | None = None, num_layers: int | None = None, all_layers: bool = False
+) -> tuple[nn.Module, object, str, int]:
+    """The Hugging Face encoder and tokenizer of ``model``, its name and its layer.
+
+    Args:
+        model: a hub name or a local folder; ``None``: the embedded all-MiniLM-L6-v2 (see
+            :func:`locate_scorer`).
+        num_layers: the layer whose hidden states are the embeddings (``None``: bert_score's
+            default for the model).
+        all_layers: keep every layer (bert_score's ``all_layers``) instead of cutting the model.
+
+    Returns:
+        ``(model, tokenizer, name, num_layers)``; ``name`` is the hub name, which keys the layer
+        table and the shipped baselines.
+
+    Raises:
+        TypeError: ``model`` is neither a name nor a folder.
+        ValueError: ``num_layers`` is not between 0 and the model's layer count.
+        OSError: the model cannot be loaded (offline and not a local folder).
+    """
+    if model is not None and not isinstance(model, str | Path):
+        raise TypeError(f"model must be a name or a folder, got {type(model).__name__}")
+    if num_layers is not None:
+        num_layers = check_int(num_layers, "num_layers", 0)
+    name, path = locate_scorer(model)
+    if num_layers is None:
+        num_layers = default_num_layers(name)
+    tokenizer, hf_model = _load(path)
+    if getattr(hf_model.config, "is_encoder_decoder", False):
+        hf_model = hf_model.get_encoder()
+    if num_layers > num_hidden_layers(hf_model) or num_layers < 0:
+        raise ValueError(
+            f"num_layers must be between 0 and {num_hidden_layers(hf_model)} for {name!r}, "
+            f"got {num_layers}"
+        )
+    if not all_layers:
+        truncate_layers(hf_model, num_layers)
+    return hf_model, tokenizer, name, num_layers
