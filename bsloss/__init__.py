@@ -3,11 +3,14 @@
 Exact BERTScore for evaluation (:class:`BERTScorer`, :func:`score`), differentiable BERTScore
 losses (:class:`BERTScoreLoss`), and their shared pure tensor core (:mod:`bsloss.functional`).
 The token matchings (:class:`Hard`, :class:`Softmax`, :class:`LogSumExp`, :class:`Sinkhorn`, or
-a subclass of :class:`Matching`) are passed as ``matching=`` objects or string shorthands.
+a subclass of :class:`Matching`) are passed as ``matching=`` objects or string shorthands; the
+candidate-distribution transforms (:class:`TopK`, :class:`StraightThrough`, :class:`Gumbel`) as
+``candidate_transforms=`` objects or keyword shorthands.
 """
 
 from bsloss._version import __version__
 from bsloss.bridge import VocabularyBridge
+from bsloss.candidate_transforms import CandidateTransform, Gumbel, StraightThrough, TopK
 from bsloss.functional.matching import Hard, LogSumExp, Matching, Sinkhorn, Softmax
 from bsloss.loss import BERTScoreLoss
 from bsloss.metric import BERTScorer, plot_example, score
@@ -23,6 +26,10 @@ __all__ = [
     "Softmax",
     "LogSumExp",
     "Sinkhorn",
+    "CandidateTransform",
+    "TopK",
+    "StraightThrough",
+    "Gumbel",
     "plot_example",
     "score",
     "__version__",

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline
 from bsloss.bridge import BRIDGE_MODES, Retokenizer, VocabularyBridge, retokenized_inputs
+from bsloss.candidate_transforms import CandidateTransform, resolve_candidate_transforms
 from bsloss.distributions import (
     augment_table,
     check_finite_tensor,
@@ -27,8 +28,8 @@ from bsloss.distributions import (
 )
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
 from bsloss.functional.fused_expectation import IGNORE_INDEX, fused_expected_inputs
-from bsloss.functional.matching import Matching, check_temperature, resolve_matching
-from bsloss.inputs import check_int, check_reference_groups, check_texts, flatten_groups
+from bsloss.functional.matching import Matching, resolve_matching
+from bsloss.inputs import check_reference_groups, check_texts, flatten_groups
 from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.checkpointing import set_gradient_checkpointing
 from bsloss.scorer.encoder import ScorerEncoder
@@ -101,9 +102,13 @@ class BERTScoreLoss(nn.Module):
             ``None``: ``"retokenize"`` when the vocabularies differ and ``generator_tokenizer``
             is given, ``"average"`` for a ``bridge`` passed without it. After a retokenize
             call, ``loss.last_texts`` holds the decoded candidates that were scored.
-        top_k, straight_through, gumbel_temperature: see :mod:`bsloss.distributions`.
-            ``top_k=1`` is refused: the renormalised top-1 weight is always 1, so its gradient
-            is exactly zero.
+        candidate_transforms: how the candidates' distributions become token weights
+            (:mod:`bsloss.candidate_transforms`): :class:`~bsloss.TopK` ``(k)``,
+            :class:`~bsloss.StraightThrough` ``()``, :class:`~bsloss.Gumbel` ``(temperature)``,
+            one object or several. Stored resolved in ``loss.candidates``.
+        top_k, straight_through, gumbel_temperature: their keyword shorthands (not with the
+            same object in ``candidate_transforms``). ``top_k=1`` is refused: the renormalised
+            top-1 weight is always 1, so its gradient is exactly zero.
         gradient_checkpointing: recompute the scorer's layer activations in the backward pass.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``. An empty batch (``B = 0``) gives the
             loss 0 (with a zero gradient) for ``"mean"`` and ``"sum"``.
@@ -138,6 +143,13 @@ class BERTScoreLoss(nn.Module):
     Sinkhorn(temperature=0.1, iterations=2)
     >>> loss_fn(logits=logits, references=["a cat sat", "the dog ran"]).shape
     torch.Size([])
+
+    Candidate-distribution transforms as objects (or ``top_k=32, straight_through=True``):
+
+    >>> from bsloss import StraightThrough, TopK
+    >>> loss_fn = bsloss.BERTScoreLoss(candidate_transforms=[TopK(32), StraightThrough()])
+    >>> loss_fn.candidates
+    CandidateOptions(top_k=32, straight_through=True, gumbel_temperature=None)
     """
 
     def __init__(
@@ -158,6 +170,7 @@ class BERTScoreLoss(nn.Module):
         bridge: VocabularyBridge | None = None,
         bridge_cache_dir: str | None = None,
         bridge_mode: str | None = None,
+        candidate_transforms: CandidateTransform | Sequence[CandidateTransform] | None = None,
         top_k: int | None = None,
         straight_through: bool = False,
         gumbel_temperature: float | None = None,
@@ -175,13 +188,17 @@ class BERTScoreLoss(nn.Module):
             raise ValueError(f"target must be one of {_TARGETS}, got {target!r}")
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-        if top_k is not None and check_int(top_k, "top_k", 1) == 1:
+        candidates = resolve_candidate_transforms(
+            candidate_transforms,
+            top_k=top_k,
+            straight_through=straight_through,
+            gumbel_temperature=gumbel_temperature,
+        )
+        if candidates.top_k == 1:
             raise ValueError(
                 "top_k=1 gives an exactly zero gradient (the renormalised top-1 weight is "
                 "always 1); use top_k >= 2, or candidate_ids to score decoded tokens"
             )
-        if gumbel_temperature is not None:
-            gumbel_temperature = check_temperature(gumbel_temperature, "gumbel_temperature")
         if long_inputs not in ("truncate", "window"):
             raise ValueError(f"long_inputs must be 'truncate' or 'window', got {long_inputs!r}")
         self.long_inputs = long_inputs
@@ -189,8 +206,7 @@ class BERTScoreLoss(nn.Module):
         set_gradient_checkpointing(self.encoder.model, gradient_checkpointing)
         self.matching = matching
         self.target, self.center, self.reduction = target, center, reduction
-        self.top_k, self.straight_through = top_k, straight_through
-        self.gumbel_temperature = gumbel_temperature
+        self.candidates = candidates
         if bridge_mode is not None and bridge_mode not in BRIDGE_MODES:
             raise ValueError(
                 f"bridge_mode must be one of {BRIDGE_MODES} or None, got {bridge_mode!r}"
@@ -432,13 +448,7 @@ class BERTScoreLoss(nn.Module):
             inputs, weights = rows[..., :-1], rows[..., -1]
         else:
             self._check_vocab(source.shape[-1], name)
-            distribution = token_distribution(
-                logits,
-                probs,
-                top_k=self.top_k,
-                straight_through=self.straight_through,
-                gumbel_temperature=self.gumbel_temperature,
-            )
+            distribution = token_distribution(logits, probs, **self.candidates.as_keywords())
             inputs, weights = expected_inputs(distribution, table)
             # float64 logits give float64 expectations; the scorer runs in its own dtype
             inputs = inputs.to(table.dtype)
@@ -491,7 +501,7 @@ class BERTScoreLoss(nn.Module):
         (what ``bridge_mode="retokenize"`` decodes)."""
         if output_embeddings is None:
             raise ValueError("hidden_states needs output_embeddings (the LM head or its weight)")
-        if self.gumbel_temperature is not None:
+        if self.candidates.gumbel_temperature is not None:
             raise ValueError("gumbel_temperature is not supported with hidden_states")
         weight = getattr(output_embeddings, "weight", output_embeddings)
         if isinstance(weight, Tensor) and weight.dim() == 2:
@@ -513,8 +523,8 @@ class BERTScoreLoss(nn.Module):
             target_ids=None if target_ids is None else target_ids[selected],
             softcap=softcap,
             temperature=temperature,
-            top_k=self.top_k,
-            straight_through=self.straight_through,
+            top_k=self.candidates.top_k,
+            straight_through=self.candidates.straight_through,
             # the retokenizer needs the argmax tokens, which the chunked pass tracks
             use_sdpa=self.retokenizer is None,
         )
