@@ -737,12 +737,12 @@ def plot_example(
             use_fast_tokenizer: bert_score's keywords, as for :class:`BERTScorer`.
 
     Returns:
-        The matplotlib figure.
+        The matplotlib figure, as :func:`~bsloss.plot.draw_pair` returns it.
 
     Raises:
-        ImportError: matplotlib is not installed.
-        TypeError, ValueError: a text that is not a string or has no token, a ``temperature``
-            that is not a finite number > 0, or an image format matplotlib cannot write.
+        ImportError, TypeError, ValueError: as :func:`~bsloss.plot.draw_pair` (no matplotlib,
+            a bad text, ``temperature`` or image format); a scorer that cannot be built raises
+            as :class:`BERTScorer`.
 
     >>> import bsloss
     >>> figure = bsloss.plot_example("the cat sat", "a cat was sitting")
