@@ -57,6 +57,27 @@ def build_loss(config: dict, encoder: ScorerEncoder, generator_tokenizer) -> BER
         raise TypeError(f"config section loss: {error}") from error
 
 
+def build_optimizer(model, train_spec: dict, num_processes: int = 1):
+    """AdamW and the learning-rate schedule ``train.lr_scheduler_type`` of transformers
+    (``get_scheduler``: linear, cosine, constant_with_warmup, ...) over ``train.steps`` optimizer
+    steps, ``train.lr_warmup_steps`` of them warm-up. accelerate steps a prepared scheduler once
+    per process at each optimizer step, so its step counts are scaled by ``num_processes``."""
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=train_spec["learning_rate"],
+        weight_decay=train_spec.get("weight_decay", 0.0),
+    )
+    scheduler = get_scheduler(
+        train_spec.get("lr_scheduler_type", "constant_with_warmup"),
+        optimizer,
+        num_warmup_steps=train_spec.get("lr_warmup_steps", 0) * num_processes,
+        num_training_steps=train_spec["steps"] * num_processes,
+    )
+    return optimizer, scheduler
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = base_arguments(__doc__.splitlines()[0]).parse_args(argv)
     run = RecipeRun(args)
@@ -75,15 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
             bridge=None if loss_fn.bridge is None else loss_fn.bridge.fidelity(),
             world_size=run.accelerator.num_processes,
         )
-    optimizer = torch.optim.AdamW(
-        run.model.parameters(),
-        lr=train_spec["learning_rate"],
-        weight_decay=train_spec.get("weight_decay", 0.0),
-    )
-    warmup = train_spec.get("lr_warmup_steps", 0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / max(warmup, 1)) if warmup else 1.0
-    )
+    optimizer, scheduler = build_optimizer(run.model, train_spec, run.accelerator.num_processes)
     model, optimizer, scheduler, start_step = run.prepare(optimizer, scheduler)
 
     accelerator, collator = run.accelerator, run.collator
