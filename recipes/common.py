@@ -409,28 +409,33 @@ def load_generator(model_spec: ModelConfig, init_from: Path | None, scorer_encod
     return _pretrained(resolve_model(name), kind, f"model.generator {name!r}")
 
 
-def special_ids(model, tokenizer) -> tuple[int, int, int]:
-    """(pad, eos, decoder start) of a seq2seq generator."""
+def special_ids(model, tokenizer) -> tuple[int, int]:
+    """(pad, eos) of a seq2seq generator."""
     config = model.config
     eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
     pad = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_token_id
-    start = config.decoder_start_token_id
-    if start is None:
-        start = model.generation_config.decoder_start_token_id
-    return pad, eos, start
+    return pad, eos
 
 
 class Collator:
     """Source ids (truncated to ``max_source_length``) and label ids ``[target pieces, eos]``.
     Each text is tokenised once per run; ``truncated`` counts the distinct texts the length
-    limits cut."""
+    limits cut. Padding (sources with the tokenizer's pad, labels with ``-100``, on the right)
+    and the ``decoder_input_ids`` (the model's ``prepare_decoder_input_ids_from_labels``) are
+    transformers' ``DataCollatorForSeq2Seq``."""
 
     def __init__(self, tokenizer, model, max_source_length: int, max_target_length: int):
-        self.tokenizer = tokenizer
-        self.pad, self.eos, self.start = special_ids(model, tokenizer)
+        from transformers import DataCollatorForSeq2Seq
+
+        self.tokenizer, self.model = tokenizer, model
+        self.pad, self.eos = special_ids(model, tokenizer)
         self.max_source, self.max_target = max_source_length, max_target_length
         self.truncated = {"source": 0, "target": 0}
         self._cache: dict[str, dict[str, list[int]]] = {"source": {}, "target": {}}
+        if tokenizer.padding_side != "right":  # the collator pads labels on the tokenizer's side
+            tokenizer = copy.deepcopy(tokenizer)
+            tokenizer.padding_side = "right"
+        self.padding = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
 
     def _ids(self, texts: list[str], side: str) -> list[list[int]]:
         cache = self._cache[side]
@@ -450,28 +455,15 @@ class Collator:
                 cache[text] = ids
         return [cache[t] for t in texts]
 
-    def _pad(self, rows: list[list[int]], value: int) -> torch.Tensor:
-        width = max(len(r) for r in rows)
-        return torch.tensor([r + [value] * (width - len(r)) for r in rows])
-
     def __call__(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        """``input_ids``, ``attention_mask``, ``labels`` and ``decoder_input_ids``."""
         sources = self._ids([e.source for e in examples], "source")
         labels = self._ids([e.target for e in examples], "target")
-        input_ids = self._pad(sources, self.pad)
-        label_ids = self._pad(labels, -100)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": (input_ids != self.pad).long()
-            if self.pad is not None
-            else torch.ones_like(input_ids),
-            "labels": label_ids,
-        }
-
-    def decoder_inputs(self, labels: torch.Tensor) -> torch.Tensor:
-        shifted = labels.new_full(labels.shape, self.pad)
-        shifted[:, 1:] = labels[:, :-1]
-        shifted[:, 0] = self.start
-        return shifted.masked_fill(shifted == -100, self.pad)
+        features = [
+            {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": target}
+            for ids, target in zip(sources, labels, strict=True)
+        ]
+        return dict(self.padding(features))
 
     def content_mask(self, labels: torch.Tensor) -> torch.Tensor:
         """Positions that hold a target token (not padding, not the final eos)."""
@@ -505,7 +497,7 @@ def teacher_forced_logits(model, batch, label_sets: list[torch.Tensor], collator
     logits = model(
         input_ids=batch["input_ids"].repeat(repeat, 1),
         attention_mask=batch["attention_mask"].repeat(repeat, 1),
-        decoder_input_ids=collator.decoder_inputs(labels),
+        decoder_input_ids=collator.model.prepare_decoder_input_ids_from_labels(labels=labels),
     ).logits
     return [part[:, : x.shape[1]] for part, x in zip(logits.chunk(repeat), label_sets, strict=True)]
 

@@ -9,13 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 from common import (
+    Collator,
     DataConfig,
     EvalConfig,
+    Example,
+    ModelConfig,
     RecipeConfig,
     TrainConfig,
     load_config,
+    load_generator,
     load_splits,
     section,
+    token_cross_entropy,
 )
 from finetune import build_optimizer, recipe_loss_settings
 
@@ -100,3 +105,85 @@ def test_learning_rate_schedules_are_transformers():
     assert _learning_rates("linear", 2, 6, processes=2) == _learning_rates("linear", 2, 6)
     with pytest.raises(ValueError, match="lr_scheduler_type"):
         _learning_rates("cosin", 0, 2)
+
+
+EXAMPLES = [
+    Example("the cat sat on the mat all day long and then it slept", "a cat sat"),
+    Example("rain", "it rained in the north of the country today"),
+    Example("dogs ran in the park", "dogs ran"),
+]
+
+
+def _seq2seq(kind: str, scorer):
+    """(model, tokenizer): the recipe's own BERT2BERT, or a tiny BART or T5 on the scorer's
+    vocabulary with its [CLS] as the decoder start."""
+    import transformers
+
+    if kind == "bert2bert":
+        return load_generator(ModelConfig(generator="bert2bert-minilm"), None, scorer.encoder)
+    tokenizer = scorer.encoder.tokenizer
+    ids = {
+        "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.sep_token_id, "decoder_start_token_id": tokenizer.cls_token_id,
+    }  # fmt: skip
+    torch.manual_seed(0)
+    if kind == "bart":
+        config = transformers.BartConfig(
+            d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+            max_position_embeddings=64, forced_eos_token_id=None, **ids,
+        )  # fmt: skip
+        return transformers.BartForConditionalGeneration(config), tokenizer
+    config = transformers.T5Config(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, **ids)
+    return transformers.T5ForConditionalGeneration(config), tokenizer
+
+
+class _Recorder(torch.nn.Module):
+    """Stands in for the model in a forward pass: records its keywords."""
+
+    def forward(self, **inputs):
+        self.inputs = inputs
+        rows, width = inputs["decoder_input_ids"].shape
+        return type("Out", (), {"logits": torch.zeros(rows, width, 5)})()
+
+
+@pytest.mark.parametrize("kind", ["bert2bert", "bart", "t5"])
+def test_seq2seq_collator_pads_and_shifts_as_the_recipes_did(kind, scorer):
+    model, tokenizer = _seq2seq(kind, scorer)
+    collator = Collator(tokenizer, model, 12, 8)
+    pad, eos = tokenizer.pad_token_id, collator.eos
+    start = model.config.decoder_start_token_id
+    assert start == tokenizer.cls_token_id and eos == tokenizer.sep_token_id
+    batch = collator(EXAMPLES)
+    assert set(batch) == {"input_ids", "attention_mask", "labels", "decoder_input_ids"}
+    # the explicit layout: sources and labels right-padded, labels with -100
+    sources = [collator._ids([e.source], "source")[0] for e in EXAMPLES]
+    targets = [collator._ids([e.target], "target")[0] for e in EXAMPLES]
+    assert collator.truncated == {"source": 1, "target": 1}
+    width, span = max(map(len, sources)), max(map(len, targets))
+    assert batch["input_ids"].tolist() == [s + [pad] * (width - len(s)) for s in sources]
+    assert batch["attention_mask"].tolist() == [
+        [1] * len(s) + [0] * (width - len(s)) for s in sources
+    ]
+    assert batch["labels"].tolist() == [t + [-100] * (span - len(t)) for t in targets]
+    assert all(t[-1] == eos for t in targets)
+    # decoder inputs: the start token, then the labels shifted right, padding as pad
+    expected = [([start] + t + [pad] * (span - len(t)))[:span] for t in targets]
+    assert batch["decoder_input_ids"].tolist() == expected
+    assert batch["input_ids"].dtype == batch["labels"].dtype == torch.int64
+    # teacher forcing over several label sets uses the same shift (the model's own method)
+    other = batch["labels"][:, :3].clone()
+    recorder = _Recorder()
+    first, second = collator.teacher_forced_logits(recorder, batch, [batch["labels"], other])
+    assert first.shape[:2] == batch["labels"].shape and second.shape[:2] == other.shape
+    fed = recorder.inputs["decoder_input_ids"]
+    assert fed[: len(EXAMPLES)].tolist() == expected
+    assert fed[len(EXAMPLES) :].tolist() == [
+        ([start] + t[:3] + [pad] * span)[:span] for t in targets
+    ]
+    # and the real model's CE on the batch is its own loss on the same labels
+    model.eval()
+    with torch.no_grad():
+        (logits,) = collator.teacher_forced_logits(model, batch, [batch["labels"]])
+        own = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "labels")}).loss
+    torch.testing.assert_close(token_cross_entropy(logits, batch["labels"]), own)
