@@ -187,3 +187,26 @@ def test_seq2seq_collator_pads_and_shifts_as_the_recipes_did(kind, scorer):
         (logits,) = collator.teacher_forced_logits(model, batch, [batch["labels"]])
         own = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "labels")}).loss
     torch.testing.assert_close(token_cross_entropy(logits, batch["labels"]), own)
+
+
+@pytest.mark.parametrize("has_pad", [True, False])
+def test_causal_collator_pads_prompts_left_and_labels_right(has_pad, scorer):
+    from _models import scorer_vocabulary_tokenizer, tiny_gpt2
+    from causal import CausalCollator
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    model = tiny_gpt2(tokenizer)
+    if not has_pad:  # a base LM's tokenizer often has none: eos pads, as in TRL's trainers
+        tokenizer.pad_token = None
+    collator = CausalCollator(tokenizer, model, "summarization", 32, 6)
+    pad = tokenizer.pad_token_id
+    assert pad == (0 if has_pad else tokenizer.sep_token_id)
+    batch = collator(EXAMPLES)
+    prompts = [collator._prompt(e.source) for e in EXAMPLES]
+    completions = [collator._completion(e.target) for e in EXAMPLES]
+    width, span = max(map(len, prompts)), max(map(len, completions))
+    assert batch["prompt_ids"].tolist() == [[pad] * (width - len(p)) + p for p in prompts]
+    mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+    assert batch["prompt_mask"].tolist() == mask
+    assert batch["labels"].tolist() == [c + [-100] * (span - len(c)) for c in completions]
+    assert {t.dtype for t in batch.values()} == {torch.int64}
