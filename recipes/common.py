@@ -315,6 +315,9 @@ def _cap(out: dict[str, list[Example]], spec: DataConfig) -> dict[str, list[Exam
 
 def batch_indices(n: int, batch_size: int, seed: int, start_step: int) -> Iterator[list[int]]:
     """Batches of a fresh seeded permutation each epoch; a resumed run gets the same batches."""
+    # Kept rather than a DataLoader with torch's RandomSampler (and accelerate's
+    # skip_first_batches on resume): their permutation comes from torch's generator, not
+    # Python's random.Random, so the examples' order, and the committed results/, would change.
     per_epoch = max(1, n // batch_size)
     step = start_step
     while True:
