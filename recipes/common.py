@@ -196,11 +196,10 @@ def load_config(path: Path, overrides: list[str]) -> RecipeConfig:
             raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
         *parents, leaf = key.split(".")
-        if not parents:
-            raise KeyError(f"--set {key}: expected section.key")
-        if parents[0] in (*SECTIONS, "loss"):
-            raw.setdefault(parents[0], None)
-            raw[parents[0]] = raw[parents[0]] or {}  # an empty section in the file
+        if not parents and leaf != "task":
+            raise KeyError(f"--set {key}: expected task or section.key")
+        if parents and parents[0] in (*SECTIONS, "loss"):
+            raw[parents[0]] = raw.get(parents[0]) or {}  # absent or empty in the file
         node = raw
         for part in parents:
             if not isinstance(node.get(part), dict):

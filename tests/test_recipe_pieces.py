@@ -51,6 +51,11 @@ def test_unknown_key_names_the_section_and_the_key(tmp_path):
         section(DataConfig, "data", {"source": "document"})
     with pytest.raises(KeyError, match="no config section 'trian'"):
         load_config(CONFIGS[0], ["trian.steps=3"])
+    with pytest.raises(KeyError, match="--set steps: expected task or section.key"):
+        load_config(CONFIGS[0], ["steps=3"])
+    assert load_config(CONFIGS[0], ["task=summarization"]).task == "summarization"
+    with pytest.raises(ValueError, match="config task must be summarization or translation"):
+        load_config(CONFIGS[0], ["task=dialogue"])
 
 
 def test_overrides_and_defaults(tmp_path):
