@@ -11,7 +11,7 @@ The task, data, generator, scorer, loss and schedule come from the YAML config (
 ``recipes/configs/``); ``--set key=value`` overrides an entry. Candidate distributions are the
 teacher-forced next-token distributions (``loss.candidates: teacher_forced``), or the model's own
 greedy or sampled output re-scored under teacher forcing (``greedy`` / ``sample``). Writes
-``log.jsonl``, ``curves.png``, ``checkpoints/step-N`` (for ``--resume``), ``model/``,
+``log.jsonl``, ``curves.png``, ``checkpoints/checkpoint_N`` (for ``--resume``), ``model/``,
 ``test_outputs.txt`` and ``results.json`` (test metrics before and after) under ``--output_dir``.
 """
 
