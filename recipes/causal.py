@@ -22,7 +22,8 @@ class CausalCollator:
     """Prompt ids (``prompt_ids``/``prompt_mask`` ``[B, P]``, left-padded) and completion labels
     (``labels`` ``[B, C]``: the target's tokens and eos, ``-100`` after). A source longer than
     ``max_source_length`` tokens is cut to its lead (counted in ``truncated``), a target to
-    ``max_target_length - 1`` tokens before the eos."""
+    ``max_target_length - 1`` tokens before the eos. Padding is the tokenizer's (``pad``); a
+    tokenizer without a pad token is given eos as one, as TRL's trainers do."""
 
     def __init__(
         self,
@@ -41,7 +42,9 @@ class CausalCollator:
             self.eos = model.config.eos_token_id
         if self.eos is None:
             raise ValueError("the generator's tokenizer has no eos token to end completions with")
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+        if tokenizer.pad_token_id is None:  # pad with eos, as TRL's trainers do
+            tokenizer.pad_token = tokenizer.convert_ids_to_tokens(self.eos)
+        self.pad = tokenizer.pad_token_id
         self.max_source, self.max_target = max_source_length, max_target_length
         self.context = getattr(model.config, "max_position_embeddings", None)
         # A chat-formatted prompt ends where the answer starts; a plain one ends with ':'.
@@ -83,12 +86,20 @@ class CausalCollator:
                 f"a prompt of {width} tokens plus data.max_target_length={self.max_target} "
                 f"exceeds the model's context of {self.context}; lower data.max_source_length"
             )
-        prompt_ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts])
-        prompt_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        completions = [self._completion(e.target) for e in examples]
-        span = max(len(c) for c in completions)
-        labels = torch.tensor([c + [-100] * (span - len(c)) for c in completions])
-        return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "labels": labels}
+        prompts = self._pad(prompts, "left")
+        completions = self._pad([self._completion(e.target) for e in examples], "right")
+        labels = completions["input_ids"].masked_fill(completions["attention_mask"] == 0, -100)
+        return {
+            "prompt_ids": prompts["input_ids"],
+            "prompt_mask": prompts["attention_mask"],
+            "labels": labels,
+        }
+
+    def _pad(self, rows: list[list[int]], side: str):
+        """The tokenizer's padding of ``rows`` on ``side``: ids and the 0/1 mask."""
+        return self.tokenizer.pad(
+            {"input_ids": rows}, padding_side=side, return_attention_mask=True, return_tensors="pt"
+        )
 
     def content_mask(self, labels: torch.Tensor) -> torch.Tensor:
         """Positions that hold a target token (not padding, not the final eos)."""

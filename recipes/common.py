@@ -16,7 +16,7 @@ import random
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -60,24 +60,166 @@ def base_arguments(description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def load_config(path: Path, overrides: list[str]) -> dict:
-    config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+TASKS = ("summarization", "translation")
+
+
+@dataclass
+class DataConfig:
+    """Config section ``data``: where the examples come from and how long they may be."""
+
+    source: str  # the source text's field ("translation.es" reaches into nested rows)
+    target: str  # the target text's field
+    path: str | None = None  # a local JSONL/TSV with a split column (relative to the repository)
+    dataset: str | None = None  # or a Hugging Face datasets name (needs internet)
+    dataset_config: str | None = None  # the dataset's configuration name
+    splits: dict | None = None  # {train: ..., validation: ..., test: ...}: the dataset's names
+    split_column: str = "split"  # the local file's split column
+    prompt_format: str | None = None  # decoder-only: a prompt with {source}; None: prompting.py's
+    chat_template: bool | str = "auto"  # decoder-only: auto | true | false
+    max_source_length: int = 128  # source tokens kept
+    max_target_length: int = 40  # target tokens kept, eos included
+    max_train: int | None = None  # examples kept per split (None: all)
+    max_validation: int | None = None
+    max_test: int | None = None
+
+
+@dataclass
+class ModelConfig:
+    """Config section ``model``: the generator."""
+
+    generator: str | None = "bert2bert-minilm"  # bert2bert-minilm, a hub name, folder or short name
+    kind: str = "auto"  # auto | seq2seq | causal (checked against the model's config)
+    generator_config: dict | None = None  # {model_type: t5, ...}: a seq2seq model built at random
+    tokenizer: str | None = None  # with generator_config: the tokenizer folder
+    init_seed: int = 0  # with generator_config: the seed of the random weights
+
+
+@dataclass
+class ScorerConfig:
+    """Config section ``scorer``: the BERTScore encoder of the loss, reward and evaluation."""
+
+    model: str | None = None  # None: the embedded all-MiniLM-L6-v2
+    num_layers: int | None = None  # None: the model's default layer
+
+
+@dataclass
+class TrainConfig:
+    """Config section ``train``: optimisation, checkpoints and validation."""
+
+    steps: int  # optimizer steps
+    batch_size: int  # examples per step and process, before accumulation
+    learning_rate: float  # AdamW's
+    gradient_accumulation_steps: int = 1
+    lr_scheduler_type: str = "constant_with_warmup"  # transformers' get_scheduler name
+    lr_warmup_steps: int = 0  # steps of learning-rate warm-up
+    weight_decay: float = 0.0  # AdamW's
+    max_grad_norm: float | None = None  # gradient-norm clipping (None or 0: off)
+    seed: int = 0  # the batches' order and the run's RNG
+    mixed_precision: str = "no"  # no | bf16 | fp16 (--mixed_precision overrides)
+    gradient_checkpointing: bool = False  # the generator's
+    scorer_gradient_checkpointing: bool = True  # the scorer's, in the loss
+    eval_every: int = 0  # validation every N steps (0: never)
+    save_every: int = 0  # a checkpoint every N steps (0: never)
+    save_model: bool = True  # false: no model/ folder at the end (studies)
+    checkpoints_total_limit: int = 2  # checkpoints/checkpoint_N kept (accelerate)
+
+
+@dataclass
+class EvalConfig:
+    """Config section ``eval``: held-out generation."""
+
+    num_beams: int = 1  # 1: greedy
+    max_new_tokens: int = 48
+    batch_size: int = 16
+    before: bool = True  # score the test split before training
+
+
+@dataclass
+class RLConfig:
+    """Config section ``rl`` (rl_scst.py)."""
+
+    ce_weight: float = 0.0  # + ce_weight * teacher-forced CE
+    sample_top_k: int = 0  # 0: sample from the whole distribution
+
+
+SECTIONS = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "scorer": ScorerConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "rl": RLConfig,
+}
+
+
+@dataclass
+class RecipeConfig:
+    """A recipe's YAML config: ``task``, a dataclass per section, and ``loss``, the keywords of
+    ``BERTScoreLoss`` with the recipe's own (see finetune.py), as a dict. ``config.train`` or
+    ``config["train"]``."""
+
+    task: str
+    data: DataConfig
+    train: TrainConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    scorer: ScorerConfig = field(default_factory=ScorerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    loss: dict = field(default_factory=dict)
+
+    def __getitem__(self, section: str):
+        return getattr(self, section)
+
+
+def section(cls, name: str, values: dict | None):
+    """``cls(**values)``; a key that is not a field, or a missing required one, fails naming the
+    section and the key."""
+    values = {} if values is None else values
+    if not isinstance(values, dict):
+        raise ValueError(f"config {name}: expected a mapping of keys, got {values!r}")
+    known = [f.name for f in fields(cls)]
+    for key in values:
+        if key not in known:
+            raise ValueError(f"config {name}: unknown key {key!r} (known: {', '.join(known)})")
+    for f in fields(cls):
+        if f.default is MISSING and f.default_factory is MISSING and f.name not in values:
+            raise ValueError(f"config {name}: missing key {f.name!r}")
+    return cls(**values)
+
+
+def load_config(path: Path, overrides: list[str]) -> RecipeConfig:
+    """The YAML file's sections as dataclasses, after ``--set section.key=value`` overrides (the
+    value parsed as YAML)."""
+    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
         key, value = item.split("=", 1)
-        node = config
         *parents, leaf = key.split(".")
+        if not parents and leaf != "task":
+            raise KeyError(f"--set {key}: expected task or section.key")
+        if parents and parents[0] in (*SECTIONS, "loss"):
+            raw[parents[0]] = raw.get(parents[0]) or {}  # absent or empty in the file
+        node = raw
         for part in parents:
             if not isinstance(node.get(part), dict):
                 raise KeyError(f"--set {key}: no config section {part!r}")
             node = node[part]
-        if leaf not in node:
-            raise KeyError(f"--set {key}: unknown key {leaf!r} (known: {sorted(node)})")
         node[leaf] = _number_or_value(yaml.safe_load(value))
-    if config.get("task") not in ("summarization", "translation"):
-        raise ValueError(f"config task must be summarization or translation: {config.get('task')}")
-    return config
+    known = ["task", "loss", *SECTIONS]
+    unknown = [name for name in raw if name not in known]
+    if unknown:
+        raise ValueError(f"config: unknown section(s) {unknown} (known: {', '.join(known)})")
+    if raw.get("task") not in TASKS:
+        raise ValueError(f"config task must be summarization or translation: {raw.get('task')}")
+    loss = raw.get("loss") or {}
+    if not isinstance(loss, dict):
+        raise ValueError(f"config loss: expected a mapping of keys, got {loss!r}")
+    return RecipeConfig(
+        task=raw["task"],
+        loss=dict(loss),
+        **{name: section(cls, name, raw.get(name)) for name, cls in SECTIONS.items()},
+    )
 
 
 def _number_or_value(value: Any) -> Any:
@@ -102,24 +244,29 @@ def _resolve(path: str) -> Path:
     return candidate if candidate.is_absolute() or candidate.exists() else RECIPES.parent / path
 
 
-def load_splits(spec: dict) -> dict[str, list[Example]]:
+def load_splits(spec: DataConfig | dict) -> dict[str, list[Example]]:
     """Train/validation/test examples from a local JSONL/TSV with a split column, or from a
-    Hugging Face ``datasets`` name (needs internet)."""
-    source, target = spec["source"], spec["target"]
-    if spec.get("dataset"):
+    Hugging Face ``datasets`` name (needs internet). ``spec``: the ``data`` section (a dict is
+    read as one)."""
+    if isinstance(spec, dict):
+        spec = section(DataConfig, "data", spec)
+    source, target = spec.source, spec.target
+    if spec.dataset:
         import datasets
 
-        loaded = datasets.load_dataset(spec["dataset"], spec.get("dataset_config"))
-        names = spec.get("splits") or {s: s for s in SPLITS}
+        loaded = datasets.load_dataset(spec.dataset, spec.dataset_config)
+        names = spec.splits or {s: s for s in SPLITS}
         out = {}
         for split in SPLITS:
             rows = loaded[names[split]]
             out[split] = [
-                _example(r, source, target, f"{spec['dataset']} {split} row {i}")
+                _example(r, source, target, f"{spec.dataset} {split} row {i}")
                 for i, r in enumerate(rows)
             ]
         return _cap(out, spec)
-    path = _resolve(spec["path"])
+    if not spec.path:
+        raise ValueError("config data: set path (a local file) or dataset")
+    path = _resolve(spec.path)
     if path.suffix == ".jsonl":
         with open(path, encoding="utf-8") as handle:
             rows = [json.loads(line) for line in handle if line.strip()]
@@ -127,7 +274,7 @@ def load_splits(spec: dict) -> dict[str, list[Example]]:
         with open(path, newline="", encoding="utf-8") as handle:
             rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
     out = {split: [] for split in SPLITS}
-    column = spec.get("split_column", "split")
+    column = spec.split_column
     for i, row in enumerate(rows):
         if row.get(column) not in out:
             raise ValueError(f"{path} row {i}: {column}={row.get(column)!r} is not one of {SPLITS}")
@@ -155,9 +302,9 @@ def _field(row: dict, name: str) -> str:
     return value
 
 
-def _cap(out: dict[str, list[Example]], spec: dict) -> dict[str, list[Example]]:
+def _cap(out: dict[str, list[Example]], spec: DataConfig) -> dict[str, list[Example]]:
     for split in SPLITS:
-        limit = spec.get(f"max_{split}")
+        limit = getattr(spec, f"max_{split}")
         if limit is not None:
             out[split] = out[split][:limit]
         if not out[split]:
@@ -167,6 +314,9 @@ def _cap(out: dict[str, list[Example]], spec: dict) -> dict[str, list[Example]]:
 
 def batch_indices(n: int, batch_size: int, seed: int, start_step: int) -> Iterator[list[int]]:
     """Batches of a fresh seeded permutation each epoch; a resumed run gets the same batches."""
+    # Kept rather than a DataLoader with torch's RandomSampler (and accelerate's
+    # skip_first_batches on resume): their permutation comes from torch's generator, not
+    # Python's random.Random, so the examples' order, and the committed results/, would change.
     per_epoch = max(1, n // batch_size)
     step = start_step
     while True:
@@ -202,7 +352,7 @@ def _pretrained(path: str, kind: str, setting: str):
     return loader.from_pretrained(path, dtype=torch.float32), AutoTokenizer.from_pretrained(path)
 
 
-def load_generator(model_spec: dict, init_from: Path | None, scorer_encoder):  # noqa: C901
+def load_generator(model_spec: ModelConfig, init_from: Path | None, scorer_encoder):  # noqa: C901
     """(model, tokenizer): a seq2seq or causal generator. ``generator: bert2bert-minilm``
     warm-starts a BERT2BERT model from the embedded scorer's weights; a hub name, folder or offline
     name (:mod:`bsloss.pretrained`, e.g. ``gemma-3-270m``) loads that model as the kind its config
@@ -212,19 +362,21 @@ def load_generator(model_spec: dict, init_from: Path | None, scorer_encoder):  #
 
     from bsloss.pretrained import resolve_model
 
-    kind = model_spec.get("kind", "auto")
+    kind = model_spec.kind
     if init_from is not None:
         return _pretrained(str(init_from), kind, f"--init_from {init_from}")
-    name = model_spec.get("generator")
-    if model_spec.get("generator_config"):
-        options = dict(model_spec["generator_config"])
-        tokenizer = AutoTokenizer.from_pretrained(_resolve(model_spec["tokenizer"]))
+    name = model_spec.generator
+    if model_spec.generator_config:
+        if not model_spec.tokenizer:
+            raise ValueError("config model: generator_config needs model.tokenizer (a folder)")
+        options = dict(model_spec.generator_config)
+        tokenizer = AutoTokenizer.from_pretrained(_resolve(model_spec.tokenizer))
         options.setdefault("vocab_size", len(tokenizer))
         options.setdefault("pad_token_id", tokenizer.pad_token_id)
         options.setdefault("eos_token_id", tokenizer.eos_token_id)
         options.setdefault("decoder_start_token_id", tokenizer.pad_token_id)
         config = AutoConfig.for_model(options.pop("model_type"), **options)
-        torch.manual_seed(model_spec.get("init_seed", 0))
+        torch.manual_seed(model_spec.init_seed)
         return AutoModelForSeq2SeqLM.from_config(config), tokenizer
     if name == "bert2bert-minilm":
         from transformers import EncoderDecoderModel
@@ -259,28 +411,33 @@ def load_generator(model_spec: dict, init_from: Path | None, scorer_encoder):  #
     return _pretrained(resolve_model(name), kind, f"model.generator {name!r}")
 
 
-def special_ids(model, tokenizer) -> tuple[int, int, int]:
-    """(pad, eos, decoder start) of a seq2seq generator."""
+def special_ids(model, tokenizer) -> tuple[int, int]:
+    """(pad, eos) of a seq2seq generator."""
     config = model.config
     eos = config.eos_token_id if config.eos_token_id is not None else tokenizer.eos_token_id
     pad = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_token_id
-    start = config.decoder_start_token_id
-    if start is None:
-        start = model.generation_config.decoder_start_token_id
-    return pad, eos, start
+    return pad, eos
 
 
 class Collator:
     """Source ids (truncated to ``max_source_length``) and label ids ``[target pieces, eos]``.
     Each text is tokenised once per run; ``truncated`` counts the distinct texts the length
-    limits cut."""
+    limits cut. Padding (sources with the tokenizer's pad, labels with ``-100``, on the right)
+    and the ``decoder_input_ids`` (the model's ``prepare_decoder_input_ids_from_labels``) are
+    transformers' ``DataCollatorForSeq2Seq``."""
 
     def __init__(self, tokenizer, model, max_source_length: int, max_target_length: int):
-        self.tokenizer = tokenizer
-        self.pad, self.eos, self.start = special_ids(model, tokenizer)
+        from transformers import DataCollatorForSeq2Seq
+
+        self.tokenizer, self.model = tokenizer, model
+        self.pad, self.eos = special_ids(model, tokenizer)
         self.max_source, self.max_target = max_source_length, max_target_length
         self.truncated = {"source": 0, "target": 0}
         self._cache: dict[str, dict[str, list[int]]] = {"source": {}, "target": {}}
+        if tokenizer.padding_side != "right":  # the collator pads labels on the tokenizer's side
+            tokenizer = copy.deepcopy(tokenizer)
+            tokenizer.padding_side = "right"
+        self.padding = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
 
     def _ids(self, texts: list[str], side: str) -> list[list[int]]:
         cache = self._cache[side]
@@ -300,28 +457,15 @@ class Collator:
                 cache[text] = ids
         return [cache[t] for t in texts]
 
-    def _pad(self, rows: list[list[int]], value: int) -> torch.Tensor:
-        width = max(len(r) for r in rows)
-        return torch.tensor([r + [value] * (width - len(r)) for r in rows])
-
     def __call__(self, examples: list[Example]) -> dict[str, torch.Tensor]:
+        """``input_ids``, ``attention_mask``, ``labels`` and ``decoder_input_ids``."""
         sources = self._ids([e.source for e in examples], "source")
         labels = self._ids([e.target for e in examples], "target")
-        input_ids = self._pad(sources, self.pad)
-        label_ids = self._pad(labels, -100)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": (input_ids != self.pad).long()
-            if self.pad is not None
-            else torch.ones_like(input_ids),
-            "labels": label_ids,
-        }
-
-    def decoder_inputs(self, labels: torch.Tensor) -> torch.Tensor:
-        shifted = labels.new_full(labels.shape, self.pad)
-        shifted[:, 1:] = labels[:, :-1]
-        shifted[:, 0] = self.start
-        return shifted.masked_fill(shifted == -100, self.pad)
+        features = [
+            {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": target}
+            for ids, target in zip(sources, labels, strict=True)
+        ]
+        return dict(self.padding(features))
 
     def content_mask(self, labels: torch.Tensor) -> torch.Tensor:
         """Positions that hold a target token (not padding, not the final eos)."""
@@ -355,7 +499,7 @@ def teacher_forced_logits(model, batch, label_sets: list[torch.Tensor], collator
     logits = model(
         input_ids=batch["input_ids"].repeat(repeat, 1),
         attention_mask=batch["attention_mask"].repeat(repeat, 1),
-        decoder_input_ids=collator.decoder_inputs(labels),
+        decoder_input_ids=collator.model.prepare_decoder_input_ids_from_labels(labels=labels),
     ).logits
     return [part[:, : x.shape[1]] for part, x in zip(logits.chunk(repeat), label_sets, strict=True)]
 
@@ -473,11 +617,11 @@ class Evaluator:
     """Held-out generation and scoring: hard F_BERT (exact BERTScorer), ROUGE-1/2/L
     (summarization) or sacreBLEU BLEU and chrF (translation), and teacher-forced CE."""
 
-    def __init__(self, task: str, scorer, config: dict):
+    def __init__(self, task: str, scorer, config: EvalConfig):
         self.task, self.scorer = task, scorer
-        self.num_beams = config.get("num_beams", 1)
-        self.max_new_tokens = config.get("max_new_tokens", 48)
-        self.batch_size = config.get("batch_size", 16)
+        self.num_beams = config.num_beams
+        self.max_new_tokens = config.max_new_tokens
+        self.batch_size = config.batch_size
 
     @torch.no_grad()
     def cross_entropy(self, model, collator: Collator, examples, device) -> float:
@@ -683,17 +827,17 @@ class RecipeRun:
 
         self.args = args
         self.config = load_config(args.config, args.overrides)
-        self.train_spec = self.config["train"]
+        self.train = self.config.train
         self.output_dir = args.output_dir
         # checkpoints/checkpoint_N every train.save_every steps, the last few kept
         checkpoints = ProjectConfiguration(
             project_dir=str(self.output_dir),
             automatic_checkpoint_naming=True,
-            total_limit=self.train_spec.get("checkpoints_total_limit", 2),
+            total_limit=self.train.checkpoints_total_limit,
         )
         self.accelerator = Accelerator(
-            mixed_precision=args.mixed_precision or self.train_spec.get("mixed_precision", "no"),
-            gradient_accumulation_steps=self.train_spec.get("gradient_accumulation_steps", 1)
+            mixed_precision=args.mixed_precision or self.train.mixed_precision,
+            gradient_accumulation_steps=self.train.gradient_accumulation_steps
             if gradient_accumulation
             else 1,
             cpu=args.cpu,
@@ -701,26 +845,24 @@ class RecipeRun:
         )
         self.progress = Progress()
         self.accelerator.register_for_checkpointing(self.progress)
-        set_seed(self.train_spec["seed"])
+        set_seed(self.train.seed)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.log = RunLog(self.output_dir / "log.jsonl", self.accelerator.is_main_process)
-        self.data = load_splits(self.config["data"])
-        scorer_spec = self.config.get("scorer", {})
+        self.data = load_splits(self.config.data)
+        scorer_spec = self.config.scorer
         self.encoder = ScorerEncoder.from_pretrained(
-            scorer_spec.get("model"), scorer_spec.get("num_layers"), self.accelerator.device
+            scorer_spec.model, scorer_spec.num_layers, self.accelerator.device
         )
         # references repeat (validation set, reward): their embeddings are kept across calls
         self.scorer = BERTScorer(encoder=self.encoder, reference_cache_size=100_000)
-        self.model, self.tokenizer = load_generator(
-            self.config["model"], args.init_from, self.encoder
-        )
-        if self.train_spec.get("gradient_checkpointing", False):
+        self.model, self.tokenizer = load_generator(self.config.model, args.init_from, self.encoder)
+        if self.train.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
-        data_spec = self.config["data"]
+        data_spec = self.config.data
         if getattr(self.model.config, "is_encoder_decoder", False):
             for setting in ("prompt_format", "chat_template"):
-                if data_spec.get(setting) not in (None, "auto"):
+                if getattr(data_spec, setting) not in (None, "auto"):
                     raise ValueError(
                         f"data.{setting} is for decoder-only generators; "
                         "this generator is an encoder-decoder"
@@ -728,8 +870,8 @@ class RecipeRun:
             self.collator = Collator(
                 self.tokenizer,
                 self.model,
-                data_spec["max_source_length"],
-                data_spec["max_target_length"],
+                data_spec.max_source_length,
+                data_spec.max_target_length,
             )
         else:
             from causal import CausalCollator
@@ -737,13 +879,13 @@ class RecipeRun:
             self.collator = CausalCollator(
                 self.tokenizer,
                 self.model,
-                self.config["task"],
-                data_spec["max_source_length"],
-                data_spec["max_target_length"],
-                data_spec.get("prompt_format"),
-                data_spec.get("chat_template", "auto"),
+                self.config.task,
+                data_spec.max_source_length,
+                data_spec.max_target_length,
+                data_spec.prompt_format,
+                data_spec.chat_template,
             )
-        self.evaluator = Evaluator(self.config["task"], self.scorer, self.config.get("eval", {}))
+        self.evaluator = Evaluator(self.config.task, self.scorer, self.config.eval)
         self.results_path = self.output_dir / "results.json"
         self.results: dict = {}
         self.timer = Timer()
@@ -763,7 +905,7 @@ class RecipeRun:
             start = resume(self.accelerator, self.output_dir, self.log, self.progress)
         if self.results_path.exists():
             self.results = json.loads(self.results_path.read_text())
-        wants_before = self.config.get("eval", {}).get("before", True)
+        wants_before = self.config.eval.before
         if start == 0 and self.accelerator.is_main_process and wants_before:
             before, hypotheses = self.evaluate("test")
             self.results["before"] = before
@@ -783,8 +925,8 @@ class RecipeRun:
         world, rank = accelerator.num_processes, accelerator.process_index
         stream = batch_indices(
             len(self.data["train"]),
-            self.train_spec["batch_size"] * world,
-            self.train_spec["seed"],
+            self.train.batch_size * world,
+            self.train.seed,
             start_step * accelerator.gradient_accumulation_steps,
         )
         for indices in stream:
@@ -794,7 +936,7 @@ class RecipeRun:
         return {k: v.to(self.device) for k, v in self.collator(examples).items()}
 
     def last_step(self, start_step: int) -> int:
-        steps = self.train_spec["steps"]
+        steps = self.train.steps
         stop_after = self.args.stop_after
         return steps if stop_after is None else min(steps, start_step + stop_after)
 
@@ -803,11 +945,11 @@ class RecipeRun:
         if not math.isfinite(entry["loss"]):
             raise FloatingPointError(f"step {step}: the loss is {entry['loss']}")
         self.log.write(kind="train", step=step, time=self.timer(), **entry)
-        eval_every = self.train_spec.get("eval_every", 0)
+        eval_every = self.train.eval_every
         if eval_every and step % eval_every == 0 and self.accelerator.is_main_process:
             metrics, _ = self.evaluate("validation")
             self.log.write(kind="eval", split="validation", step=step, time=self.timer(), **metrics)
-        save_every = self.train_spec.get("save_every", 0)
+        save_every = self.train.save_every
         if save_every and step % save_every == 0:
             self.progress.step = step
             self.accelerator.save_state()
@@ -819,13 +961,13 @@ class RecipeRun:
     def finish(self, last_step: int, title: str, **extra) -> dict:
         """After the last step: the model, test scores, results.json, outputs and the plot
         (or nothing but a message when ``--stop_after`` cut the run short)."""
-        accelerator, steps = self.accelerator, self.train_spec["steps"]
+        accelerator, steps = self.accelerator, self.train.steps
         accelerator.wait_for_everyone()
         if last_step < steps:
             accelerator.print(f"stopped after step {last_step} of {steps} (--stop_after)")
             return self.results
         if accelerator.is_main_process:
-            if self.train_spec.get("save_model", True):  # a study's many runs may skip 1 GB each
+            if self.train.save_model:  # a study's many runs may skip 1 GB each
                 self.unwrapped.save_pretrained(self.output_dir / "model")
                 self.tokenizer.save_pretrained(self.output_dir / "model")
             after, hypotheses = self.evaluate("test")
@@ -833,7 +975,7 @@ class RecipeRun:
             self.results.update(
                 after=after,
                 steps=steps,
-                seed=self.train_spec["seed"],
+                seed=self.train.seed,
                 train_seconds=self.timer(),
                 truncated=self.collator.truncated,
                 command=" ".join(sys.argv),

@@ -11,20 +11,17 @@ The task, data, generator, scorer, loss and schedule come from the YAML config (
 ``recipes/configs/``); ``--set key=value`` overrides an entry. Candidate distributions are the
 teacher-forced next-token distributions (``loss.candidates: teacher_forced``), or the model's own
 greedy or sampled output re-scored under teacher forcing (``greedy`` / ``sample``). Writes
-``log.jsonl``, ``curves.png``, ``checkpoints/step-N`` (for ``--resume``), ``model/``,
+``log.jsonl``, ``curves.png``, ``checkpoints/checkpoint_N`` (for ``--resume``), ``model/``,
 ``test_outputs.txt`` and ``results.json`` (test metrics before and after) under ``--output_dir``.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import torch  # noqa: E402
-from common import (  # noqa: E402
+import torch
+from common import (
+    RecipeConfig,
     RecipeRun,
+    TrainConfig,
     base_arguments,
     linear_warmup,
     lm_head_inputs,
@@ -32,36 +29,70 @@ from common import (  # noqa: E402
     token_cross_entropy_from_hidden,
 )
 
-from bsloss import BERTScoreLoss  # noqa: E402
-from bsloss.scorer.encoder import ScorerEncoder  # noqa: E402
+from bsloss import BERTScoreLoss
+from bsloss.scorer.encoder import ScorerEncoder
 
 CANDIDATE_MODES = ("teacher_forced", "greedy", "sample")
 
 
-# How the recipe uses the term; every other key of the config's loss section is a keyword of
-# BERTScoreLoss, passed as it is (a misspelt one fails there, named).
-RECIPE_LOSS_KEYS = ("weight", "warmup_steps", "candidates")
+# How the recipe uses the term, with its defaults; every other key of the config's loss section
+# is a keyword of BERTScoreLoss, passed as it is (a misspelt one fails there, named).
+RECIPE_LOSS_KEYS = {
+    "weight": 0.0,  # lambda in CE + lambda * (1 - F_BERT)
+    "warmup_steps": 0,  # lambda grows linearly over these steps
+    "candidates": "teacher_forced",  # teacher_forced | greedy | sample
+}
 
 
-def build_loss(config: dict, encoder: ScorerEncoder, generator_tokenizer) -> BERTScoreLoss:
-    options = {k: v for k, v in config["loss"].items() if k not in RECIPE_LOSS_KEYS}
+def recipe_loss_settings(loss_section: dict) -> dict:
+    """The recipe's own keys of the loss section (``RECIPE_LOSS_KEYS``), defaults filled in."""
+    return {key: loss_section.get(key, default) for key, default in RECIPE_LOSS_KEYS.items()}
+
+
+def build_loss(config: RecipeConfig, encoder: ScorerEncoder, generator_tokenizer) -> BERTScoreLoss:
+    options = {k: v for k, v in config.loss.items() if k not in RECIPE_LOSS_KEYS}
     same_vocabulary = generator_tokenizer.get_vocab() == encoder.tokenizer.get_vocab()
     try:
         return BERTScoreLoss(
             encoder=encoder,
             generator_tokenizer=None if same_vocabulary else generator_tokenizer,
-            gradient_checkpointing=config["train"].get("scorer_gradient_checkpointing", True),
+            gradient_checkpointing=config.train.scorer_gradient_checkpointing,
             **options,
         )
     except TypeError as error:
         raise TypeError(f"config section loss: {error}") from error
 
 
+def build_optimizer(model, train: TrainConfig, num_processes: int = 1):
+    """AdamW and the learning-rate schedule ``train.lr_scheduler_type`` of transformers
+    (``get_scheduler``: linear, cosine, constant_with_warmup, ...) over ``train.steps`` optimizer
+    steps, ``train.lr_warmup_steps`` of them warm-up. accelerate steps a prepared scheduler once
+    per process at each optimizer step, so its step counts are scaled by ``num_processes``."""
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=train.learning_rate,
+        weight_decay=train.weight_decay,
+    )
+    try:
+        scheduler = get_scheduler(
+            train.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=train.lr_warmup_steps * num_processes,
+            num_training_steps=train.steps * num_processes,
+        )
+    except ValueError as error:  # an unknown name: transformers lists the known ones
+        raise ValueError(f"config train.lr_scheduler_type: {error}") from error
+    return optimizer, scheduler
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = base_arguments(__doc__.splitlines()[0]).parse_args(argv)
     run = RecipeRun(args)
-    config, train_spec, loss_spec = run.config, run.train_spec, run.config["loss"]
-    mode = loss_spec.get("candidates", "teacher_forced")
+    config, train_spec = run.config, run.train
+    loss_spec = recipe_loss_settings(config.loss)
+    mode = loss_spec["candidates"]
     if mode not in CANDIDATE_MODES:
         raise ValueError(f"loss.candidates must be one of {CANDIDATE_MODES}: {mode!r}")
     loss_fn = build_loss(config, run.encoder, run.tokenizer)
@@ -75,33 +106,25 @@ def main(argv: list[str] | None = None) -> dict:
             bridge=None if loss_fn.bridge is None else loss_fn.bridge.fidelity(),
             world_size=run.accelerator.num_processes,
         )
-    optimizer = torch.optim.AdamW(
-        run.model.parameters(),
-        lr=train_spec["learning_rate"],
-        weight_decay=train_spec.get("weight_decay", 0.0),
-    )
-    warmup = train_spec.get("lr_warmup_steps", 0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / max(warmup, 1)) if warmup else 1.0
-    )
+    optimizer, scheduler = build_optimizer(run.model, train_spec, run.accelerator.num_processes)
     model, optimizer, scheduler, start_step = run.prepare(optimizer, scheduler)
 
     accelerator, collator = run.accelerator, run.collator
     accumulation = accelerator.gradient_accumulation_steps
-    max_target_length = config["data"]["max_target_length"]
+    max_target_length = config.data.max_target_length
     batches = run.batches(start_step)
     stop = run.last_step(start_step)
     from tqdm.auto import tqdm
 
     progress = tqdm(
-        total=train_spec["steps"],
+        total=train_spec.steps,
         initial=start_step,
         disable=not accelerator.is_main_process,
         desc="train",
     )
     model.train()
     for step in range(start_step + 1, stop + 1):
-        weight = linear_warmup(loss_spec.get("weight", 0.0), loss_spec.get("warmup_steps", 0), step)
+        weight = linear_warmup(loss_spec["weight"], loss_spec["warmup_steps"], step)
         totals = {"loss": 0.0, "ce": 0.0}
         if weight > 0:
             totals["bertscore_loss"] = 0.0
@@ -142,8 +165,8 @@ def main(argv: list[str] | None = None) -> dict:
                     loss = token_cross_entropy(logits[0], batch["labels"])
                     parts = {"ce": loss.detach()}
                 accelerator.backward(loss)
-                if accelerator.sync_gradients and train_spec.get("max_grad_norm"):
-                    accelerator.clip_grad_norm_(model.parameters(), train_spec["max_grad_norm"])
+                if accelerator.sync_gradients and train_spec.max_grad_norm:
+                    accelerator.clip_grad_norm_(model.parameters(), train_spec.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
@@ -154,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
         progress.set_postfix(loss=f"{totals['loss']:.3f}")
         run.end_of_step(step, weight=weight, lr=scheduler.get_last_lr()[0], **totals)
     progress.close()
-    return run.finish(stop, f"{config['task']}: {args.config.name}")
+    return run.finish(stop, f"{config.task}: {args.config.name}")
 
 
 if __name__ == "__main__":

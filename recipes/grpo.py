@@ -17,20 +17,17 @@ them and the reward curve, ``reward.png`` plots it.
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from causal import CausalCollator
+from common import DataConfig, generate_answers, load_splits, rouge_scores
+from prompting import answer
 
-import torch  # noqa: E402
-from causal import CausalCollator  # noqa: E402
-from common import generate_answers, load_splits, rouge_scores  # noqa: E402
-from prompting import answer  # noqa: E402
-
-from bsloss import BERTScorer, BERTScoreReward  # noqa: E402
-from bsloss.pretrained import resolve_model  # noqa: E402
-from bsloss.reward import completion_text  # noqa: E402
+from bsloss import BERTScorer, BERTScoreReward
+from bsloss.pretrained import resolve_model
+from bsloss.reward import completion_text
 
 DATA = {
     "summarization": {
@@ -126,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"--model {script.model!r} is an encoder-decoder; GRPO here is for causal LMs"
         )
     splits = load_splits(
-        {**DATA[script.task], "max_train": script.max_train, "max_test": script.max_test}
+        DataConfig(**DATA[script.task], max_train=script.max_train, max_test=script.max_test)
     )
 
     # the recipes' decoder-only layout: the same prompts, left-padded generation, answers

@@ -16,19 +16,14 @@ of the config (optional) sets ``ce_weight`` and ``sample_top_k``.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import torch  # noqa: E402
-from common import (  # noqa: E402
+import torch
+from common import (
     RecipeRun,
     base_arguments,
     token_cross_entropy,
 )
 
-from bsloss import BERTScoreReward  # noqa: E402
+from bsloss import BERTScoreReward
 
 
 def sequence_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -43,14 +38,14 @@ def sequence_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
 def main(argv: list[str] | None = None) -> dict:
     args = base_arguments(__doc__.splitlines()[0]).parse_args(argv)
     run = RecipeRun(args, gradient_accumulation=False)
-    train_spec, rl_spec = run.train_spec, run.config.get("rl", {})
+    train_spec, rl_spec = run.train, run.config.rl
     reward = BERTScoreReward(scorer=run.scorer)
-    optimizer = torch.optim.AdamW(run.model.parameters(), lr=train_spec["learning_rate"])
+    optimizer = torch.optim.AdamW(run.model.parameters(), lr=train_spec.learning_rate)
     model, optimizer, start_step = run.prepare(optimizer)
 
     accelerator, collator = run.accelerator, run.collator
-    ce_weight, top_k = rl_spec.get("ce_weight", 0.0), rl_spec.get("sample_top_k", 0)
-    max_new = run.config["data"]["max_target_length"]
+    ce_weight, top_k = rl_spec.ce_weight, rl_spec.sample_top_k
+    max_new = run.config.data.max_target_length
     batches = run.batches(start_step)
     stop = run.last_step(start_step)
     model.train()
@@ -81,8 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
                 loss = loss + ce_weight * ce
                 parts["ce"] = ce.item()
         accelerator.backward(loss)
-        if train_spec.get("max_grad_norm"):
-            accelerator.clip_grad_norm_(model.parameters(), train_spec["max_grad_norm"])
+        if train_spec.max_grad_norm:
+            accelerator.clip_grad_norm_(model.parameters(), train_spec.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()
         run.end_of_step(

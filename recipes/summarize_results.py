@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RECIPES = Path(__file__).resolve().parent
 RESULTS = RECIPES / "results"
@@ -188,7 +185,7 @@ def held_out_references(task: str) -> list[str]:
     from common import load_config, load_splits
 
     config = load_config(RECIPES / "configs" / CONFIGS[task], [])
-    return [e.target for e in load_splits(config["data"])["test"]]
+    return [e.target for e in load_splits(config.data)["test"]]
 
 
 def task_tables(task: Path) -> str:

@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "recipes"))
-
-from _models import scorer_vocabulary_tokenizer  # noqa: E402
-from causal import CausalCollator  # noqa: E402
-from common import Example, token_cross_entropy  # noqa: E402
+from _models import scorer_vocabulary_tokenizer
+from causal import CausalCollator
+from common import Example, token_cross_entropy
 
 SPLITS_ALL = ("train", "validation", "test")
 EXAMPLES = [

@@ -385,10 +385,6 @@ def _tiny_seq2seq(kind: str):
 def test_recipe_lm_head_inputs_give_the_logits(kind):
     """recipes/common.py's lm_head_inputs: hidden @ W^T + b equals the model's own logits, and
     the model is restored afterwards."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "recipes"))
     from common import lm_head_inputs
 
     model = _tiny_seq2seq(kind).eval()

@@ -92,9 +92,7 @@ def test_resume_loses_only_the_steps_since_the_checkpoint(tmp_path):
     ]  # fmt: skip
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     run_recipe("finetune.py", *settings, "--output_dir", straight)
-    done = run_recipe(
-        "finetune.py", *settings, "--output_dir", interrupted, "--stop_after", "3"
-    )
+    done = run_recipe("finetune.py", *settings, "--output_dir", interrupted, "--stop_after", "3")
     assert "stopped after step 3" in done.stdout
     assert not (interrupted / "model").exists()
     assert [e["step"] for e in read_log(interrupted) if e["kind"] == "train"] == [1, 2, 3]
@@ -191,7 +189,6 @@ def test_two_processes_center_with_the_global_batch_mean(tmp_path):
 
 
 def test_loss_section_goes_straight_to_the_loss(scorer):
-    sys.path.insert(0, str(REPO / "recipes"))
     from common import load_config
     from finetune import build_loss
 

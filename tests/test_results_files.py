@@ -5,7 +5,6 @@ so the tables (re-scored by recipes/summarize_results.py) describe those runs.""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ RUNS = sorted(p for p in RESULTS.glob("*/*-s*") if (p / "results.json").exists()
 
 @pytest.fixture(scope="module")
 def references():
-    sys.path.insert(0, str(REPO / "recipes"))
     from summarize_results import CONFIGS, held_out_references
 
     return {task: held_out_references(task) for task in CONFIGS}

@@ -1,0 +1,217 @@
+"""The recipes' library pieces: config sections as dataclasses (unknown keys named, defaults in
+one place, ``--set`` overrides), transformers' learning-rate schedules, and transformers' seq2seq
+collator giving the decoder inputs the recipes used to build by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from common import (
+    Collator,
+    DataConfig,
+    EvalConfig,
+    Example,
+    ModelConfig,
+    RecipeConfig,
+    TrainConfig,
+    load_config,
+    load_generator,
+    load_splits,
+    section,
+    token_cross_entropy,
+)
+from finetune import build_optimizer, recipe_loss_settings
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "recipes/configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_shipped_config_loads_into_the_dataclasses(path):
+    config = load_config(path, [])
+    assert isinstance(config, RecipeConfig) and isinstance(config.train, TrainConfig)
+    assert config.train.lr_scheduler_type == "constant_with_warmup"
+    assert config["data"] is config.data  # sections by name too
+    assert isinstance(config.loss, dict) and "matching" in config.loss
+
+
+def test_unknown_key_names_the_section_and_the_key(tmp_path):
+    with pytest.raises(ValueError, match=r"config train: unknown key 'lerning_rate' \(known: .*"):
+        load_config(CONFIGS[0], ["train.lerning_rate=1e-4"])
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(CONFIGS[0].read_text().replace("  num_beams:", "  num_beam:"))
+    with pytest.raises(ValueError, match="config eval: unknown key 'num_beam'"):
+        load_config(broken, [])
+    broken.write_text(CONFIGS[0].read_text().replace("eval:", "evaluation:"))
+    with pytest.raises(ValueError, match=r"unknown section\(s\) \['evaluation'\]"):
+        load_config(broken, [])
+    with pytest.raises(ValueError, match="config data: missing key 'target'"):
+        section(DataConfig, "data", {"source": "document"})
+    with pytest.raises(KeyError, match="no config section 'trian'"):
+        load_config(CONFIGS[0], ["trian.steps=3"])
+    with pytest.raises(KeyError, match="--set steps: expected task or section.key"):
+        load_config(CONFIGS[0], ["steps=3"])
+    assert load_config(CONFIGS[0], ["task=summarization"]).task == "summarization"
+    with pytest.raises(ValueError, match="config task must be summarization or translation"):
+        load_config(CONFIGS[0], ["task=dialogue"])
+
+
+def test_overrides_and_defaults(tmp_path):
+    config = load_config(
+        REPO / "recipes/configs/xsum-bert2bert.yaml",
+        ["train.learning_rate=2e-4", "train.lr_scheduler_type=cosine", "rl.ce_weight=0.5",
+         "data.max_test=null", "loss.idf=true"],
+    )  # fmt: skip
+    assert config.train.learning_rate == 2e-4  # YAML reads 2e-4 as text; --set means a number
+    assert config.train.lr_scheduler_type == "cosine"
+    assert config.rl.ce_weight == 0.5 and config.data.max_test is None
+    assert config.loss["idf"] is True  # the loss section is BERTScoreLoss's keywords, as given
+    # a file without the optional sections and keys gets the dataclasses' defaults
+    minimal = tmp_path / "minimal.yaml"
+    minimal.write_text(
+        "task: translation\n"
+        "data: {path: recipes/data/bible-es-en-sample.tsv, source: spanish, target: english}\n"
+        "train: {steps: 2, batch_size: 2, learning_rate: 1.0e-5}\n"
+    )
+    config = load_config(minimal, ["rl.sample_top_k=5"])
+    assert config.eval == EvalConfig() and config.loss == {}
+    assert config.train.lr_warmup_steps == 0 and config.train.checkpoints_total_limit == 2
+    assert config.rl.sample_top_k == 5
+    assert recipe_loss_settings(config.loss) == {
+        "weight": 0.0, "warmup_steps": 0, "candidates": "teacher_forced",
+    }  # fmt: skip
+    assert len(load_splits(config.data)["test"]) == 200
+
+
+def _learning_rates(scheduler_type: str, warmup: int, steps: int, processes: int = 1) -> list:
+    train = TrainConfig(
+        steps=steps, batch_size=1, learning_rate=1.0, lr_warmup_steps=warmup,
+        lr_scheduler_type=scheduler_type,
+    )  # fmt: skip
+    optimizer, scheduler = build_optimizer(torch.nn.Linear(2, 2), train, processes)
+    rates = []
+    for _ in range(steps):
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        for _ in range(processes):  # accelerate steps a prepared scheduler once per process
+            scheduler.step()
+    return rates
+
+
+def test_learning_rate_schedules_are_transformers():
+    assert _learning_rates("constant_with_warmup", 2, 4) == [0.0, 0.5, 1.0, 1.0]
+    assert _learning_rates("constant_with_warmup", 0, 3) == [1.0, 1.0, 1.0]
+    assert _learning_rates("linear", 2, 6) == pytest.approx([0.0, 0.5, 1.0, 0.75, 0.5, 0.25])
+    cosine = _learning_rates("cosine", 0, 4)
+    assert cosine == pytest.approx([1.0, 0.8535534, 0.5, 0.1464466])
+    # over 2 processes, the schedule is still over train.steps optimizer steps
+    assert _learning_rates("linear", 2, 6, processes=2) == _learning_rates("linear", 2, 6)
+    with pytest.raises(ValueError, match="lr_scheduler_type"):
+        _learning_rates("cosin", 0, 2)
+
+
+EXAMPLES = [
+    Example("the cat sat on the mat all day long and then it slept", "a cat sat"),
+    Example("rain", "it rained in the north of the country today"),
+    Example("dogs ran in the park", "dogs ran"),
+]
+
+
+def _seq2seq(kind: str, scorer):
+    """(model, tokenizer): the recipe's own BERT2BERT, or a tiny BART or T5 on the scorer's
+    vocabulary with its [CLS] as the decoder start."""
+    import transformers
+
+    if kind == "bert2bert":
+        return load_generator(ModelConfig(generator="bert2bert-minilm"), None, scorer.encoder)
+    tokenizer = scorer.encoder.tokenizer
+    ids = {
+        "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.sep_token_id, "decoder_start_token_id": tokenizer.cls_token_id,
+    }  # fmt: skip
+    torch.manual_seed(0)
+    if kind == "bart":
+        config = transformers.BartConfig(
+            d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+            max_position_embeddings=64, forced_eos_token_id=None, **ids,
+        )  # fmt: skip
+        return transformers.BartForConditionalGeneration(config), tokenizer
+    config = transformers.T5Config(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, **ids)
+    return transformers.T5ForConditionalGeneration(config), tokenizer
+
+
+class _Recorder(torch.nn.Module):
+    """Stands in for the model in a forward pass: records its keywords."""
+
+    def forward(self, **inputs):
+        self.inputs = inputs
+        rows, width = inputs["decoder_input_ids"].shape
+        return type("Out", (), {"logits": torch.zeros(rows, width, 5)})()
+
+
+@pytest.mark.parametrize("kind", ["bert2bert", "bart", "t5"])
+def test_seq2seq_collator_pads_and_shifts_as_the_recipes_did(kind, scorer):
+    model, tokenizer = _seq2seq(kind, scorer)
+    collator = Collator(tokenizer, model, 12, 8)
+    pad, eos = tokenizer.pad_token_id, collator.eos
+    start = model.config.decoder_start_token_id
+    assert start == tokenizer.cls_token_id and eos == tokenizer.sep_token_id
+    batch = collator(EXAMPLES)
+    assert set(batch) == {"input_ids", "attention_mask", "labels", "decoder_input_ids"}
+    # the explicit layout: sources and labels right-padded, labels with -100
+    sources = [collator._ids([e.source], "source")[0] for e in EXAMPLES]
+    targets = [collator._ids([e.target], "target")[0] for e in EXAMPLES]
+    assert collator.truncated == {"source": 1, "target": 1}
+    width, span = max(map(len, sources)), max(map(len, targets))
+    assert batch["input_ids"].tolist() == [s + [pad] * (width - len(s)) for s in sources]
+    assert batch["attention_mask"].tolist() == [
+        [1] * len(s) + [0] * (width - len(s)) for s in sources
+    ]
+    assert batch["labels"].tolist() == [t + [-100] * (span - len(t)) for t in targets]
+    assert all(t[-1] == eos for t in targets)
+    # decoder inputs: the start token, then the labels shifted right, padding as pad
+    expected = [([start] + t + [pad] * (span - len(t)))[:span] for t in targets]
+    assert batch["decoder_input_ids"].tolist() == expected
+    assert batch["input_ids"].dtype == batch["labels"].dtype == torch.int64
+    # teacher forcing over several label sets uses the same shift (the model's own method)
+    other = batch["labels"][:, :3].clone()
+    recorder = _Recorder()
+    first, second = collator.teacher_forced_logits(recorder, batch, [batch["labels"], other])
+    assert first.shape[:2] == batch["labels"].shape and second.shape[:2] == other.shape
+    fed = recorder.inputs["decoder_input_ids"]
+    assert fed[: len(EXAMPLES)].tolist() == expected
+    assert fed[len(EXAMPLES) :].tolist() == [
+        ([start] + t[:3] + [pad] * span)[:span] for t in targets
+    ]
+    # and the real model's CE on the batch is its own loss on the same labels
+    model.eval()
+    with torch.no_grad():
+        (logits,) = collator.teacher_forced_logits(model, batch, [batch["labels"]])
+        own = model(**{k: batch[k] for k in ("input_ids", "attention_mask", "labels")}).loss
+    torch.testing.assert_close(token_cross_entropy(logits, batch["labels"]), own)
+
+
+@pytest.mark.parametrize("has_pad", [True, False])
+def test_causal_collator_pads_prompts_left_and_labels_right(has_pad, scorer):
+    from _models import scorer_vocabulary_tokenizer, tiny_gpt2
+    from causal import CausalCollator
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    model = tiny_gpt2(tokenizer)
+    if not has_pad:  # a base LM's tokenizer often has none: eos pads, as in TRL's trainers
+        tokenizer.pad_token = None
+    collator = CausalCollator(tokenizer, model, "summarization", 32, 6)
+    pad = tokenizer.pad_token_id
+    assert pad == (0 if has_pad else tokenizer.sep_token_id)
+    batch = collator(EXAMPLES)
+    prompts = [collator._prompt(e.source) for e in EXAMPLES]
+    completions = [collator._completion(e.target) for e in EXAMPLES]
+    width, span = max(map(len, prompts)), max(map(len, completions))
+    assert batch["prompt_ids"].tolist() == [[pad] * (width - len(p)) + p for p in prompts]
+    mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+    assert batch["prompt_mask"].tolist() == mask
+    assert batch["labels"].tolist() == [c + [-100] * (span - len(c)) for c in completions]
+    assert {t.dtype for t in batch.values()} == {torch.int64}
