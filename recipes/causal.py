@@ -7,14 +7,14 @@ logits for those ``C + 1`` columns only (``logits_to_keep``), never for the prom
 262,144-token vocabulary the prompt's logits would be most of a step's memory. Position ids
 count real tokens only, so left padding does not shift them (as ``generate`` does).
 
-The collator has the seq2seq :class:`common.Collator`'s interface (``teacher_forced_logits``,
+The collator has the seq2seq :class:`seq2seq.Collator`'s interface (``teacher_forced_logits``,
 ``generate``, ``decode``, ``content_mask``), so the recipes run either kind of model unchanged.
 """
 
 from __future__ import annotations
 
 import torch
-from common import generate_ids, generated_labels, pad_labels
+from generators import generate_ids, generated_labels, pad_labels
 from prompting import answer, lead, prompt_text, uses_chat_template
 
 

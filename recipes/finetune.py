@@ -18,16 +18,9 @@ greedy or sampled output re-scored under teacher forcing (``greedy`` / ``sample`
 from __future__ import annotations
 
 import torch
-from common import (
-    RecipeConfig,
-    RecipeRun,
-    TrainConfig,
-    base_arguments,
-    linear_warmup,
-    lm_head_inputs,
-    token_cross_entropy,
-    token_cross_entropy_from_hidden,
-)
+from config import RecipeConfig, TrainConfig, base_arguments
+from generators import lm_head_inputs, token_cross_entropy, token_cross_entropy_from_hidden
+from run import RecipeRun, linear_warmup
 
 from bsloss import BERTScoreLoss
 from bsloss.scorer.encoder import ScorerEncoder

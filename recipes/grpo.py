@@ -22,7 +22,9 @@ from pathlib import Path
 
 import torch
 from causal import CausalCollator
-from common import DataConfig, generate_answers, load_splits, rouge_scores
+from config import DataConfig
+from evaluation import generate_answers, rouge_scores
+from examples import load_splits
 from prompting import answer
 
 from bsloss import BERTScorer, BERTScoreReward

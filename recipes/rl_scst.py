@@ -17,11 +17,9 @@ of the config (optional) sets ``ce_weight`` and ``sample_top_k``.
 from __future__ import annotations
 
 import torch
-from common import (
-    RecipeRun,
-    base_arguments,
-    token_cross_entropy,
-)
+from config import base_arguments
+from generators import token_cross_entropy
+from run import RecipeRun
 
 from bsloss import BERTScoreReward
 

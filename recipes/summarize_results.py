@@ -92,7 +92,7 @@ class Scores:
             for name, scorer in self.scorers.items()
         }
         if self.task == "xsum":
-            from common import rouge_scores
+            from evaluation import rouge_scores
 
             for key, values in rouge_scores(outputs, self.references).items():
                 scores[key] = np.array(values)
@@ -182,7 +182,8 @@ def column_order(metrics) -> list[str]:
 
 
 def held_out_references(task: str) -> list[str]:
-    from common import load_config, load_splits
+    from config import load_config
+    from examples import load_splits
 
     config = load_config(RECIPES / "configs" / CONFIGS[task], [])
     return [e.target for e in load_splits(config.data)["test"]]

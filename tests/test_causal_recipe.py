@@ -11,7 +11,8 @@ import pytest
 import torch
 from _models import scorer_vocabulary_tokenizer
 from causal import CausalCollator
-from common import Example, token_cross_entropy
+from examples import Example
+from generators import token_cross_entropy
 
 SPLITS_ALL = ("train", "validation", "test")
 EXAMPLES = [
@@ -108,7 +109,7 @@ def test_prompt_longer_than_context_names_the_setting(tiny):
 
 def test_kind_mismatch_names_the_setting(tmp_path, tiny):
     model, tokenizer, _ = tiny
-    from common import _pretrained
+    from generators import _pretrained
 
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
@@ -141,7 +142,7 @@ def test_chat_template_setting(tiny):
 
 
 def test_empty_target_names_the_row_and_setting(tmp_path):
-    from common import load_splits
+    from examples import load_splits
 
     data = tmp_path / "data.jsonl"
     rows = [{"split": s, "document": "some text", "summary": "a summary"} for s in SPLITS_ALL]

@@ -383,9 +383,9 @@ def _tiny_seq2seq(kind: str):
 
 @pytest.mark.parametrize("kind", ["bart", "t5", "bert2bert"])
 def test_recipe_lm_head_inputs_give_the_logits(kind):
-    """recipes/common.py's lm_head_inputs: hidden @ W^T + b equals the model's own logits, and
+    """recipes/generators.py's lm_head_inputs: hidden @ W^T + b equals the model's own logits, and
     the model is restored afterwards."""
-    from common import lm_head_inputs
+    from generators import lm_head_inputs
 
     model = _tiny_seq2seq(kind).eval()
     inputs = {

@@ -8,21 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from common import (
-    Collator,
+from config import (
     DataConfig,
     EvalConfig,
-    Example,
     ModelConfig,
     RecipeConfig,
     TrainConfig,
     load_config,
-    load_generator,
-    load_splits,
     section,
-    token_cross_entropy,
 )
+from examples import Example, load_splits
 from finetune import build_optimizer, recipe_loss_settings
+from generators import load_generator, token_cross_entropy
+from seq2seq import Collator
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "recipes/configs").glob("*.yaml"))

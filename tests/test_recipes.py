@@ -189,7 +189,7 @@ def test_two_processes_center_with_the_global_batch_mean(tmp_path):
 
 
 def test_loss_section_goes_straight_to_the_loss(scorer):
-    from common import load_config
+    from config import load_config
     from finetune import build_loss
 
     config = load_config(SUMMARIZATION, ["loss.matching=sinkhorn", "loss.temperature=0.2"])

@@ -1,0 +1,215 @@
+"""A recipe's command line and YAML config: ``--config FILE --set section.key=value``, each
+section but ``loss`` a dataclass holding its keys' defaults (an unknown key fails, named); the
+``loss`` section goes to ``BERTScoreLoss`` as its keywords.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def base_arguments(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", type=Path, required=True, help="YAML file in recipes/configs/")
+    parser.add_argument("--output_dir", type=Path, required=True)
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config entry, e.g. --set loss.weight=0.5 (VALUE is parsed as YAML)",
+    )
+    parser.add_argument("--init_from", type=Path, help="start from this saved generator folder")
+    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument("--mixed_precision", choices=["no", "bf16", "fp16"], default=None)
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="run on the CPU even with a GPU; several CPU processes (gloo): "
+        "accelerate launch --multi_gpu --num_processes N <recipe> --cpu",
+    )
+    parser.add_argument(
+        "--stop_after",
+        type=int,
+        default=None,
+        help="stop after this many steps of this invocation, as an interruption would",
+    )
+    return parser
+
+
+TASKS = ("summarization", "translation")
+
+
+@dataclass
+class DataConfig:
+    """Config section ``data``: where the examples come from and how long they may be."""
+
+    source: str  # the source text's field ("translation.es" reaches into nested rows)
+    target: str  # the target text's field
+    path: str | None = None  # a local JSONL/TSV with a split column (relative to the repository)
+    dataset: str | None = None  # or a Hugging Face datasets name (needs internet)
+    dataset_config: str | None = None  # the dataset's configuration name
+    splits: dict | None = None  # {train: ..., validation: ..., test: ...}: the dataset's names
+    split_column: str = "split"  # the local file's split column
+    prompt_format: str | None = None  # decoder-only: a prompt with {source}; None: prompting.py's
+    chat_template: bool | str = "auto"  # decoder-only: auto | true | false
+    max_source_length: int = 128  # source tokens kept
+    max_target_length: int = 40  # target tokens kept, eos included
+    max_train: int | None = None  # examples kept per split (None: all)
+    max_validation: int | None = None
+    max_test: int | None = None
+
+
+@dataclass
+class ModelConfig:
+    """Config section ``model``: the generator."""
+
+    generator: str | None = "bert2bert-minilm"  # bert2bert-minilm, a hub name, folder or short name
+    kind: str = "auto"  # auto | seq2seq | causal (checked against the model's config)
+    generator_config: dict | None = None  # {model_type: t5, ...}: a seq2seq model built at random
+    tokenizer: str | None = None  # with generator_config: the tokenizer folder
+    init_seed: int = 0  # with generator_config: the seed of the random weights
+
+
+@dataclass
+class ScorerConfig:
+    """Config section ``scorer``: the BERTScore encoder of the loss, reward and evaluation."""
+
+    model: str | None = None  # None: the embedded all-MiniLM-L6-v2
+    num_layers: int | None = None  # None: the model's default layer
+
+
+@dataclass
+class TrainConfig:
+    """Config section ``train``: optimisation, checkpoints and validation."""
+
+    steps: int  # optimizer steps
+    batch_size: int  # examples per step and process, before accumulation
+    learning_rate: float  # AdamW's
+    gradient_accumulation_steps: int = 1
+    lr_scheduler_type: str = "constant_with_warmup"  # transformers' get_scheduler name
+    lr_warmup_steps: int = 0  # steps of learning-rate warm-up
+    weight_decay: float = 0.0  # AdamW's
+    max_grad_norm: float | None = None  # gradient-norm clipping (None or 0: off)
+    seed: int = 0  # the batches' order and the run's RNG
+    mixed_precision: str = "no"  # no | bf16 | fp16 (--mixed_precision overrides)
+    gradient_checkpointing: bool = False  # the generator's
+    scorer_gradient_checkpointing: bool = True  # the scorer's, in the loss
+    eval_every: int = 0  # validation every N steps (0: never)
+    save_every: int = 0  # a checkpoint every N steps (0: never)
+    save_model: bool = True  # false: no model/ folder at the end (studies)
+    checkpoints_total_limit: int = 2  # checkpoints/checkpoint_N kept (accelerate)
+
+
+@dataclass
+class EvalConfig:
+    """Config section ``eval``: held-out generation."""
+
+    num_beams: int = 1  # 1: greedy
+    max_new_tokens: int = 48
+    batch_size: int = 16
+    before: bool = True  # score the test split before training
+
+
+@dataclass
+class RLConfig:
+    """Config section ``rl`` (rl_scst.py)."""
+
+    ce_weight: float = 0.0  # + ce_weight * teacher-forced CE
+    sample_top_k: int = 0  # 0: sample from the whole distribution
+
+
+SECTIONS = {
+    "data": DataConfig,
+    "model": ModelConfig,
+    "scorer": ScorerConfig,
+    "train": TrainConfig,
+    "eval": EvalConfig,
+    "rl": RLConfig,
+}
+
+
+@dataclass
+class RecipeConfig:
+    """A recipe's YAML config: ``task``, a dataclass per section, and ``loss``, the keywords of
+    ``BERTScoreLoss`` with the recipe's own (see finetune.py), as a dict. ``config.train`` or
+    ``config["train"]``."""
+
+    task: str
+    data: DataConfig
+    train: TrainConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    scorer: ScorerConfig = field(default_factory=ScorerConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    loss: dict = field(default_factory=dict)
+
+    def __getitem__(self, section: str):
+        return getattr(self, section)
+
+
+def section(cls, name: str, values: dict | None):
+    """``cls(**values)``; a key that is not a field, or a missing required one, fails naming the
+    section and the key."""
+    values = {} if values is None else values
+    if not isinstance(values, dict):
+        raise ValueError(f"config {name}: expected a mapping of keys, got {values!r}")
+    known = [f.name for f in fields(cls)]
+    for key in values:
+        if key not in known:
+            raise ValueError(f"config {name}: unknown key {key!r} (known: {', '.join(known)})")
+    for f in fields(cls):
+        if f.default is MISSING and f.default_factory is MISSING and f.name not in values:
+            raise ValueError(f"config {name}: missing key {f.name!r}")
+    return cls(**values)
+
+
+def load_config(path: Path, overrides: list[str]) -> RecipeConfig:
+    """The YAML file's sections as dataclasses, after ``--set section.key=value`` overrides (the
+    value parsed as YAML)."""
+    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--set expects KEY=VALUE, got {item!r}")
+        key, value = item.split("=", 1)
+        *parents, leaf = key.split(".")
+        if not parents and leaf != "task":
+            raise KeyError(f"--set {key}: expected task or section.key")
+        if parents and parents[0] in (*SECTIONS, "loss"):
+            raw[parents[0]] = raw.get(parents[0]) or {}  # absent or empty in the file
+        node = raw
+        for part in parents:
+            if not isinstance(node.get(part), dict):
+                raise KeyError(f"--set {key}: no config section {part!r}")
+            node = node[part]
+        node[leaf] = _number_or_value(yaml.safe_load(value))
+    known = ["task", "loss", *SECTIONS]
+    unknown = [name for name in raw if name not in known]
+    if unknown:
+        raise ValueError(f"config: unknown section(s) {unknown} (known: {', '.join(known)})")
+    if raw.get("task") not in TASKS:
+        raise ValueError(f"config task must be summarization or translation: {raw.get('task')}")
+    loss = raw.get("loss") or {}
+    if not isinstance(loss, dict):
+        raise ValueError(f"config loss: expected a mapping of keys, got {loss!r}")
+    return RecipeConfig(
+        task=raw["task"],
+        loss=dict(loss),
+        **{name: section(cls, name, raw.get(name)) for name, cls in SECTIONS.items()},
+    )
+
+
+def _number_or_value(value: Any) -> Any:
+    """YAML 1.1 reads ``2e-4`` (no dot) as a string; on the command line it means a number."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value

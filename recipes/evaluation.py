@@ -1,0 +1,90 @@
+"""Held-out evaluation: generation, then hard F_BERT (bsloss's exact ``BERTScorer``), ROUGE
+(summarization) or sacreBLEU BLEU and chrF (translation), and teacher-forced CE.
+"""
+
+from __future__ import annotations
+
+import torch
+from config import EvalConfig
+from generators import token_cross_entropy
+from seq2seq import Collator
+
+
+class Evaluator:
+    """Held-out generation and scoring: hard F_BERT (exact BERTScorer), ROUGE-1/2/L
+    (summarization) or sacreBLEU BLEU and chrF (translation), and teacher-forced CE."""
+
+    def __init__(self, task: str, scorer, config: EvalConfig):
+        self.task, self.scorer = task, scorer
+        self.num_beams = config.num_beams
+        self.max_new_tokens = config.max_new_tokens
+        self.batch_size = config.batch_size
+
+    @torch.no_grad()
+    def cross_entropy(self, model, collator: Collator, examples, device) -> float:
+        total, tokens = 0.0, 0
+        for start in range(0, len(examples), self.batch_size):
+            batch = collator(examples[start : start + self.batch_size])
+            batch = {k: v.to(device) for k, v in batch.items()}
+            labels = batch["labels"]
+            mean = token_cross_entropy(
+                collator.teacher_forced_logits(model, batch, [labels])[0], labels
+            )
+            count = int((labels != -100).sum())
+            total, tokens = total + mean.item() * count, tokens + count
+        return total / max(tokens, 1)
+
+    def metrics(self, hypotheses: list[str], references: list[str], lowercase: bool) -> dict:
+        _, _, f = self.scorer.score(hypotheses, references, progress=False)
+        result = {"f_bert": float(f.mean())}
+        if self.task == "summarization":
+            for key, values in rouge_scores(hypotheses, references).items():
+                result[key] = sum(values) / len(values)
+        else:
+            import sacrebleu
+
+            result["bleu"] = sacrebleu.corpus_bleu(
+                hypotheses, [references], lowercase=lowercase
+            ).score
+            result["chrf"] = sacrebleu.corpus_chrf(hypotheses, [references]).score
+        result["mean_length"] = sum(len(h.split()) for h in hypotheses) / len(hypotheses)
+        return result
+
+    def __call__(self, model, tokenizer, collator, examples, device) -> tuple[dict, list[str]]:
+        was_training = model.training
+        model.eval()
+        hypotheses = generate_answers(
+            model, collator, examples, device, self.max_new_tokens, self.batch_size, self.num_beams
+        )
+        result = self.metrics(hypotheses, [e.target for e in examples], lowercases(tokenizer))
+        result["ce"] = self.cross_entropy(model, collator, examples, device)
+        model.train(was_training)
+        return result, hypotheses
+
+
+def generate_answers(
+    model, collator, examples, device, max_new_tokens: int, batch_size: int, num_beams: int = 1
+) -> list[str]:
+    """The model's decoded outputs for ``examples`` (greedy, or beam search), in batches."""
+    outputs = []
+    for start in range(0, len(examples), batch_size):
+        batch = collator(examples[start : start + batch_size])
+        batch = {k: v.to(device) for k, v in batch.items()}
+        outputs += collator.decode(
+            collator.generate(model, batch, max_new_tokens, num_beams=num_beams)
+        )
+    return outputs
+
+
+def rouge_scores(hypotheses: list[str], references: list[str]) -> dict[str, list[float]]:
+    """Per-example ROUGE-1/2/L F-measures (``rouge-score``, with stemming)."""
+    from rouge_score import rouge_scorer
+
+    rouge = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    rows = [rouge.score(r, h) for h, r in zip(hypotheses, references, strict=True)]
+    return {key: [row[key].fmeasure for row in rows] for key in ("rouge1", "rouge2", "rougeL")}
+
+
+def lowercases(tokenizer) -> bool:
+    """An uncased generator can't produce capitals: BLEU is then computed lowercased."""
+    return tokenizer.decode(tokenizer("Abc", add_special_tokens=False)["input_ids"]) == "abc"

@@ -1,0 +1,114 @@
+"""Training and held-out examples: ``(source, target)`` pairs from a local JSONL/TSV with a split
+column or a Hugging Face dataset, and the seeded order in which training batches take them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from config import DataConfig, section
+
+RECIPES = Path(__file__).resolve().parent
+
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass
+class Example:
+    source: str
+    target: str
+
+
+def repository_path(path: str) -> Path:
+    candidate = Path(path)
+    return candidate if candidate.is_absolute() or candidate.exists() else RECIPES.parent / path
+
+
+def load_splits(spec: DataConfig | dict) -> dict[str, list[Example]]:
+    """Train/validation/test examples from a local JSONL/TSV with a split column, or from a
+    Hugging Face ``datasets`` name (needs internet). ``spec``: the ``data`` section (a dict is
+    read as one)."""
+    if isinstance(spec, dict):
+        spec = section(DataConfig, "data", spec)
+    source, target = spec.source, spec.target
+    if spec.dataset:
+        import datasets
+
+        loaded = datasets.load_dataset(spec.dataset, spec.dataset_config)
+        names = spec.splits or {s: s for s in SPLITS}
+        out = {}
+        for split in SPLITS:
+            rows = loaded[names[split]]
+            out[split] = [
+                _example(r, source, target, f"{spec.dataset} {split} row {i}")
+                for i, r in enumerate(rows)
+            ]
+        return _cap(out, spec)
+    if not spec.path:
+        raise ValueError("config data: set path (a local file) or dataset")
+    path = repository_path(spec.path)
+    if path.suffix == ".jsonl":
+        with open(path, encoding="utf-8") as handle:
+            rows = [json.loads(line) for line in handle if line.strip()]
+    else:
+        with open(path, newline="", encoding="utf-8") as handle:
+            rows = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    out = {split: [] for split in SPLITS}
+    column = spec.split_column
+    for i, row in enumerate(rows):
+        if row.get(column) not in out:
+            raise ValueError(f"{path} row {i}: {column}={row.get(column)!r} is not one of {SPLITS}")
+        out[row[column]].append(_example(row, source, target, f"{path} row {i}"))
+    return _cap(out, spec)
+
+
+def _example(row: dict, source: str, target: str, where: str) -> Example:
+    """One example; an empty source or target (nothing to prompt with, an empty completion to
+    learn) is refused, naming the row and the config's column."""
+    texts = []
+    for setting, name in (("data.source", source), ("data.target", target)):
+        value = _field(row, name)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{where}: {setting}={name!r} is empty or not text: {value!r}")
+        texts.append(value)
+    return Example(*texts)
+
+
+def _field(row: dict, name: str) -> str:
+    # "translation.es" reaches into the nested rows of the wmt datasets
+    value: Any = row
+    for part in name.split("."):
+        value = value[part]
+    return value
+
+
+def _cap(out: dict[str, list[Example]], spec: DataConfig) -> dict[str, list[Example]]:
+    for split in SPLITS:
+        limit = getattr(spec, f"max_{split}")
+        if limit is not None:
+            out[split] = out[split][:limit]
+        if not out[split]:
+            raise ValueError(f"the {split} split is empty")
+    return out
+
+
+def batch_indices(n: int, batch_size: int, seed: int, start_step: int) -> Iterator[list[int]]:
+    """Batches of a fresh seeded permutation each epoch; a resumed run gets the same batches."""
+    # Kept rather than a DataLoader with torch's RandomSampler (and accelerate's
+    # skip_first_batches on resume): their permutation comes from torch's generator, not
+    # Python's random.Random, so the examples' order, and the committed results/, would change.
+    per_epoch = max(1, n // batch_size)
+    step = start_step
+    while True:
+        epoch, offset = divmod(step, per_epoch)
+        order = list(range(n))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        yield order[offset * batch_size : (offset + 1) * batch_size]
+        step += 1

@@ -1,0 +1,316 @@
+"""What every recipe does around its own training step (:class:`RecipeRun`): config,
+accelerator, data, scorer, generator, collator, evaluator; the run's log, checkpoints (accelerate's,
+with a total limit) and resume; the final model, test scores, results file and plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from causal import CausalCollator
+from config import load_config
+from evaluation import Evaluator
+from examples import batch_indices, load_splits
+from generators import load_generator
+from seq2seq import Collator
+
+
+class RunLog:
+    """Append-only JSONL log; on resume, entries after the checkpoint are dropped."""
+
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled = path, enabled
+
+    def truncate_after(self, step: int) -> None:
+        if not self.enabled or not self.path.exists():
+            return
+        kept = [
+            line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= step
+        ]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, **entry) -> None:
+        if self.enabled:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(entry) + "\n")
+
+    def entries(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines()]
+
+
+class Progress:
+    """The last completed step, saved in every checkpoint with the model, optimizer, scheduler
+    and RNG states (``accelerator.register_for_checkpointing``)."""
+
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+
+def resume(accelerator, output_dir: Path, log: RunLog, progress: Progress) -> int:
+    """Load the newest checkpoint of ``output_dir/checkpoints`` (accelerate's automatic naming)
+    and return its step; the log loses the lines written after it."""
+    folder = output_dir / "checkpoints"
+    saved = sorted(folder.glob("checkpoint_*"), key=lambda p: int(p.name.split("_")[1]))
+    if not saved:
+        raise FileNotFoundError(f"--resume: no checkpoint under {folder}")
+    accelerator.load_state(str(saved[-1]))
+    # the next save continues the numbering (accelerate refuses to overwrite a checkpoint)
+    accelerator.project_configuration.iteration = int(saved[-1].name.split("_")[1]) + 1
+    if accelerator.is_main_process:
+        log.truncate_after(progress.step)
+    accelerator.wait_for_everyone()
+    return progress.step
+
+
+def linear_warmup(weight: float, warmup_steps: int, step: int) -> float:
+    if warmup_steps <= 0:
+        return weight
+    return weight * min(1.0, step / warmup_steps)
+
+
+def plot_curves(log: RunLog, path: Path, title: str) -> Path:
+    """Training losses and held-out metrics against the step, one panel each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = log.entries()
+    train = [e for e in entries if e.get("kind") == "train"]
+    evals = [e for e in entries if e.get("kind") == "eval" and e.get("split") == "validation"]
+    train_keys = [
+        k for k in ("loss", "ce", "bertscore_loss", "reward") if any(k in e for e in train)
+    ]
+    eval_keys = [
+        k
+        for k in ("f_bert", "rouge1", "rouge2", "rougeL", "bleu", "chrf", "ce")
+        if any(k in e for e in evals)
+    ]
+    panels = len(train_keys) + len(eval_keys)
+    columns = min(4, max(panels, 1))
+    rows = max(1, math.ceil(panels / columns))
+    figure, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.8 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax, key in zip(flat, train_keys, strict=False):
+        points = [(e["step"], e[key]) for e in train if key in e]
+        ax.plot(*zip(*points, strict=True), lw=0.8)
+        ax.set_title(f"train {key}")
+    for ax, key in zip(flat[len(train_keys) :], eval_keys, strict=False):
+        points = [(e["step"], e[key]) for e in evals if key in e]
+        ax.plot(*zip(*points, strict=True), marker="o")
+        ax.set_title(f"validation {key}")
+    for ax in flat:
+        ax.set_xlabel("step")
+    for ax in flat[panels:]:
+        ax.axis("off")
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def summary_table(before: dict, after: dict) -> str:
+    keys = [k for k in before if isinstance(before[k], float)]
+    lines = ["| metric (test) | before | after |", "|---|---:|---:|"]
+    lines += [f"| {k} | {before[k]:.4f} | {after[k]:.4f} |" for k in keys]
+    return "\n".join(lines)
+
+
+class Timer:
+    def __init__(self):
+        self.start = time.perf_counter()
+
+    def __call__(self) -> float:
+        return round(time.perf_counter() - self.start, 2)
+
+
+class RecipeRun:
+    """What every recipe does around its own training step: config, accelerator, data, scorer,
+    generator, collator, evaluator; resume and the test score before training; periodic
+    validation and checkpoints; the final model, test score, results file and plot."""
+
+    def __init__(self, args: argparse.Namespace, gradient_accumulation: bool = True):
+        from accelerate import Accelerator
+        from accelerate.utils import ProjectConfiguration, set_seed
+
+        from bsloss import BERTScorer
+        from bsloss.scorer.encoder import ScorerEncoder
+
+        self.args = args
+        self.config = load_config(args.config, args.overrides)
+        self.train = self.config.train
+        self.output_dir = args.output_dir
+        # checkpoints/checkpoint_N every train.save_every steps, the last few kept
+        checkpoints = ProjectConfiguration(
+            project_dir=str(self.output_dir),
+            automatic_checkpoint_naming=True,
+            total_limit=self.train.checkpoints_total_limit,
+        )
+        self.accelerator = Accelerator(
+            mixed_precision=args.mixed_precision or self.train.mixed_precision,
+            gradient_accumulation_steps=self.train.gradient_accumulation_steps
+            if gradient_accumulation
+            else 1,
+            cpu=args.cpu,
+            project_config=checkpoints,
+        )
+        self.progress = Progress()
+        self.accelerator.register_for_checkpointing(self.progress)
+        set_seed(self.train.seed)
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.log = RunLog(self.output_dir / "log.jsonl", self.accelerator.is_main_process)
+        self.data = load_splits(self.config.data)
+        scorer_spec = self.config.scorer
+        self.encoder = ScorerEncoder.from_pretrained(
+            scorer_spec.model, scorer_spec.num_layers, self.accelerator.device
+        )
+        # references repeat (validation set, reward): their embeddings are kept across calls
+        self.scorer = BERTScorer(encoder=self.encoder, reference_cache_size=100_000)
+        self.model, self.tokenizer = load_generator(self.config.model, args.init_from, self.encoder)
+        if self.train.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+            self.model.config.use_cache = False
+        data_spec = self.config.data
+        if getattr(self.model.config, "is_encoder_decoder", False):
+            for setting in ("prompt_format", "chat_template"):
+                if getattr(data_spec, setting) not in (None, "auto"):
+                    raise ValueError(
+                        f"data.{setting} is for decoder-only generators; "
+                        "this generator is an encoder-decoder"
+                    )
+            self.collator = Collator(
+                self.tokenizer,
+                self.model,
+                data_spec.max_source_length,
+                data_spec.max_target_length,
+            )
+        else:
+            self.collator = CausalCollator(
+                self.tokenizer,
+                self.model,
+                self.config.task,
+                data_spec.max_source_length,
+                data_spec.max_target_length,
+                data_spec.prompt_format,
+                data_spec.chat_template,
+            )
+        self.evaluator = Evaluator(self.config.task, self.scorer, self.config.eval)
+        self.results_path = self.output_dir / "results.json"
+        self.results: dict = {}
+        self.timer = Timer()
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    def prepare(self, *objects):
+        """``accelerator.prepare(model, *objects)``, then resume (``--resume``) or score the test
+        split before training. Returns the prepared objects and the first step to run."""
+        prepared = self.accelerator.prepare(self.model, *objects)
+        self.model = prepared[0]
+        self.unwrapped = self.accelerator.unwrap_model(self.model)
+        start = 0
+        if self.args.resume:
+            start = resume(self.accelerator, self.output_dir, self.log, self.progress)
+        if self.results_path.exists():
+            self.results = json.loads(self.results_path.read_text())
+        wants_before = self.config.eval.before
+        if start == 0 and self.accelerator.is_main_process and wants_before:
+            before, hypotheses = self.evaluate("test")
+            self.results["before"] = before
+            self.write_outputs("test_outputs_before.txt", hypotheses)
+            self.results_path.write_text(json.dumps(self.results, indent=2))
+            self.log.write(kind="eval", split="test", step=0, **before)
+        return (*prepared, start)
+
+    def evaluate(self, split: str) -> tuple[dict, list[str]]:
+        return self.evaluator(
+            self.unwrapped, self.tokenizer, self.collator, self.data[split], self.device
+        )
+
+    def batches(self, start_step: int) -> Iterator[list]:
+        """This process's share of each global batch of training examples."""
+        accelerator = self.accelerator
+        world, rank = accelerator.num_processes, accelerator.process_index
+        stream = batch_indices(
+            len(self.data["train"]),
+            self.train.batch_size * world,
+            self.train.seed,
+            start_step * accelerator.gradient_accumulation_steps,
+        )
+        for indices in stream:
+            yield [self.data["train"][i] for i in indices[rank::world]]
+
+    def collate(self, examples: list) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device) for k, v in self.collator(examples).items()}
+
+    def last_step(self, start_step: int) -> int:
+        steps = self.train.steps
+        stop_after = self.args.stop_after
+        return steps if stop_after is None else min(steps, start_step + stop_after)
+
+    def end_of_step(self, step: int, **entry) -> None:
+        """Log the step; validate and save a checkpoint when their turn comes."""
+        if not math.isfinite(entry["loss"]):
+            raise FloatingPointError(f"step {step}: the loss is {entry['loss']}")
+        self.log.write(kind="train", step=step, time=self.timer(), **entry)
+        eval_every = self.train.eval_every
+        if eval_every and step % eval_every == 0 and self.accelerator.is_main_process:
+            metrics, _ = self.evaluate("validation")
+            self.log.write(kind="eval", split="validation", step=step, time=self.timer(), **metrics)
+        save_every = self.train.save_every
+        if save_every and step % save_every == 0:
+            self.progress.step = step
+            self.accelerator.save_state()
+
+    def write_outputs(self, name: str, hypotheses: list[str]) -> None:
+        """One generated answer per line, in test-set order (for rescoring later)."""
+        (self.output_dir / name).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
+
+    def finish(self, last_step: int, title: str, **extra) -> dict:
+        """After the last step: the model, test scores, results.json, outputs and the plot
+        (or nothing but a message when ``--stop_after`` cut the run short)."""
+        accelerator, steps = self.accelerator, self.train.steps
+        accelerator.wait_for_everyone()
+        if last_step < steps:
+            accelerator.print(f"stopped after step {last_step} of {steps} (--stop_after)")
+            return self.results
+        if accelerator.is_main_process:
+            if self.train.save_model:  # a study's many runs may skip 1 GB each
+                self.unwrapped.save_pretrained(self.output_dir / "model")
+                self.tokenizer.save_pretrained(self.output_dir / "model")
+            after, hypotheses = self.evaluate("test")
+            self.log.write(kind="eval", split="test", step=steps, **after)
+            self.results.update(
+                after=after,
+                steps=steps,
+                seed=self.train.seed,
+                train_seconds=self.timer(),
+                truncated=self.collator.truncated,
+                command=" ".join(sys.argv),
+                **extra,
+            )
+            self.results_path.write_text(json.dumps(self.results, indent=2))
+            self.write_outputs("test_outputs.txt", hypotheses)
+            plot = plot_curves(self.log, self.output_dir / "curves.png", title)
+            if "before" in self.results:
+                print(summary_table(self.results["before"], after))
+            print(f"curves: {plot}")
+        accelerator.wait_for_everyone()
+        return self.results
