@@ -1,5 +1,6 @@
 """The benchmark harness (``benchmarks/harness.py``): worker processes, the memory meter, the
-alternating timer, goals and tables. Fast: no model is loaded."""
+alternating timer, goals and tables (fast: no model is loaded), and the revisions benchmark's
+worker (one model load)."""
 
 from __future__ import annotations
 
@@ -171,3 +172,16 @@ def test_environment_records_the_run():
     assert env["versions"]["extra"] == "1.0" and env["versions"]["torch"]
     assert env["cpu"] and env["command"] and env["git"]
     assert len(env["load_average"]) == 3
+
+
+# ----------------------------------------------------------------------------- revisions.py
+def test_revisions_worker_imports_bsloss_from_its_tree_and_refuses_another(tmp_path):
+    """``benchmarks/revisions.py``'s worker scores with the tree it is given (here this one:
+    a finite loss), and refuses to measure when bsloss would come from elsewhere (an empty
+    folder holds no bsloss)."""
+    with harness.Worker("benchmarks.revisions:TreeScoring", str(harness.REPO_ROOT), 1) as worker:
+        value = worker.call("loss")
+    assert 0.0 < value < 1.0
+    elsewhere = harness.Worker("benchmarks.revisions:TreeScoring", str(tmp_path), 1)
+    with elsewhere, pytest.raises(harness.WorkerError, match="not from"):
+        elsewhere.ready()
