@@ -1,6 +1,6 @@
-"""The package's modules import each other without a cycle, counting the imports inside
-functions (a deferred import hides a cycle; it does not remove it) and those under
-``TYPE_CHECKING`` aside (they never run)."""
+"""The package's modules, and the recipes' modules, import each other without a cycle, counting
+the imports inside functions (a deferred import hides a cycle; it does not remove it) and those
+under ``TYPE_CHECKING`` aside (they never run)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from pathlib import Path
 import bsloss
 
 PACKAGE = Path(bsloss.__file__).parent
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -26,10 +27,11 @@ def _type_checking_blocks(tree: ast.AST) -> set[int]:
     return lines
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the bsloss modules it imports (``from bsloss.x import y`` counts ``bsloss.x``,
-    and ``bsloss.x.y`` when that is a module; the package root is left out: it only re-exports)."""
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+def import_graph(folder: Path = PACKAGE, root: Path = PACKAGE.parent) -> dict[str, set[str]]:
+    """Module -> the modules of ``folder`` it imports, named from ``root`` (``from bsloss.x
+    import y`` counts ``bsloss.x``, and ``bsloss.x.y`` when that is a module; the package root
+    is left out: it only re-exports)."""
+    modules = {_module_name(p, root): p for p in folder.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -85,4 +87,11 @@ def test_the_graph_sees_function_level_imports():
 
 def test_no_import_cycle():
     cycle = find_cycle(import_graph())
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_no_import_cycle_among_the_recipes():
+    graph = import_graph(RECIPES, RECIPES)
+    assert {"generators", "examples", "config"} <= graph["run"] | graph["generators"]
+    cycle = find_cycle(graph)
     assert cycle is None, " -> ".join(cycle)
