@@ -69,3 +69,26 @@ def test_cli_models_prints_the_folders_and_names_an_unknown_one(gemma_folder, ca
     assert capsys.readouterr().out == f"gemma-3-270m: {gemma_folder}\n"
     assert main(["models", "gemma-3-270m", "gemma-9"]) == 2
     assert "unknown ['gemma-9']" in capsys.readouterr().err
+
+
+def test_baseline_of_an_offline_short_name_covers_its_layers(mpnet_folder, monkeypatch):
+    """``bsloss baseline --model all-mpnet-base-v2`` reads the layer count from the converted
+    folder (the short name is no hub folder offline); the scorers are stubbed: only the layers
+    asked for are checked here."""
+    import torch
+
+    from bsloss import baseline_estimation
+
+    layers = []
+
+    class Recording:
+        def __init__(self, model, num_layers, **_):
+            assert model == "all-mpnet-base-v2"
+            layers.append(num_layers)
+
+        def score(self, cands, refs, progress=None):
+            return (torch.full((len(cands),), 0.5),) * 3
+
+    monkeypatch.setattr(baseline_estimation, "BERTScorer", Recording)
+    table = baseline_estimation.compute_baseline(["a b", "c d"], "all-mpnet-base-v2", num_pairs=2)
+    assert layers == list(range(13)) and table.shape == (13, 3)
