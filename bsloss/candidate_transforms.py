@@ -19,7 +19,7 @@ at most once. The keywords ``top_k=``, ``straight_through=`` and ``gumbel_temper
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from bsloss.functional.matching import check_temperature
 from bsloss.inputs import check_int
@@ -36,14 +36,12 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CandidateOptions:
-    """The resolved transforms, as the kernels take them (their keyword names)."""
+    """The resolved transforms, as the kernels take them (``dataclasses.asdict``: their
+    keywords)."""
 
     top_k: int | None = None
     straight_through: bool = False
     gumbel_temperature: float | None = None
-
-    def as_keywords(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 class CandidateTransform:

@@ -10,6 +10,7 @@ the references.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import NamedTuple
 
 import torch
@@ -448,7 +449,7 @@ class BERTScoreLoss(nn.Module):
             inputs, weights = rows[..., :-1], rows[..., -1]
         else:
             self._check_vocab(source.shape[-1], name)
-            distribution = token_distribution(logits, probs, **self.candidates.as_keywords())
+            distribution = token_distribution(logits, probs, **asdict(self.candidates))
             inputs, weights = expected_inputs(distribution, table)
             # float64 logits give float64 expectations; the scorer runs in its own dtype
             inputs = inputs.to(table.dtype)

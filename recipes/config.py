@@ -138,8 +138,7 @@ SECTIONS = {
 @dataclass
 class RecipeConfig:
     """A recipe's YAML config: ``task``, a dataclass per section, and ``loss``, the keywords of
-    ``BERTScoreLoss`` with the recipe's own (see finetune.py), as a dict. ``config.train`` or
-    ``config["train"]``."""
+    ``BERTScoreLoss`` with the recipe's own (see finetune.py), as a dict."""
 
     task: str
     data: DataConfig
@@ -149,9 +148,6 @@ class RecipeConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     loss: dict = field(default_factory=dict)
-
-    def __getitem__(self, section: str):
-        return getattr(self, section)
 
 
 def section(cls, name: str, values: dict | None):

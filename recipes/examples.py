@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from config import DataConfig, section
+from config import DataConfig
 
 RECIPES = Path(__file__).resolve().parent
 
@@ -31,12 +31,9 @@ def repository_path(path: str) -> Path:
     return candidate if candidate.is_absolute() or candidate.exists() else RECIPES.parent / path
 
 
-def load_splits(spec: DataConfig | dict) -> dict[str, list[Example]]:
+def load_splits(spec: DataConfig) -> dict[str, list[Example]]:
     """Train/validation/test examples from a local JSONL/TSV with a split column, or from a
-    Hugging Face ``datasets`` name (needs internet). ``spec``: the ``data`` section (a dict is
-    read as one)."""
-    if isinstance(spec, dict):
-        spec = section(DataConfig, "data", spec)
+    Hugging Face ``datasets`` name (needs internet). ``spec``: the ``data`` section."""
     source, target = spec.source, spec.target
     if spec.dataset:
         import datasets

@@ -73,7 +73,17 @@ class Collator:
         return (labels != -100) & (labels != self.eos) & (labels != self.pad)
 
     def teacher_forced_logits(self, model, batch, label_sets: list[torch.Tensor]) -> list:
-        return teacher_forced_logits(model, batch, label_sets, self)
+        """Logits for several label sets of the same sources in one forward pass (one pass
+        keeps DistributedDataParallel to one reduction per step)."""
+        labels = torch.cat(pad_labels(label_sets))
+        repeat = len(label_sets)
+        logits = model(
+            input_ids=batch["input_ids"].repeat(repeat, 1),
+            attention_mask=batch["attention_mask"].repeat(repeat, 1),
+            decoder_input_ids=self.model.prepare_decoder_input_ids_from_labels(labels=labels),
+        ).logits
+        parts = logits.chunk(repeat)
+        return [part[:, : x.shape[1]] for part, x in zip(parts, label_sets, strict=True)]
 
     def generate(self, model, batch, max_new_tokens: int, **options) -> torch.Tensor:
         """The model's own output as labels-style ids."""
@@ -84,17 +94,3 @@ class Collator:
 
     def decode(self, labels: torch.Tensor) -> list[str]:
         return decode_texts(self.tokenizer, labels.clamp_min(0).masked_fill(labels < 0, self.pad))
-
-
-def teacher_forced_logits(model, batch, label_sets: list[torch.Tensor], collator) -> list:
-    """Logits for several label sets of the same sources in one forward pass (one pass keeps
-    DistributedDataParallel to one reduction per step)."""
-    padded = pad_labels(label_sets)
-    labels = torch.cat(padded)
-    repeat = len(label_sets)
-    logits = model(
-        input_ids=batch["input_ids"].repeat(repeat, 1),
-        attention_mask=batch["attention_mask"].repeat(repeat, 1),
-        decoder_input_ids=collator.model.prepare_decoder_input_ids_from_labels(labels=labels),
-    ).logits
-    return [part[:, : x.shape[1]] for part, x in zip(logits.chunk(repeat), label_sets, strict=True)]

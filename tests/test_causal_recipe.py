@@ -142,13 +142,14 @@ def test_chat_template_setting(tiny):
 
 
 def test_empty_target_names_the_row_and_setting(tmp_path):
+    from config import DataConfig
     from examples import load_splits
 
     data = tmp_path / "data.jsonl"
     rows = [{"split": s, "document": "some text", "summary": "a summary"} for s in SPLITS_ALL]
     rows.insert(2, {"split": "train", "document": "an article", "summary": "  "})
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    spec = {"path": str(data), "source": "document", "target": "summary"}
+    spec = DataConfig(path=str(data), source="document", target="summary")
     with pytest.raises(ValueError, match=r"row 2: data.target='summary' is empty"):
         load_splits(spec)
     rows[2]["summary"], rows[0]["document"] = "fine", ""

@@ -461,7 +461,7 @@ def test_decision_tab_separated_baseline(tmp_path, encoder):
 
 
 def test_device_names_are_checked(encoder):
-    from bsloss.scorer.encoder import resolve_device
+    from bsloss.scorer.loading import resolve_device
 
     with pytest.raises(ValueError, match="'gpu' is not a torch device"):
         resolve_device("gpu")

@@ -31,7 +31,6 @@ def test_every_shipped_config_loads_into_the_dataclasses(path):
     config = load_config(path, [])
     assert isinstance(config, RecipeConfig) and isinstance(config.train, TrainConfig)
     assert config.train.lr_scheduler_type == "constant_with_warmup"
-    assert config["data"] is config.data  # sections by name too
     assert isinstance(config.loss, dict) and "matching" in config.loss
 
 

@@ -195,6 +195,6 @@ def test_loss_section_goes_straight_to_the_loss(scorer):
     config = load_config(SUMMARIZATION, ["loss.matching=sinkhorn", "loss.temperature=0.2"])
     loss = build_loss(config, scorer.encoder, scorer.encoder.tokenizer)
     assert repr(loss.matching) == "Sinkhorn(temperature=0.2, iterations=1)"
-    config["loss"]["temprature"] = 0.1  # a misspelt keyword is named, not ignored
+    config.loss["temprature"] = 0.1  # a misspelt keyword is named, not ignored
     with pytest.raises(TypeError, match="config section loss: .*temprature"):
         build_loss(config, scorer.encoder, scorer.encoder.tokenizer)

@@ -26,7 +26,7 @@ from bsloss.scorer.layers import freeze
 from bsloss.scorer.loading import load_scorer, resolve_device
 from bsloss.scorer.tokenization import ScorerTokenizer
 
-__all__ = ["ScorerEncoder", "resolve_device"]
+__all__ = ["ScorerEncoder"]
 
 logger = logging.getLogger("bsloss")
 
