@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline
-from bsloss.bridge import BRIDGE_MODES, Retokenizer, VocabularyBridge, retokenized_inputs
+from bsloss.bridge import BRIDGE_MODES, Retokenizer, VocabularyBridge
 from bsloss.candidate_transforms import CandidateTransform, resolve_candidate_transforms
 from bsloss.distributions import (
     augment_table,
@@ -52,6 +52,19 @@ class LossAndCrossEntropy(NamedTuple):
 
     loss: Tensor
     cross_entropy: Tensor
+
+
+class _Encoded(NamedTuple):
+    """Candidates through the scorer: hidden states ``[B, L', d]``, mask and importance
+    weights; the ``[B, L]`` log-likelihood of ``target_ids`` (fused path); and, in
+    ``bridge_mode="retokenize"``, the decoded texts' own encoding (no gradient), whose score is
+    the loss's value while ``hidden`` gives its gradient (:mod:`bsloss.bridge`)."""
+
+    hidden: Tensor
+    mask: Tensor
+    weights: Tensor
+    log_likelihood: Tensor | None = None
+    exact: tuple[Tensor, Tensor, Tensor] | None = None
 
 
 def _float32(hidden: Tensor) -> Tensor:
@@ -257,13 +270,6 @@ class BERTScoreLoss(nn.Module):
             return None, None
         if mode is None:
             mode = "average" if generator_tokenizer is None else "retokenize"
-            if mode == "retokenize" and not getattr(self.encoder.tokenizer, "is_fast", False):
-                warn_user(
-                    "the scorer's tokenizer is a slow one (no character offsets), so the bridge "
-                    "falls back to bridge_mode='average' (approximate); load the scorer with a "
-                    "fast tokenizer for the exact 'retokenize' mode"
-                )
-                mode = "average"
         if mode == "average":
             return mode, None
         if generator_tokenizer is None:
@@ -365,16 +371,21 @@ class BERTScoreLoss(nn.Module):
         if not rows:
             return mask
         shown = ", ".join(f"{name}[{i}]" for i in rows[:10]) + (", ..." if len(rows) > 10 else "")
+        if self.retokenizer is not None:
+            fate = "their decoded text is scored whole, but only their first tokens give a gradient"
+        else:
+            fate = "only their first tokens are scored, the rest get no score and no gradient"
         warn_user(
             f"{len(rows)} of {mask.shape[0]} candidates have more than {limit} real tokens, "
-            f"the most {self.encoder.name} takes between its special tokens ({shown}); only "
-            "their first tokens are scored, the rest get no score and no gradient"
+            f"the most {self.encoder.name} takes between its special tokens ({shown}); {fate}"
         )
         return mask & ~cut
 
     def encode_candidates(self, **candidates) -> tuple[Tensor, Tensor, Tensor]:
         """Scorer hidden states ``[B, L', d]``, real-token mask and importance weights of the
-        candidates (the keyword arguments of :meth:`score` that describe them).
+        candidates (the keyword arguments of :meth:`score` that describe them): the encoding
+        the gradient flows through (in ``bridge_mode="retokenize"``, the average bridge's; the
+        decoded text's own encoding gives the value, see :mod:`bsloss.bridge`).
 
         Raises:
             TypeError, ValueError: not exactly one candidate input, a non-tensor, a wrong dtype,
@@ -395,8 +406,7 @@ class BERTScoreLoss(nn.Module):
         logit_softcap: float | None = None,
         generator_temperature: float = 1.0,
         candidate_mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """:meth:`encode_candidates` and the ``[B, L]`` log-likelihood of ``target_ids``."""
+    ) -> _Encoded:
         name, source, candidate_mask = self._check_candidates(
             logits, probs, candidate_ids, embeddings, hidden_states, candidate_mask
         )
@@ -408,7 +418,7 @@ class BERTScoreLoss(nn.Module):
             empty_mask = torch.zeros(0, 0, dtype=torch.bool, device=source.device)
             hidden = nothing.reshape(0, 0, self.encoder.hidden_size)
             log_likelihood = None if target_ids is None else nothing.reshape(0, 0)
-            return hidden, empty_mask, nothing.reshape(0, 0), log_likelihood
+            return _Encoded(hidden, empty_mask, nothing.reshape(0, 0), log_likelihood)
         if embeddings is not None:
             if embeddings.shape[-1] != self.encoder.hidden_size:
                 raise ValueError(
@@ -417,9 +427,26 @@ class BERTScoreLoss(nn.Module):
                 )
             check_finite_tensor(embeddings, "embeddings")
             weights = candidate_mask.to(torch.float32)
-            return embeddings, candidate_mask, weights, None
-        candidate_mask = self._fit_candidates(candidate_mask, name)
+            return _Encoded(embeddings, candidate_mask, weights)
         table = self._generator_table()
+        if candidate_ids is not None:
+            bad = (candidate_ids < 0) | (candidate_ids >= table.shape[0])
+            if (bad & candidate_mask).any():
+                raise ValueError(
+                    f"candidate_ids has ids outside [0, {table.shape[0]}) at "
+                    f"{(bad & candidate_mask).nonzero()[0].tolist()}"
+                )
+            ids = candidate_ids.clamp(0, table.shape[0] - 1)
+            if self.retokenizer is not None:  # the decoded text, whole: the scorer's own limit
+                return _Encoded(*self._retokenized(ids, candidate_mask))
+            candidate_mask = self._fit_candidates(candidate_mask, name)
+            rows = table[ids]
+            return _Encoded(*self._encode_inputs(rows[..., :-1], rows[..., -1], candidate_mask))
+        # in retokenize mode the decoded text is scored whole (the scorer's limit applies to its
+        # pieces); the one-position-per-token encoding that gives the gradient is cut
+        whole_mask = candidate_mask
+        candidate_mask = self._fit_candidates(candidate_mask, name)
+        log_likelihood = None
         if hidden_states is not None:
             check_finite_tensor(hidden_states, "hidden_states")
             inputs, weights, log_likelihood, tokens = self._fused_inputs(
@@ -431,42 +458,27 @@ class BERTScoreLoss(nn.Module):
                 logit_softcap,
                 generator_temperature,
             )
-            if self.retokenizer is not None:
-                expected = torch.cat([inputs, weights[..., None].to(inputs.dtype)], dim=-1)
-                return (*self._retokenized(tokens, candidate_mask, expected), log_likelihood)
-            return (*self._encode_inputs(inputs, weights, candidate_mask), log_likelihood)
-        if candidate_ids is not None:
-            bad = (candidate_ids < 0) | (candidate_ids >= table.shape[0])
-            if (bad & candidate_mask).any():
-                raise ValueError(
-                    f"candidate_ids has ids outside [0, {table.shape[0]}) at "
-                    f"{(bad & candidate_mask).nonzero()[0].tolist()}"
-                )
-            ids = candidate_ids.clamp(0, table.shape[0] - 1)
-            if self.retokenizer is not None:
-                return (*self._retokenized(ids, candidate_mask, None), None)
-            rows = table[ids]
-            inputs, weights = rows[..., :-1], rows[..., -1]
         else:
             self._check_vocab(source.shape[-1], name)
             distribution = token_distribution(logits, probs, **asdict(self.candidates))
             inputs, weights = expected_inputs(distribution, table)
             # float64 logits give float64 expectations; the scorer runs in its own dtype
             inputs = inputs.to(table.dtype)
-            if self.retokenizer is not None:
-                expected = torch.cat([inputs, weights[..., None].to(inputs.dtype)], dim=-1)
-                tokens = most_probable_tokens(distribution)
-                return (*self._retokenized(tokens, candidate_mask, expected), None)
-        return (*self._encode_inputs(inputs, weights, candidate_mask), None)
+            tokens = most_probable_tokens(distribution) if self.retokenizer is not None else None
+        encoded = self._encode_inputs(inputs, weights, candidate_mask)
+        exact = None
+        if self.retokenizer is not None:
+            with torch.no_grad():
+                exact = self._retokenized(tokens, whole_mask)
+        return _Encoded(*encoded, log_likelihood, exact)
 
-    def _retokenized(self, tokens: Tensor, mask: Tensor, expected: Tensor | None):
-        """The scorer's own pieces of the decoded ``tokens``, straight-through the bridge
-        (:mod:`bsloss.bridge`); ``self.last_texts`` keeps the decoded texts."""
+    def _retokenized(self, tokens: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The scorer's encoding of the decoded ``tokens``, tokenised as the metric tokenises
+        text (:mod:`bsloss.bridge`); ``self.last_texts`` keeps the decoded texts."""
         batch = self.retokenizer(tokens, mask)
         self.last_texts = batch.texts
-        inputs, weights = retokenized_inputs(
-            batch, self.encoder.input_embeddings.weight, self.scorer_weights, expected
-        )
+        inputs = self.encoder.input_embeddings.weight.detach()[batch.piece_ids]
+        weights = self.scorer_weights[batch.piece_ids].to(inputs.dtype)
         return self._encode_inputs(inputs, weights, batch.piece_mask)
 
     def _encode_inputs(self, inputs: Tensor, weights: Tensor, candidate_mask: Tensor):
@@ -685,8 +697,9 @@ class BERTScoreLoss(nn.Module):
             raise ValueError("pass exactly one of references (texts) or reference_ids")
         if references is not None:
             groups = check_reference_groups(references, "references")
-        cand_hidden, cand_mask, cand_weights, log_likelihood = self._encode_candidates(**candidates)
-        batch = cand_hidden.shape[0]
+        encoded = self._encode_candidates(**candidates)
+        log_likelihood = encoded.log_likelihood
+        batch = encoded.hidden.shape[0]
         owner = list(range(batch))
         if groups is not None:
             if len(groups) != batch:
@@ -699,12 +712,13 @@ class BERTScoreLoss(nn.Module):
             )
         if batch == 0:
             # an empty batch scores nothing; kept on the graph so that backward() still works
-            empty = cand_hidden.reshape(-1)[:0].float()
+            empty = encoded.hidden.reshape(-1)[:0].float()
             return PRF(empty, empty, empty), log_likelihood
         if groups is not None:
             _, flat_refs, owner = flatten_groups([""] * batch, groups)
-            ref_hidden, ref_mask, ref_weights, truncated = self._embed_references(flat_refs)
-            if truncated:
+            references = self._embed_references(flat_refs)
+            if references[3]:
+                truncated = references[3]
                 where = [
                     f"references[{i}]" if len(group) == 1 else f"references[{i}][{k}]"
                     for i, group in enumerate(groups)
@@ -712,14 +726,26 @@ class BERTScoreLoss(nn.Module):
                     if ref in truncated
                 ]
                 self._warn_truncated(where, len(flat_refs))
+            references = references[:3]
         else:
-            ref_hidden, ref_mask, ref_weights = self.encode_reference_ids(
-                reference_ids, reference_mask
-            )
+            references = self.encode_reference_ids(reference_ids, reference_mask)
+        index = torch.tensor(owner, device=encoded.hidden.device)
+        prf = self._prf(encoded[:3], references, index, batch)
+        if encoded.exact is None:
+            return prf, log_likelihood
+        # retokenize: the decoded text's score, with the gradient of the average bridge's
+        with torch.no_grad():
+            exact = self._prf(encoded.exact, references, index, batch)
+        return PRF(*(e + (x - x.detach()) for e, x in zip(exact, prf, strict=True))), log_likelihood
+
+    def _prf(self, candidates: tuple, references: tuple, index: Tensor, batch: int) -> PRF:
+        """P, R, F ``[B]`` of encoded candidates against encoded references (``index``: each
+        reference's candidate; the max over a candidate's references)."""
+        cand_hidden, cand_mask, cand_weights = candidates
+        ref_hidden, ref_mask, ref_weights = references
         if self.center:
             cand_hidden = batch_center(cand_hidden, cand_mask)
             ref_hidden = batch_center(ref_hidden, ref_mask)
-        index = torch.tensor(owner, device=cand_hidden.device)
         prf = bert_score(
             cand_hidden[index],
             ref_hidden,
@@ -736,9 +762,9 @@ class BERTScoreLoss(nn.Module):
                     for x, b in zip(prf, self.baseline.to(prf.f1.device), strict=True)
                 )
             )
-        if len(owner) == batch:
-            return prf, log_likelihood
-        return PRF(*(self._group_max(x, index, batch) for x in prf)), log_likelihood
+        if len(index) == batch:
+            return prf
+        return PRF(*(self._group_max(x, index, batch) for x in prf))
 
     @staticmethod
     def _group_max(values: Tensor, index: Tensor, batch: int) -> Tensor:
