@@ -170,11 +170,17 @@ def summary_table(before: dict, after: dict) -> str:
 
 
 class Timer:
+    """Wall-clock seconds since the start; ``cpu()``: this process's CPU seconds (all its threads),
+    the core-seconds a run costs on a shared machine, where wall time depends on the neighbours."""
+
     def __init__(self):
-        self.start = time.perf_counter()
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
     def __call__(self) -> float:
         return round(time.perf_counter() - self.start, 2)
+
+    def cpu(self) -> float:
+        return round(time.process_time() - self.cpu_start, 2)
 
 
 class RecipeRun:
@@ -347,13 +353,18 @@ class RecipeRun:
         early stopping ends the run here."""
         if not math.isfinite(entry["loss"]):
             raise FloatingPointError(f"step {step}: the loss is {entry['loss']}")
-        self.log.write(kind="train", step=step, time=self.timer(), **entry)
+        self.log.write(kind="train", step=step, time=self.timer(), cpu=self.timer.cpu(), **entry)
         eval_every = self.train.eval_every
         if eval_every and step % eval_every == 0:
             if self.accelerator.is_main_process:
                 metrics = self.evaluate_dev()
                 self.log.write(
-                    kind="eval", split="validation", step=step, time=self.timer(), **metrics
+                    kind="eval",
+                    split="validation",
+                    step=step,
+                    time=self.timer(),
+                    cpu=self.timer.cpu(),
+                    **metrics,
                 )
                 if self.train.early_stopping_patience:
                     self.keep_if_best(step, metrics)
