@@ -2,14 +2,16 @@
 # The budget measurements of issue 25 (item 4) on ONE core: a Gemma 3 270M CE step on the Bible
 # config (batch 8, fp32) with and without train.freeze_embeddings, the dev-CE evaluation on 100
 # validation verses, peak RSS; then the stage-1 probe: the dev-CE curve at two learning rates.
-#   bash recipes/study/measure.sh            # steps: CORE=1 STEPS=3 PROBE_STEPS=40 LRS="1e-4 5e-5"
+#   bash recipes/study/measure.sh   # defaults: CORE=1 STEPS=4 FREEZES=false PROBE_STEPS=40
+#                                   #           LRS="1e-4 5e-5" FREEZE=true WHAT="step probe"
 # Runs under runs/study/measure/; each run's log.jsonl holds the step times (train lines' "time")
 # and the dev evaluations; time.txt holds /usr/bin/time -v (peak RSS).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 CORE=${CORE:-1}
-STEPS=${STEPS:-3}
+STEPS=${STEPS:-4}
+FREEZES=${FREEZES:-"false"}
 PROBE_STEPS=${PROBE_STEPS:-40}
 LRS=${LRS:-"1e-4 5e-5"}
 WHAT=${WHAT:-"step probe"}
@@ -22,9 +24,9 @@ run() {  # run NAME ARGS...: one process on core $CORE, its peak RSS in time.txt
     /usr/bin/time -v -o "$out/time.txt" taskset -c "$CORE" python recipes/finetune.py \
         "${common[@]}" --output_dir "$out" "$@" > "$out/stdout.log" 2>&1
 }
-if [[ " $WHAT " == *" step "* ]]; then
-    for freeze in false true; do
-        run "step-freeze-$freeze" --set train.freeze_embeddings=$freeze \
+if [[ " $WHAT " == *" step "* ]]; then  # the probes' first steps are the frozen ones
+    for freeze in $FREEZES; do
+        run "step-freeze-$freeze" --set train.freeze_embeddings="$freeze" \
             --set train.eval_every="$STEPS" --stop_after "$STEPS"
     done
 fi
