@@ -298,3 +298,58 @@ def test_freeze_embeddings_on_gemma3(gemma_folder):
     before = _train_a_few_steps(model, not_in_the_optimizer)
     assert torch.equal(before["model.embed_tokens.weight"], model.model.embed_tokens.weight)
     assert not torch.equal(before["model.norm.weight"], model.model.norm.weight)
+
+
+# --- the study's stage-1 config and driver ----------------------------------------------------
+
+
+def test_the_stage1_config():
+    config = load_config(REPO / "recipes/configs/bible-es-en-gemma-stage1.yaml", [])
+    train = config.train
+    assert config.loss["weight"] == 0.0  # CE only
+    assert train.early_stopping_metric == "dev_ce" and train.early_stopping_patience >= 1
+    assert train.freeze_embeddings and train.save_every == train.eval_every > 0
+    assert train.steps >= 10 * train.eval_every  # a cap, not the expected end
+    splits = load_splits(config.data)
+    assert [len(splits[s]) for s in SPLITS] == [2000, 100, 200]
+    check_dev_split(splits)
+
+
+def test_the_stage1_driver_resumes_and_skips(tmp_path):
+    """Two seeds (two workers, one core), interrupted after step 3 (checkpoint at 2), resumed
+    (step 3 redone, logged once), then skipped once done."""
+    import os
+    import subprocess
+
+    tiny = " ".join(TINY) + " --set train.steps=4 --set train.save_every=2 --set data.id=ref"
+    tiny += " --set train.early_stopping_metric=dev_ce --set train.early_stopping_patience=5"
+    env = {**os.environ, "OUT": str(tmp_path), "CONFIG": str(TRANSLATION), "SEEDS": "0 1",
+           "CORES": "0 0"}  # fmt: skip
+
+    def driver(extra: str) -> str:
+        done = subprocess.run(
+            ["bash", str(REPO / "recipes/study/stage1.sh")], env={**env, "EXTRA": extra},
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    first = driver(tiny + " --stop_after 3")
+    assert "seed 0: core 0  ->" in first and "seed 1: core 0  ->" in first
+    for seed in (0, 1):
+        out = tmp_path / f"stage1-seed{seed}"
+        assert "stopped after step 3" in (out / "stdout.log").read_text()
+        assert (out / "checkpoints").is_dir()
+        assert not (out / "results.json").exists() or "after" not in json.loads(
+            (out / "results.json").read_text()
+        )  # seed 0 scored the test split before training: not done
+    second = driver(tiny)
+    assert "seed 0: core 0 --resume" in second and "seed 1: core 0 --resume" in second
+    for seed in (0, 1):
+        out = tmp_path / f"stage1-seed{seed}"
+        results = json.loads((out / "results.json").read_text())
+        assert ("before" in results) == (seed == 0) and results["seed"] == seed
+        assert [e["step"] for e in read_log(out) if e["kind"] == "train"] == [1, 2, 3, 4]
+        assert (out / "best/best.json").exists()
+    third = driver(tiny)
+    assert "seed 0: done" in third and "seed 1: done" in third and "core" not in third

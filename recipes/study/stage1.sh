@@ -5,9 +5,10 @@
 # model) is where every stage-2 arm starts (--init_from runs/study/stage1-seed<N>/best).
 # Settings: recipes/configs/bible-es-en-gemma-stage1.yaml (EXTRA="--set k=v ..." adds overrides).
 # One process per core: seed i runs on core CORES[i mod #CORES] (taskset, one thread), the seeds
-# of one core one after another. Resumable: a seed whose results.json exists is skipped; one
-# with checkpoints (every train.save_every steps) continues from the last (--resume); each
-# seed's output goes to its stdout.log (appended). Core-seconds: the "cpu" field of log.jsonl.
+# of one core one after another. Resumable: a seed whose results.json has its test score after
+# training is skipped; one with checkpoints (every train.save_every steps) continues from the
+# last (--resume); each seed's output goes to its stdout.log (appended). Core-seconds: the "cpu"
+# field of log.jsonl. OUT (runs/study) and CONFIG change where and what.
 #   bash recipes/study/stage1.sh                      # seeds 0 1 2 on cores 0 and 1
 #   SEEDS="0" CORES="1" bash recipes/study/stage1.sh  # one seed on core 1
 set -euo pipefail
@@ -23,7 +24,8 @@ read -r -a extra <<< "${EXTRA:-}"
 
 run_seed() {  # run_seed SEED CORE
     local seed=$1 core=$2 out=$OUT/stage1-seed$1
-    if [ -f "$out/results.json" ]; then
+    # results.json is written before training too (the test score before): done = "after" in it
+    if [ -f "$out/results.json" ] && grep -q '"after"' "$out/results.json"; then
         echo "seed $seed: done ($out/results.json)"
         return
     fi
