@@ -423,11 +423,12 @@ class RecipeRun:
                 extra.update(
                     early_stopping_metric=tracker.metric,
                     early_stopping_patience=patience,
-                    best_step=self.restore_best() if self.best_dir.exists() else None,
+                    best_step=None if tracker.best_step is None else self.restore_best(),
                     best_value=tracker.best,
                     stopped_at=self.stopped_at,
                 )
-            elif self.train.save_model:  # a study's many runs may skip 1 GB each
+            # with a best/ (early stopping), that is the final model; a study may skip 1 GB each
+            if self.train.save_model and extra.get("best_step") is None:
                 self.unwrapped.save_pretrained(self.output_dir / "model")
                 self.tokenizer.save_pretrained(self.output_dir / "model")
             if self.args.init_from is not None:
