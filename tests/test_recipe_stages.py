@@ -353,3 +353,19 @@ def test_the_stage1_driver_resumes_and_skips(tmp_path):
         assert (out / "best/best.json").exists()
     third = driver(tiny)
     assert "seed 0: done" in third and "seed 1: done" in third and "core" not in third
+
+
+def test_early_stopping_without_an_evaluation_keeps_the_last_model(tmp_path):
+    """train.steps before the first evaluation: no best/, so model/ is the final model (a stale
+    best/ left in the folder is not loaded)."""
+    out = tmp_path / "run"
+    (out / "best").mkdir(parents=True)
+    (out / "best/best.json").write_text(json.dumps({"step": 99, "dev_ce": 0.1}))
+    run_recipe(
+        "finetune.py", "--config", TRANSLATION, "--output_dir", out, *TINY,
+        "--set", "train.eval_every=5", "--set", "train.early_stopping_patience=1",
+        "--set", "train.early_stopping_metric=dev_ce", "--set", "eval.before=false",
+    )  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert results["best_step"] is None and results["stopped_at"] is None
+    assert (out / "model/config.json").exists()
