@@ -52,6 +52,7 @@ class DataConfig:
 
     source: str  # the source text's field ("translation.es" reaches into nested rows)
     target: str  # the target text's field
+    id: str | None = None  # the field naming each example (Bible: ref); dev/test overlap check
     path: str | None = None  # a local JSONL/TSV with a split column (relative to the repository)
     dataset: str | None = None  # or a Hugging Face datasets name (needs internet)
     dataset_config: str | None = None  # the dataset's configuration name
@@ -85,6 +86,10 @@ class ScorerConfig:
     num_layers: int | None = None  # None: the model's default layer
 
 
+# early_stopping_metric: the dev split's metric and whether lower is better
+DEV_METRICS = ("dev_ce", "dev_bertscore_f")
+
+
 @dataclass
 class TrainConfig:
     """Config section ``train``: optimisation, checkpoints and validation."""
@@ -102,9 +107,31 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # the generator's
     scorer_gradient_checkpointing: bool = True  # the scorer's, in the loss
     eval_every: int = 0  # validation every N steps (0: never)
+    # what a validation evaluation computes: dev_bertscore_f (generation, F_BERT, BLEU/ROUGE, CE)
+    # or dev_ce (teacher-forced CE only: no generation); early stopping watches it
+    early_stopping_metric: str = "dev_bertscore_f"
+    early_stopping_patience: int | None = None  # stop after N evaluations without gain (0: off)
+    freeze_embeddings: bool = False  # freeze the input embedding and LM head (tied in Gemma)
     save_every: int = 0  # a checkpoint every N steps (0: never)
     save_model: bool = True  # false: no model/ folder at the end (studies)
     checkpoints_total_limit: int = 2  # checkpoints/checkpoint_N kept (accelerate)
+
+    def __post_init__(self):
+        if self.early_stopping_metric not in DEV_METRICS:
+            raise ValueError(
+                f"config train: early_stopping_metric must be one of {DEV_METRICS}, "
+                f"got {self.early_stopping_metric!r}"
+            )
+        if self.early_stopping_patience and not self.eval_every:
+            raise ValueError(
+                "config train: early_stopping_patience needs train.eval_every > 0 "
+                "(the evaluations it counts)"
+            )
+        if self.early_stopping_patience is not None and self.early_stopping_patience < 0:
+            raise ValueError(
+                "config train: early_stopping_patience must be >= 0 (0 or null: off), "
+                f"got {self.early_stopping_patience}"
+            )
 
 
 @dataclass

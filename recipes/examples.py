@@ -24,6 +24,7 @@ SPLITS = ("train", "validation", "test")
 class Example:
     source: str
     target: str
+    id: str | None = None  # the row's data.id field (Bible: its ref), when the config names one
 
 
 def repository_path(path: str) -> Path:
@@ -34,7 +35,6 @@ def repository_path(path: str) -> Path:
 def load_splits(spec: DataConfig) -> dict[str, list[Example]]:
     """Train/validation/test examples from a local JSONL/TSV with a split column, or from a
     Hugging Face ``datasets`` name (needs internet). ``spec``: the ``data`` section."""
-    source, target = spec.source, spec.target
     if spec.dataset:
         import datasets
 
@@ -44,8 +44,7 @@ def load_splits(spec: DataConfig) -> dict[str, list[Example]]:
         for split in SPLITS:
             rows = loaded[names[split]]
             out[split] = [
-                _example(r, source, target, f"{spec.dataset} {split} row {i}")
-                for i, r in enumerate(rows)
+                _example(r, spec, f"{spec.dataset} {split} row {i}") for i, r in enumerate(rows)
             ]
         return _cap(out, spec)
     if not spec.path:
@@ -62,20 +61,41 @@ def load_splits(spec: DataConfig) -> dict[str, list[Example]]:
     for i, row in enumerate(rows):
         if row.get(column) not in out:
             raise ValueError(f"{path} row {i}: {column}={row.get(column)!r} is not one of {SPLITS}")
-        out[row[column]].append(_example(row, source, target, f"{path} row {i}"))
+        out[row[column]].append(_example(row, spec, f"{path} row {i}"))
     return _cap(out, spec)
 
 
-def _example(row: dict, source: str, target: str, where: str) -> Example:
+def _example(row: dict, spec: DataConfig, where: str) -> Example:
     """One example; an empty source or target (nothing to prompt with, an empty completion to
     learn) is refused, naming the row and the config's column."""
     texts = []
-    for setting, name in (("data.source", source), ("data.target", target)):
+    for setting, name in (("data.source", spec.source), ("data.target", spec.target)):
         value = _field(row, name)
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"{where}: {setting}={name!r} is empty or not text: {value!r}")
         texts.append(value)
-    return Example(*texts)
+    return Example(*texts, id=None if spec.id is None else str(_field(row, spec.id)))
+
+
+def check_dev_split(splits: dict[str, list[Example]]) -> None:
+    """Refuse a dev (validation) split that shares an example with the test split or the train
+    split used: the same source text, or the same ``data.id`` (a Bible ref). Targets may repeat
+    (the Bible says "And the LORD spake unto Moses, saying" many times), sources may not."""
+    dev = splits["validation"]
+    for other in ("test", "train"):
+        texts = {e.source for e in splits[other]}
+        ids = {e.id for e in splits[other] if e.id is not None}
+        shared = [
+            i for i, e in enumerate(dev) if e.source in texts or (e.id is not None and e.id in ids)
+        ]
+        if shared:
+            first = dev[shared[0]]
+            raise ValueError(
+                f"data: the validation split (the dev split of train.eval_every) shares "
+                f"{len(shared)} example(s) with the {other} split (same data.source text or "
+                f"data.id), the first its example {shared[0]} ({first.id or first.source[:60]!r});"
+                f" make the splits of data.path / data.dataset disjoint"
+            )
 
 
 def _field(row: dict, name: str) -> str:

@@ -64,7 +64,7 @@ def build_optimizer(model, train: TrainConfig, num_processes: int = 1):
     from transformers import get_scheduler
 
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],  # train.freeze_embeddings
         lr=train.learning_rate,
         weight_decay=train.weight_decay,
     )
@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
             step=0,
             generator=type(run.model).__name__,
             parameters=sum(p.numel() for p in run.model.parameters()),
+            trainable_parameters=sum(p.numel() for p in run.model.parameters() if p.requires_grad),
             scorer=run.encoder.describe(),
             bridge=None if loss_fn.bridge is None else loss_fn.bridge.fidelity(),
             world_size=run.accelerator.num_processes,
@@ -168,7 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
                 totals[key] += value.item() / accumulation
         progress.update(1)
         progress.set_postfix(loss=f"{totals['loss']:.3f}")
-        run.end_of_step(step, weight=weight, lr=scheduler.get_last_lr()[0], **totals)
+        if run.end_of_step(step, weight=weight, lr=scheduler.get_last_lr()[0], **totals):
+            break  # early stopping
     progress.close()
     return run.finish(stop, f"{config.task}: {args.config.name}")
 

@@ -54,6 +54,7 @@ def load_generator(model_spec: ModelConfig, init_from: Path | None, scorer_encod
 
     kind = model_spec.kind
     if init_from is not None:
+        check_init_from(model_spec, init_from)
         return _pretrained(str(init_from), kind, f"--init_from {init_from}")
     name = model_spec.generator
     if model_spec.generator_config:
@@ -99,6 +100,88 @@ def load_generator(model_spec: ModelConfig, init_from: Path | None, scorer_encod
             config.bos_token_id = tokenizer.cls_token_id
         return model, tokenizer
     return _pretrained(resolve_model(name), kind, f"model.generator {name!r}")
+
+
+# What makes two configs the same model: a fine-tuned checkpoint keeps all of these.
+IDENTITY_KEYS = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
+
+
+def model_identity(config) -> dict:
+    """The ``IDENTITY_KEYS`` of a transformers config (the decoder's, for an encoder-decoder's
+    sizes) and its ``architectures`` when it names them (a config built at random does not)."""
+    text = config.get_text_config(decoder=True)
+    identity = {"model_type": config.model_type}
+    identity.update({key: getattr(text, key, None) for key in IDENTITY_KEYS[1:]})
+    if config.architectures:
+        identity["architectures"] = tuple(config.architectures)
+    return identity
+
+
+def configured_model_config(model_spec: ModelConfig):
+    """The config of the model ``model.generator`` (or ``model.generator_config``) names, without
+    its weights; ``None`` when the section names none."""
+    from transformers import AutoConfig, AutoTokenizer, EncoderDecoderConfig
+
+    from bsloss.pretrained import resolve_model
+
+    if model_spec.generator_config:
+        options = dict(model_spec.generator_config)
+        if "vocab_size" not in options and model_spec.tokenizer:
+            tokenizer = AutoTokenizer.from_pretrained(repository_path(model_spec.tokenizer))
+            options["vocab_size"] = len(tokenizer)
+        return AutoConfig.for_model(options.pop("model_type"), **options)
+    if model_spec.generator == "bert2bert-minilm":
+        from bsloss.scorer.default import embedded_model_path
+
+        encoder = AutoConfig.from_pretrained(embedded_model_path())
+        return EncoderDecoderConfig.from_encoder_decoder_configs(encoder, encoder)
+    if model_spec.generator is None:
+        return None
+    return AutoConfig.from_pretrained(resolve_model(model_spec.generator))
+
+
+def check_init_from(model_spec: ModelConfig, init_from: Path) -> None:
+    """Refuse an ``--init_from`` folder that holds another model than ``model.generator``: its
+    config's model type, vocabulary size, width, depth or architecture differ."""
+    from transformers import AutoConfig
+
+    try:
+        found = AutoConfig.from_pretrained(str(init_from))
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"--init_from {init_from}: not a saved generator folder ({error})"
+        ) from None
+    expected = configured_model_config(model_spec)
+    if expected is None:
+        return
+    have, want = model_identity(found), model_identity(expected)
+    differ = [
+        f"{key} {have[key]!r} (configured: {want[key]!r})"
+        for key in want
+        if key in have and have[key] != want[key]
+    ]
+    if differ:
+        name = model_spec.generator if not model_spec.generator_config else "generator_config"
+        raise ValueError(
+            f"--init_from {init_from} is not the configured model (model.generator {name!r}): "
+            + "; ".join(differ)
+        )
+
+
+def freeze_embeddings(model) -> int:
+    """Freeze the input embedding and the LM head (one tied matrix in Gemma and GPT-2; both
+    matrices when untied; the decoder's own input embedding in an encoder-decoder). Returns the
+    number of parameters frozen (a tied matrix counted once)."""
+    modules = [model.get_input_embeddings(), model.get_output_embeddings()]
+    if getattr(model.config, "is_encoder_decoder", False):
+        modules.append(model.get_decoder().get_input_embeddings())
+    frozen = {}
+    for module in modules:
+        if module is not None:
+            frozen[id(module.weight)] = module.weight
+    for weight in frozen.values():
+        weight.requires_grad_(False)
+    return sum(weight.numel() for weight in frozen.values())
 
 
 def pad_labels(label_sets: list[torch.Tensor]) -> list[torch.Tensor]:

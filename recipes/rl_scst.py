@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> dict:
     run = RecipeRun(args, gradient_accumulation=False)
     train_spec, rl_spec = run.train, run.config.rl
     reward = BERTScoreReward(scorer=run.scorer)
-    optimizer = torch.optim.AdamW(run.model.parameters(), lr=train_spec.learning_rate)
+    trainable = [p for p in run.model.parameters() if p.requires_grad]  # train.freeze_embeddings
+    optimizer = torch.optim.AdamW(trainable, lr=train_spec.learning_rate)
     model, optimizer, start_step = run.prepare(optimizer)
 
     accelerator, collator = run.accelerator, run.collator
@@ -78,13 +79,15 @@ def main(argv: list[str] | None = None) -> dict:
             accelerator.clip_grad_norm_(model.parameters(), train_spec.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()
-        run.end_of_step(
+        stop_early = run.end_of_step(
             step,
             loss=loss.item(),
             reward=float(sampled_reward.mean()),
             greedy_reward=float(greedy_reward.mean()),
             **parts,
         )
+        if stop_early:
+            break
     return run.finish(stop, f"SCST: {args.config.name}")
 
 

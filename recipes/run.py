@@ -17,8 +17,8 @@ import torch
 from causal import CausalCollator
 from config import load_config
 from evaluation import Evaluator
-from examples import batch_indices, load_splits
-from generators import load_generator
+from examples import batch_indices, check_dev_split, load_splits
+from generators import freeze_embeddings, load_generator
 from seq2seq import Collator
 
 
@@ -47,18 +47,55 @@ class RunLog:
         return [json.loads(line) for line in self.path.read_text().splitlines()]
 
 
-class Progress:
-    """The last completed step, saved in every checkpoint with the model, optimizer, scheduler
-    and RNG states (``accelerator.register_for_checkpointing``)."""
+class EarlyStopping:
+    """Patience on a dev metric: ``update(value, step)`` says whether ``value`` is the best so
+    far (strictly; lower is better for ``dev_ce``, higher for ``dev_bertscore_f``) and counts
+    the evaluations since the best; ``exhausted`` once ``patience`` of them did not improve."""
 
-    def __init__(self):
-        self.step = 0
+    def __init__(self, metric: str, patience: int | None):
+        self.metric, self.patience = metric, patience or 0
+        self.lower_is_better = metric == "dev_ce"
+        self.best: float | None = None
+        self.best_step: int | None = None
+        self.since_best = 0
+
+    def update(self, value: float, step: int) -> bool:
+        better = self.best is None or (
+            value < self.best if self.lower_is_better else value > self.best
+        )
+        if better:
+            self.best, self.best_step, self.since_best = value, step, 0
+        else:
+            self.since_best += 1
+        return better
+
+    @property
+    def exhausted(self) -> bool:
+        return self.patience > 0 and self.since_best >= self.patience
 
     def state_dict(self) -> dict:
-        return {"step": self.step}
+        return {"best": self.best, "best_step": self.best_step, "since_best": self.since_best}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.best_step = state["best"], state["best_step"]
+        self.since_best = int(state["since_best"])
+
+
+class Progress:
+    """The last completed step and the early-stopping state, saved in every checkpoint with the
+    model, optimizer, scheduler and RNG states (``accelerator.register_for_checkpointing``)."""
+
+    def __init__(self, early_stopping: EarlyStopping):
+        self.step = 0
+        self.early_stopping = early_stopping
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "early_stopping": self.early_stopping.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
+        if "early_stopping" in state:  # absent from checkpoints written before it existed
+            self.early_stopping.load_state_dict(state["early_stopping"])
 
 
 def resume(accelerator, output_dir: Path, log: RunLog, progress: Progress) -> int:
@@ -133,11 +170,17 @@ def summary_table(before: dict, after: dict) -> str:
 
 
 class Timer:
+    """Wall-clock seconds since the start; ``cpu()``: this process's CPU seconds (all its threads),
+    the core-seconds a run costs on a shared machine, where wall time depends on the neighbours."""
+
     def __init__(self):
-        self.start = time.perf_counter()
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
     def __call__(self) -> float:
         return round(time.perf_counter() - self.start, 2)
+
+    def cpu(self) -> float:
+        return round(time.process_time() - self.cpu_start, 2)
 
 
 class RecipeRun:
@@ -170,12 +213,18 @@ class RecipeRun:
             cpu=args.cpu,
             project_config=checkpoints,
         )
-        self.progress = Progress()
+        self.early_stopping = EarlyStopping(
+            self.train.early_stopping_metric, self.train.early_stopping_patience
+        )
+        self.stopped_at: int | None = None  # the step early stopping ended the run at
+        self.progress = Progress(self.early_stopping)
         self.accelerator.register_for_checkpointing(self.progress)
         set_seed(self.train.seed)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.log = RunLog(self.output_dir / "log.jsonl", self.accelerator.is_main_process)
         self.data = load_splits(self.config.data)
+        if self.train.eval_every:
+            check_dev_split(self.data)
         scorer_spec = self.config.scorer
         self.encoder = ScorerEncoder.from_pretrained(
             scorer_spec.model, scorer_spec.num_layers, self.accelerator.device
@@ -183,6 +232,9 @@ class RecipeRun:
         # references repeat (validation set, reward): their embeddings are kept across calls
         self.scorer = BERTScorer(encoder=self.encoder, reference_cache_size=100_000)
         self.model, self.tokenizer = load_generator(self.config.model, args.init_from, self.encoder)
+        self.frozen_parameters = 0
+        if self.train.freeze_embeddings:
+            self.frozen_parameters = freeze_embeddings(self.model)
         if self.train.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
@@ -244,6 +296,37 @@ class RecipeRun:
             self.unwrapped, self.tokenizer, self.collator, self.data[split], self.device
         )
 
+    def evaluate_dev(self) -> dict:
+        """The validation split's metrics: teacher-forced CE alone (``dev_ce``: no generation),
+        or everything :meth:`evaluate` computes (``dev_bertscore_f``)."""
+        if self.train.early_stopping_metric == "dev_ce":
+            model, was_training = self.unwrapped, self.unwrapped.training
+            model.eval()
+            ce = self.evaluator.cross_entropy(
+                model, self.collator, self.data["validation"], self.device
+            )
+            model.train(was_training)
+            return {"ce": ce}
+        return self.evaluate("validation")[0]
+
+    @property
+    def best_dir(self) -> Path:
+        return self.output_dir / "best"
+
+    def keep_if_best(self, step: int, metrics: dict) -> None:
+        """Early stopping: save the model into ``best/`` when the dev metric improves, and mark
+        the run as stopped once ``train.early_stopping_patience`` evaluations did not."""
+        tracker = self.early_stopping
+        key = "ce" if tracker.metric == "dev_ce" else "f_bert"
+        if tracker.update(metrics[key], step):
+            self.unwrapped.save_pretrained(self.best_dir)
+            self.tokenizer.save_pretrained(self.best_dir)
+            (self.best_dir / "best.json").write_text(
+                json.dumps({"step": step, tracker.metric: metrics[key]})
+            )
+        if tracker.exhausted:
+            self.stopped_at = step
+
     def batches(self, start_step: int) -> Iterator[list]:
         """This process's share of each global batch of training examples."""
         accelerator = self.accelerator
@@ -265,38 +348,95 @@ class RecipeRun:
         stop_after = self.args.stop_after
         return steps if stop_after is None else min(steps, start_step + stop_after)
 
-    def end_of_step(self, step: int, **entry) -> None:
-        """Log the step; validate and save a checkpoint when their turn comes."""
+    def end_of_step(self, step: int, **entry) -> bool:
+        """Log the step; validate and save a checkpoint when their turn comes. Returns whether
+        early stopping ends the run here."""
         if not math.isfinite(entry["loss"]):
             raise FloatingPointError(f"step {step}: the loss is {entry['loss']}")
-        self.log.write(kind="train", step=step, time=self.timer(), **entry)
+        self.log.write(kind="train", step=step, time=self.timer(), cpu=self.timer.cpu(), **entry)
         eval_every = self.train.eval_every
-        if eval_every and step % eval_every == 0 and self.accelerator.is_main_process:
-            metrics, _ = self.evaluate("validation")
-            self.log.write(kind="eval", split="validation", step=step, time=self.timer(), **metrics)
+        if eval_every and step % eval_every == 0:
+            if self.accelerator.is_main_process:
+                metrics = self.evaluate_dev()
+                self.log.write(
+                    kind="eval",
+                    split="validation",
+                    step=step,
+                    time=self.timer(),
+                    cpu=self.timer.cpu(),
+                    **metrics,
+                )
+                if self.train.early_stopping_patience:
+                    self.keep_if_best(step, metrics)
+            self.share_early_stop()
         save_every = self.train.save_every
         if save_every and step % save_every == 0:
             self.progress.step = step
             self.accelerator.save_state()
+        return self.stopped_at is not None
+
+    def share_early_stop(self) -> None:
+        """Every process stops where the main process (which evaluates) decided to."""
+        if self.accelerator.num_processes == 1 or not self.train.early_stopping_patience:
+            return
+        from accelerate.utils import broadcast
+
+        stopped = torch.tensor([-1 if self.stopped_at is None else self.stopped_at])
+        stopped = int(broadcast(stopped.to(self.device), from_process=0))
+        self.stopped_at = None if stopped < 0 else stopped
 
     def write_outputs(self, name: str, hypotheses: list[str]) -> None:
         """One generated answer per line, in test-set order (for rescoring later)."""
         (self.output_dir / name).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
 
+    def restore_best(self) -> int:
+        """Load ``best/``'s weights into the model; returns the step they are from. A run resumed
+        from a checkpoint older than ``best/`` re-saves it when it replays that step (the steps
+        replay identically); if it did not, the weights are still ``best/``'s, and so is the step
+        returned."""
+        saved = json.loads((self.best_dir / "best.json").read_text())
+        if saved["step"] != self.early_stopping.best_step:
+            print(
+                f"warning: best/ holds step {saved['step']}, the resumed run's best was step "
+                f"{self.early_stopping.best_step}; the test score is best/'s",
+                file=sys.stderr,
+            )
+        best = type(self.unwrapped).from_pretrained(self.best_dir, dtype=torch.float32)
+        own = self.unwrapped.state_dict()  # BERT2BERT's reload adds an unused pooler: dropped
+        self.unwrapped.load_state_dict({k: v for k, v in best.state_dict().items() if k in own})
+        return int(saved["step"])
+
     def finish(self, last_step: int, title: str, **extra) -> dict:
-        """After the last step: the model, test scores, results.json, outputs and the plot
-        (or nothing but a message when ``--stop_after`` cut the run short)."""
+        """After the last step (or early stopping): the model, test scores, results.json,
+        outputs and the plot (or nothing but a message when ``--stop_after`` cut the run short).
+        With early stopping the test split is scored with ``best/``, which is the final model
+        (no ``model/``)."""
         accelerator, steps = self.accelerator, self.train.steps
         accelerator.wait_for_everyone()
-        if last_step < steps:
+        if last_step < steps and self.stopped_at is None:
             accelerator.print(f"stopped after step {last_step} of {steps} (--stop_after)")
             return self.results
+        patience = self.train.early_stopping_patience
         if accelerator.is_main_process:
-            if self.train.save_model:  # a study's many runs may skip 1 GB each
+            if patience:
+                tracker = self.early_stopping
+                extra.update(
+                    early_stopping_metric=tracker.metric,
+                    early_stopping_patience=patience,
+                    best_step=None if tracker.best_step is None else self.restore_best(),
+                    best_value=tracker.best,
+                    stopped_at=self.stopped_at,
+                )
+            # with a best/ (early stopping), that is the final model; a study may skip 1 GB each
+            if self.train.save_model and extra.get("best_step") is None:
                 self.unwrapped.save_pretrained(self.output_dir / "model")
                 self.tokenizer.save_pretrained(self.output_dir / "model")
+            if self.args.init_from is not None:
+                extra["init_from"] = str(Path(self.args.init_from).resolve())
+            if self.train.freeze_embeddings:
+                extra["frozen_parameters"] = self.frozen_parameters
             after, hypotheses = self.evaluate("test")
-            self.log.write(kind="eval", split="test", step=steps, **after)
+            self.log.write(kind="eval", split="test", step=self.stopped_at or steps, **after)
             self.results.update(
                 after=after,
                 steps=steps,
@@ -311,6 +451,8 @@ class RecipeRun:
             plot = plot_curves(self.log, self.output_dir / "curves.png", title)
             if "before" in self.results:
                 print(summary_table(self.results["before"], after))
+            if self.stopped_at is not None:
+                print(f"early stopping at step {self.stopped_at}: best step {extra['best_step']}")
             print(f"curves: {plot}")
         accelerator.wait_for_everyone()
         return self.results

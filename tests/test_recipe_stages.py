@@ -1,0 +1,371 @@
+"""The recipes' support for a two-stage study (issue 25): a dev split disjoint from test and
+train, early stopping with patience that keeps the best model, a stage 2 started from it
+(``--init_from``, refused when it is another model), and frozen embeddings for the budget."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from _models import scorer_vocabulary_tokenizer, tiny_gpt2
+from config import DataConfig, ModelConfig, TrainConfig, load_config
+from examples import SPLITS, check_dev_split, load_splits
+from finetune import build_optimizer
+from generators import check_init_from, freeze_embeddings, load_generator, token_cross_entropy
+from run import EarlyStopping
+from test_recipes import TINY, TRANSLATION, read_log, run_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+BIBLE = REPO / "recipes/data/bible-es-en-sample.tsv"
+
+
+# --- the dev split ----------------------------------------------------------------------------
+
+
+def _bible_rows() -> list[dict]:
+    with open(BIBLE, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def _bible_sample(per_split: int) -> list[dict]:
+    """The first ``per_split`` rows of each split of the vendored sample (train, dev, test)."""
+    rows = _bible_rows()
+    return [r for split in SPLITS for r in [r for r in rows if r["split"] == split][:per_split]]
+
+
+def _write_tsv(path: Path, rows: list[dict]) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, rows[0].keys(), delimiter="\t", quoting=csv.QUOTE_NONE)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _spec(path: Path, **caps) -> DataConfig:
+    return DataConfig(path=str(path), source="spanish", target="english", id="ref", **caps)
+
+
+def test_the_vendored_dev_split_is_disjoint_and_ids_are_read():
+    splits = load_splits(_spec(BIBLE))
+    assert [len(splits[s]) for s in ("train", "validation", "test")] == [2000, 200, 200]
+    assert splits["test"][0].id == next(r["ref"] for r in _bible_rows() if r["split"] == "test")
+    check_dev_split(splits)  # no error
+
+
+@pytest.mark.parametrize(
+    ("other", "shared", "message"),
+    [
+        ("test", "ref", "shares 1 example.* with the test split"),
+        ("test", "spanish", "shares 1 example.* with the test split"),
+        ("train", "spanish", "shares 1 example.* with the train split"),
+    ],
+)
+def test_a_dev_split_sharing_an_example_is_refused(tmp_path, other, shared, message):
+    rows = _bible_sample(20)
+    dev = next(r for r in rows if r["split"] == "validation")
+    donor = next(r for r in rows if r["split"] == other)
+    check_dev_split(load_splits(_spec(_write_tsv(tmp_path / "ok.tsv", rows))))
+    dev[shared] = donor[shared]  # the same verse (ref) or the same source text
+    splits = load_splits(_spec(_write_tsv(tmp_path / "bad.tsv", rows)))
+    with pytest.raises(ValueError, match=f"data: the validation split .*{message}.*data.id"):
+        check_dev_split(splits)
+    # the recipe refuses it before loading any model, when it evaluates on the dev split
+    from finetune import main
+
+    argv = ["--config", str(TRANSLATION), "--output_dir", str(tmp_path / "run"),
+            "--set", f"data.path={tmp_path / 'bad.tsv'}", "--set", "data.id=ref",
+            "--set", "train.eval_every=1"]  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        main(argv)
+
+
+def test_a_repeated_target_is_not_an_overlap(tmp_path):
+    rows = _bible_sample(5)
+    assert (rows[5]["split"], rows[-1]["split"]) == ("validation", "test")
+    rows[5]["english"] = rows[-1]["english"]  # "And the LORD spake unto Moses, saying" repeats
+    check_dev_split(load_splits(_spec(_write_tsv(tmp_path / "d.tsv", rows))))
+
+
+# --- early stopping ---------------------------------------------------------------------------
+
+
+def test_early_stopping_counts_evaluations_without_improvement():
+    tracker = EarlyStopping("dev_ce", patience=2)
+    seen = []
+    for step, value in enumerate([5.0, 4.0, 4.5, 3.9, 3.9, 4.1], start=1):
+        seen.append((tracker.update(value, step), tracker.exhausted))
+    # improves at 1, 2, 4; 3 is one miss; 5 (equal: no gain) and 6 are two: stop at 6
+    assert seen == [(True, False), (True, False), (False, False), (True, False),
+                        (False, False), (False, True)]  # fmt: skip
+    assert (tracker.best, tracker.best_step) == (3.9, 4)
+    higher = EarlyStopping("dev_bertscore_f", patience=1)
+    assert higher.update(0.5, 1) and higher.update(0.6, 2) and not higher.update(0.55, 3)
+    assert higher.exhausted and higher.best_step == 2
+    off = EarlyStopping("dev_ce", patience=0)
+    for step in range(1, 6):
+        off.update(float(step), step)
+    assert not off.exhausted and off.since_best == 4
+    restored = EarlyStopping("dev_ce", 2)
+    restored.load_state_dict(tracker.state_dict())
+    assert restored.state_dict() == tracker.state_dict()
+
+
+def test_early_stopping_settings_are_checked():
+    with pytest.raises(ValueError, match="early_stopping_metric must be one of"):
+        load_config(TRANSLATION, ["train.early_stopping_metric=dev_bleu"])
+    with pytest.raises(ValueError, match="early_stopping_patience needs train.eval_every"):
+        load_config(TRANSLATION, ["train.early_stopping_patience=2", "train.eval_every=0"])
+    with pytest.raises(ValueError, match="early_stopping_patience must be >= 0"):
+        load_config(TRANSLATION, ["train.early_stopping_patience=-1", "train.eval_every=1"])
+    config = load_config(TRANSLATION, ["train.early_stopping_patience=3", "train.eval_every=5"])
+    assert config.train.early_stopping_metric == "dev_bertscore_f"  # the full evaluation
+
+
+def test_early_stopping_keeps_the_best_model_and_stage_two_starts_from_it(tmp_path):
+    """At a learning rate high enough for the dev CE to go up and down, the run stops after
+    `patience` evaluations without a new best; best/ holds the best step's weights (its dev CE
+    is the logged best), the test split is scored with them, and --init_from best starts a run
+    that records its start."""
+    stage1 = tmp_path / "stage1"
+    settings = [
+        *TINY, "--set", "train.steps=40", "--set", "train.eval_every=1",
+        "--set", "train.learning_rate=0.01", "--set", "data.max_validation=4",
+        "--set", "train.early_stopping_metric=dev_ce", "--set", "eval.before=false",
+        "--set", "data.id=ref",
+    ]  # fmt: skip
+    run_recipe("finetune.py", "--config", TRANSLATION, "--output_dir", stage1, *settings,
+               "--set", "train.early_stopping_patience=2")  # fmt: skip
+    log = read_log(stage1)
+    dev = [(e["step"], e["ce"]) for e in log if e["kind"] == "eval" and e["split"] == "validation"]
+    assert [step for step, _ in dev] == list(range(1, len(dev) + 1))
+    # replay the rule on the logged values: where must it stop, which step is the best?
+    best, best_step, misses, stop = float("inf"), None, 0, None
+    for step, value in dev:
+        best, best_step, misses = (
+            (value, step, 0) if value < best else (best, best_step, misses + 1)
+        )
+        if misses == 2:
+            stop = step
+            break
+    assert stop is not None and stop < 40, dev  # it did stop early, at the last evaluation
+    assert dev[-1][0] == stop
+    assert all(e["step"] <= stop for e in log if e["kind"] == "train")
+    results = json.loads((stage1 / "results.json").read_text())
+    assert (results["stopped_at"], results["best_step"]) == (stop, best_step)
+    assert results["early_stopping_patience"] == 2 and results["best_value"] == best
+    assert json.loads((stage1 / "best/best.json").read_text()) == {
+        "step": best_step,
+        "dev_ce": best,
+    }
+    assert not (stage1 / "model").exists()  # best/ is the final model
+    spec = load_config(TRANSLATION, [s for s in settings if s != "--set"])
+    splits = load_splits(spec.data)
+    assert _cross_entropy(stage1 / "best", spec, splits["validation"]) == pytest.approx(
+        best, abs=1e-4
+    )
+    assert best < dev[-1][1] - 1e-3  # and not the last step's weights
+    # the test split was scored with the best model: its CE is best/'s
+    test_ce = results["after"]["ce"]
+    assert _cross_entropy(stage1 / "best", spec, splits["test"]) == pytest.approx(test_ce, abs=1e-4)
+
+    stage2 = tmp_path / "stage2"
+    run_recipe("finetune.py", "--config", TRANSLATION, "--output_dir", stage2, *TINY,
+               "--set", "train.eval_every=0", "--set", "eval.before=false",
+               "--init_from", stage1 / "best")  # fmt: skip
+    results = json.loads((stage2 / "results.json").read_text())
+    assert results["init_from"] == str((stage1 / "best").resolve())
+    assert "best_step" not in results and (stage2 / "model/config.json").exists()
+
+
+def _cross_entropy(folder: Path, spec, examples) -> float:
+    """The teacher-forced CE of a saved BERT2BERT on ``examples``, as the recipe evaluates it."""
+    from evaluation import Evaluator
+    from seq2seq import Collator
+    from transformers import AutoTokenizer, EncoderDecoderModel
+
+    model = EncoderDecoderModel.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    collator = Collator(tokenizer, model, spec.data.max_source_length, spec.data.max_target_length)
+    return Evaluator(spec.task, None, spec.eval).cross_entropy(model, collator, examples, "cpu")
+
+
+# --- a checkpoint that is not the configured model --------------------------------------------
+
+
+def test_init_from_another_model_is_refused(tmp_path, scorer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    configured = tiny_gpt2(tokenizer)
+    configured.save_pretrained(tmp_path / "configured")
+    tokenizer.save_pretrained(tmp_path / "configured")
+    model_spec = ModelConfig(generator=str(tmp_path / "configured"))
+    # a fine-tuned copy of the configured model is accepted
+    tuned = tiny_gpt2(tokenizer)
+    with torch.no_grad():
+        tuned.transformer.h[0].mlp.c_fc.weight.add_(1.0)
+    tuned.save_pretrained(tmp_path / "tuned")
+    tokenizer.save_pretrained(tmp_path / "tuned")
+    loaded, _ = load_generator(model_spec, tmp_path / "tuned", scorer.encoder)
+    torch.testing.assert_close(loaded.transformer.h[0].mlp.c_fc.weight,
+                               tuned.transformer.h[0].mlp.c_fc.weight)  # fmt: skip
+    # deeper, or over another vocabulary: refused, naming --init_from and model.generator
+    deeper = GPT2LMHeadModel(GPT2Config(**{**configured.config.to_dict(), "n_layer": 2}))
+    deeper.save_pretrained(tmp_path / "deeper")
+    with pytest.raises(
+        ValueError,
+        match=r"--init_from .*deeper is not the configured model "
+        r"\(model.generator .*configured.*\): num_hidden_layers 2 \(configured: 1\)",
+    ):
+        load_generator(model_spec, tmp_path / "deeper", scorer.encoder)  # fmt: skip
+    smaller = GPT2LMHeadModel(GPT2Config(**{**configured.config.to_dict(), "vocab_size": 500}))
+    smaller.save_pretrained(tmp_path / "smaller")
+    with pytest.raises(ValueError, match=r"vocab_size 500 \(configured: 30522\)"):
+        check_init_from(model_spec, tmp_path / "smaller")
+    # another model type than the recipe's BERT2BERT
+    with pytest.raises(ValueError, match=r"model.generator 'bert2bert-minilm'.*model_type 'gpt2'"):
+        check_init_from(ModelConfig(generator="bert2bert-minilm"), tmp_path / "tuned")
+    with pytest.raises(ValueError, match="--init_from .*nowhere: not a saved generator folder"):
+        check_init_from(model_spec, tmp_path / "nowhere")
+
+
+# --- frozen embeddings ------------------------------------------------------------------------
+
+
+def _train_a_few_steps(model, trainable_check) -> dict[str, torch.Tensor]:
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+    spec = TrainConfig(steps=3, batch_size=2, learning_rate=1e-2, freeze_embeddings=True)
+    optimizer, _ = build_optimizer(model, spec)
+    trainable_check(optimizer)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(0))
+    for _ in range(3):
+        logits = model(input_ids=ids).logits[:, :-1]
+        token_cross_entropy(logits, ids[:, 1:]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return before
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_freeze_embeddings_freezes_the_tied_matrix(scorer, tied):
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    model = tiny_gpt2(tokenizer)
+    if not tied:
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    embedding, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    assert (embedding is head) == tied
+    frozen = freeze_embeddings(model)
+    assert frozen == embedding.numel() * (1 if tied else 2)
+    assert not embedding.requires_grad and not head.requires_grad
+
+    def not_in_the_optimizer(optimizer):
+        kept = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        assert id(embedding) not in kept and id(head) not in kept
+        assert len(kept) == sum(1 for p in model.parameters() if p.requires_grad) > 0
+
+    before = _train_a_few_steps(model, not_in_the_optimizer)
+    after = dict(model.named_parameters())
+    for name, value in before.items():
+        changed = not torch.equal(value, after[name].detach())
+        frozen_name = name in ("transformer.wte.weight", "lm_head.weight")
+        assert changed != frozen_name, name  # the frozen ones alone are unchanged
+
+
+def test_freeze_embeddings_on_gemma3(gemma_folder):
+    """Gemma 3's scaled input embedding and its LM head are one tied Parameter (the real
+    262,144-token config, made narrow and one layer deep)."""
+    from transformers import AutoConfig, Gemma3ForCausalLM
+
+    config = AutoConfig.from_pretrained(gemma_folder)
+    assert config.vocab_size == 262_144 and config.tie_word_embeddings
+    config.update({"num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32,
+                   "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 16,
+                   "layer_types": ["full_attention"]})  # fmt: skip
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(config)
+    assert model.get_output_embeddings().weight is model.model.embed_tokens.weight
+    assert freeze_embeddings(model) == 262_144 * 16
+
+    def not_in_the_optimizer(optimizer):
+        kept = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        assert id(model.model.embed_tokens.weight) not in kept
+
+    before = _train_a_few_steps(model, not_in_the_optimizer)
+    assert torch.equal(before["model.embed_tokens.weight"], model.model.embed_tokens.weight)
+    assert not torch.equal(before["model.norm.weight"], model.model.norm.weight)
+
+
+# --- the study's stage-1 config and driver ----------------------------------------------------
+
+
+def test_the_stage1_config():
+    config = load_config(REPO / "recipes/configs/bible-es-en-gemma-stage1.yaml", [])
+    train = config.train
+    assert config.loss["weight"] == 0.0  # CE only
+    assert train.early_stopping_metric == "dev_ce" and train.early_stopping_patience >= 1
+    assert train.freeze_embeddings and train.save_every == train.eval_every > 0
+    assert train.steps >= 10 * train.eval_every  # a cap, not the expected end
+    splits = load_splits(config.data)
+    assert [len(splits[s]) for s in SPLITS] == [2000, 100, 200]
+    check_dev_split(splits)
+
+
+def test_the_stage1_driver_resumes_and_skips(tmp_path):
+    """Two seeds (two workers, one core), interrupted after step 3 (checkpoint at 2), resumed
+    (step 3 redone, logged once), then skipped once done."""
+    import os
+    import subprocess
+
+    tiny = " ".join(TINY) + " --set train.steps=4 --set train.save_every=2 --set data.id=ref"
+    tiny += " --set train.early_stopping_metric=dev_ce --set train.early_stopping_patience=5"
+    env = {**os.environ, "OUT": str(tmp_path), "CONFIG": str(TRANSLATION), "SEEDS": "0 1",
+           "CORES": "0 0"}  # fmt: skip
+
+    def driver(extra: str) -> str:
+        done = subprocess.run(
+            ["bash", str(REPO / "recipes/study/stage1.sh")], env={**env, "EXTRA": extra},
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    first = driver(tiny + " --stop_after 3")
+    assert "seed 0: core 0  ->" in first and "seed 1: core 0  ->" in first
+    for seed in (0, 1):
+        out = tmp_path / f"stage1-seed{seed}"
+        assert "stopped after step 3" in (out / "stdout.log").read_text()
+        assert (out / "checkpoints").is_dir()
+        assert not (out / "results.json").exists() or "after" not in json.loads(
+            (out / "results.json").read_text()
+        )  # seed 0 scored the test split before training: not done
+    second = driver(tiny)
+    assert "seed 0: core 0 --resume" in second and "seed 1: core 0 --resume" in second
+    for seed in (0, 1):
+        out = tmp_path / f"stage1-seed{seed}"
+        results = json.loads((out / "results.json").read_text())
+        assert ("before" in results) == (seed == 0) and results["seed"] == seed
+        assert [e["step"] for e in read_log(out) if e["kind"] == "train"] == [1, 2, 3, 4]
+        assert (out / "best/best.json").exists()
+    third = driver(tiny)
+    assert "seed 0: done" in third and "seed 1: done" in third and "core" not in third
+
+
+def test_early_stopping_without_an_evaluation_keeps_the_last_model(tmp_path):
+    """train.steps before the first evaluation: no best/, so model/ is the final model (a stale
+    best/ left in the folder is not loaded)."""
+    out = tmp_path / "run"
+    (out / "best").mkdir(parents=True)
+    (out / "best/best.json").write_text(json.dumps({"step": 99, "dev_ce": 0.1}))
+    run_recipe(
+        "finetune.py", "--config", TRANSLATION, "--output_dir", out, *TINY,
+        "--set", "train.eval_every=5", "--set", "train.early_stopping_patience=1",
+        "--set", "train.early_stopping_metric=dev_ce", "--set", "eval.before=false",
+    )  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    assert results["best_step"] is None and results["stopped_at"] is None
+    assert (out / "model/config.json").exists()
