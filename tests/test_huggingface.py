@@ -264,3 +264,58 @@ def test_mixin_needs_the_tokenizer(loss, tokenizer, tmp_path):
 
     with pytest.raises(ValueError, match="processing_class"):
         Trainer(model=tiny_gpt2(tokenizer), args=training_args(tmp_path), bertscore_loss=loss)
+
+
+# --------------------------------------------------------------------------- term weights
+def test_balanced_weight_value_and_gradient(scorer):
+    """Balanced(lam): the loss is CE + lam * sg(CE / term) * term, so its value is (1 + lam) CE
+    and its gradient grad CE + lam (CE / term) grad term (EMO's balance); Fixed(lam) and the
+    plain number lam give CE + lam * term."""
+    from bsloss.integrations.term_weights import Balanced, Fixed
+
+    loss = bsloss.BERTScoreLoss(encoder=scorer.encoder)
+    tokenizer = loss.encoder.tokenizer
+    labels = torch.tensor([tokenizer("a cat sat on the mat")["input_ids"][1:-1]])
+    torch.manual_seed(0)
+    base = torch.randn(1, labels.shape[1], tokenizer.vocab_size)
+
+    def parts(logits):
+        ce = torch.nn.functional.cross_entropy(logits[0], labels[0])
+        f = loss.score(logits=logits, references=["a cat sat on the mat"]).f1
+        return ce, 1 - f.mean()
+
+    logits = base.clone().requires_grad_(True)
+    ce, term = parts(logits)
+    grad_ce = torch.autograd.grad(ce, logits, retain_graph=True)[0]
+    grad_term = torch.autograd.grad(term, logits)[0]
+    for weight, factor in [
+        (Balanced(0.5), 0.5 * ce.item() / term.item()),
+        (Fixed(0.5), 0.5),
+        (0.5, 0.5),
+    ]:
+        term_fn = BERTScoreTerm(loss, tokenizer, weight=weight, causal=False)
+        logits = base.clone().requires_grad_(True)
+        value = term_fn({"logits": logits}, labels)
+        value.backward()
+        torch.testing.assert_close(value, ce + factor * term, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(logits.grad, grad_ce + factor * grad_term, rtol=1e-4, atol=1e-7)
+        logged = term_fn.pop_metrics()
+        if isinstance(weight, Balanced):  # the step-by-step weight is logged
+            assert logged["bertscore_weight"] == pytest.approx(factor, rel=1e-5)
+        else:
+            assert "bertscore_weight" not in logged
+
+
+@pytest.mark.parametrize(
+    "weight, error",
+    [(-1.0, ValueError), (float("nan"), ValueError), ("1", TypeError), (True, TypeError)],
+)
+def test_term_weight_refused_named(scorer, weight, error):
+    from bsloss.integrations.term_weights import Balanced
+
+    loss = bsloss.BERTScoreLoss(encoder=scorer.encoder)
+    with pytest.raises(error, match="weight"):
+        BERTScoreTerm(loss, loss.encoder.tokenizer, weight=weight)
+    if not isinstance(weight, str):
+        with pytest.raises(error, match=r"Balanced\(weight\)"):
+            Balanced(weight)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bsloss.integrations.term_weights import Fixed, TermWeight, resolve_term_weight
 from bsloss.loss import BERTScoreLoss
 from bsloss.metric import BERTScorer
 
@@ -58,7 +59,9 @@ class BERTScoreTerm:
             ``generator_tokenizer=`` to it when the generator's vocabulary differs from the
             scorer's). Its ``reduction`` is ignored: the term reduces as the trainer does.
         tokenizer: the generator's tokenizer, to decode the labels into references.
-        weight: :math:`\\lambda`, the weight of the BERTScore term.
+        weight: :math:`\\lambda`, the weight of the BERTScore term, or a
+            :class:`~bsloss.integrations.term_weights.TermWeight`: ``Balanced(1.0)`` rescales
+            the term to the CE's value on every step (EMO's balance).
         causal: ``True`` for decoder-only models (logits at ``t`` predict label ``t + 1``, as
             in ``SFTTrainer``), ``False`` for encoder-decoder ones (``Seq2SeqTrainer``).
         ce_weight: weight of the cross-entropy term (``0``: BERTScore only).
@@ -82,16 +85,17 @@ class BERTScoreTerm:
         self,
         loss: BERTScoreLoss,
         tokenizer,
-        weight: float = 1.0,
+        weight: float | TermWeight = 1.0,
         causal: bool = True,
         ce_weight: float = 1.0,
     ):
         if not isinstance(loss, BERTScoreLoss):
             raise TypeError(f"loss must be a bsloss.BERTScoreLoss, got {type(loss).__name__}")
-        if weight < 0 or ce_weight < 0:
-            raise ValueError(f"weight and ce_weight must be >= 0, got {weight}, {ce_weight}")
+        self.weight = resolve_term_weight(weight, "weight")
+        if ce_weight < 0:
+            raise ValueError(f"ce_weight must be >= 0, got {ce_weight}")
         self.loss, self.tokenizer = loss, tokenizer
-        self.weight, self.ce_weight, self.causal = weight, ce_weight, causal
+        self.ce_weight, self.causal = ce_weight, causal
         self._decoded: dict[tuple[int, ...], str] = {}
         self._metrics: dict[str, list[float]] = defaultdict(list)
 
@@ -162,10 +166,15 @@ class BERTScoreTerm:
         self._metrics["ce"].append((ce_sum / mask.sum().clamp(min=1)).item())
         if keep.any():
             self._metrics["bertscore_f"].append(f1[keep].mean().item())
-        return (self.ce_weight * ce_sum + self.weight * bertscore_sum) / total
+        ce_mean, term_mean = ce_sum / total, bertscore_sum / total
+        weight = self.weight(ce_mean, term_mean)
+        if not isinstance(self.weight, Fixed):  # a step-by-step weight is logged
+            self._metrics["bertscore_weight"].append(float(weight))
+        return self.ce_weight * ce_mean + weight * term_mean
 
     def pop_metrics(self) -> dict[str, float]:
-        """Mean ``ce`` (per completion token) and ``bertscore_f`` since the last call."""
+        """Mean ``ce`` (per completion token) and ``bertscore_f`` since the last call (and
+        ``bertscore_weight``, the term's mean weight, when it changes step by step)."""
         means = {k: sum(v) / len(v) for k, v in self._metrics.items() if v}
         self._metrics.clear()
         return means
@@ -198,7 +207,8 @@ class BERTScoreTrainerMixin:
     Keyword args (the others go to the trainer):
         bertscore_loss: the :class:`~bsloss.BERTScoreLoss`; default: one over the embedded
             scorer with the generator's tokenizer (a vocabulary bridge when they differ).
-        bertscore_weight: :math:`\\lambda`.
+        bertscore_weight: :math:`\\lambda`, or a
+            :class:`~bsloss.integrations.term_weights.TermWeight` (``Balanced(1.0)``).
         bertscore_reference_column: a dataset column of reference texts (kept through the
             trainer's column removal and collator); ``None``: the decoded labels.
 
@@ -213,7 +223,7 @@ class BERTScoreTrainerMixin:
         self,
         *args,
         bertscore_loss: BERTScoreLoss | None = None,
-        bertscore_weight: float = 1.0,
+        bertscore_weight: float | TermWeight = 1.0,
         bertscore_reference_column: str | None = None,
         **kwargs,
     ):
