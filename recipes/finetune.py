@@ -23,6 +23,7 @@ from generators import lm_head_inputs, token_cross_entropy, token_cross_entropy_
 from run import RecipeRun, linear_warmup
 
 from bsloss import BERTScoreLoss
+from bsloss.integrations.term_weights import Balanced, Fixed
 from bsloss.scorer.encoder import ScorerEncoder
 
 CANDIDATE_MODES = ("teacher_forced", "greedy", "sample")
@@ -31,15 +32,33 @@ CANDIDATE_MODES = ("teacher_forced", "greedy", "sample")
 # How the recipe uses the term, with its defaults; every other key of the config's loss section
 # is a keyword of BERTScoreLoss, passed as it is (a misspelt one fails there, named).
 RECIPE_LOSS_KEYS = {
-    "weight": 0.0,  # lambda in CE + lambda * (1 - F_BERT)
+    "weight": 0.0,  # lambda in ce_weight * CE + lambda * (1 - F_BERT)
+    "weighting": "fixed",  # fixed | balanced (lambda * sg(CE / term): EMO's per-step balance)
+    "ce_weight": 1.0,  # 0: the BERTScore term alone (BERTTune's -F_BERT)
     "warmup_steps": 0,  # lambda grows linearly over these steps
     "candidates": "teacher_forced",  # teacher_forced | greedy | sample
 }
 
 
+TERM_WEIGHTS = {"fixed": Fixed, "balanced": Balanced}
+
+
 def recipe_loss_settings(loss_section: dict) -> dict:
-    """The recipe's own keys of the loss section (``RECIPE_LOSS_KEYS``), defaults filled in."""
-    return {key: loss_section.get(key, default) for key, default in RECIPE_LOSS_KEYS.items()}
+    """The recipe's own keys of the loss section (``RECIPE_LOSS_KEYS``), defaults filled in and
+    checked (a bad value fails naming its key)."""
+    spec = {key: loss_section.get(key, default) for key, default in RECIPE_LOSS_KEYS.items()}
+    if spec["weighting"] not in TERM_WEIGHTS:
+        raise ValueError(
+            f"loss.weighting must be one of {sorted(TERM_WEIGHTS)}, got {spec['weighting']!r}"
+        )
+    for key in ("weight", "ce_weight"):
+        try:
+            Fixed(spec[key])
+        except (TypeError, ValueError):
+            raise ValueError(f"loss.{key} must be a number >= 0, got {spec[key]!r}") from None
+    if spec["weight"] == 0 and spec["ce_weight"] == 0:
+        raise ValueError("loss.weight and loss.ce_weight are both 0: nothing to train")
+    return spec
 
 
 def build_loss(config: RecipeConfig, encoder: ScorerEncoder, generator_tokenizer) -> BERTScoreLoss:
@@ -121,7 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
         weight = linear_warmup(loss_spec["weight"], loss_spec["warmup_steps"], step)
         totals = {"loss": 0.0, "ce": 0.0}
         if weight > 0:
-            totals["bertscore_loss"] = 0.0
+            totals.update(bertscore_loss=0.0, term_weight=0.0)
         for _ in range(accumulation):
             examples = next(batches)
             batch = run.collate(examples)
@@ -152,8 +171,13 @@ def main(argv: list[str] | None = None) -> dict:
                     else:  # the CE is on the reference labels, the score on the model's own
                         bertscore_loss = out
                         ce = token_cross_entropy_from_hidden(hidden[0], head, batch["labels"])
-                    loss = ce + weight * bertscore_loss
-                    parts = {"ce": ce.detach(), "bertscore_loss": bertscore_loss.detach()}
+                    term_weight = TERM_WEIGHTS[loss_spec["weighting"]](weight)(ce, bertscore_loss)
+                    loss = loss_spec["ce_weight"] * ce + term_weight * bertscore_loss
+                    parts = {
+                        "ce": ce.detach(),
+                        "bertscore_loss": bertscore_loss.detach(),
+                        "term_weight": term_weight.detach(),
+                    }
                 else:
                     logits = collator.teacher_forced_logits(model, batch, label_sets)
                     loss = token_cross_entropy(logits[0], batch["labels"])

@@ -369,3 +369,47 @@ def test_early_stopping_without_an_evaluation_keeps_the_last_model(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["best_step"] is None and results["stopped_at"] is None
     assert (out / "model/config.json").exists()
+
+
+def test_stage2_arms_parse_and_build_their_loss(scorer):
+    """Every arm of recipes/study/arms.yaml is a valid set of overrides of the stage-2 config:
+    the config loads, the recipe's own loss keys check out, and BERTScoreLoss takes the rest."""
+    import yaml
+    from finetune import RECIPE_LOSS_KEYS, recipe_loss_settings
+
+    import bsloss
+
+    arms = yaml.safe_load((REPO / "recipes/study/arms.yaml").read_text())
+    assert {"ce", "berttune", "balanced", "sampled"} <= set(arms)
+    base = REPO / "recipes/configs/bible-es-en-gemma-stage2.yaml"
+    for name, overrides in arms.items():
+        pairs = [
+            f"{key}={yaml.safe_dump(value).splitlines()[0]}" for key, value in overrides.items()
+        ]
+        config = load_config(base, pairs)
+        spec = recipe_loss_settings(config.loss)
+        assert spec["weight"] == overrides["loss.weight"], name
+        options = {k: v for k, v in config.loss.items() if k not in RECIPE_LOSS_KEYS}
+        bsloss.BERTScoreLoss(encoder=scorer.encoder, **options)
+    assert (
+        recipe_loss_settings(
+            load_config(base, [f"{k}={v}" for k, v in arms["balanced"].items()]).loss
+        )["weighting"]
+        == "balanced"
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["loss.weighting=emo"], "loss.weighting must be one of"),
+        (["loss.ce_weight=-1"], "loss.ce_weight must be a number"),
+        (["loss.weight=0", "loss.ce_weight=0"], "nothing to train"),
+    ],
+)
+def test_recipe_loss_keys_refused_named(overrides, message):
+    from finetune import recipe_loss_settings
+
+    base = REPO / "recipes/configs/bible-es-en-gemma-stage2.yaml"
+    with pytest.raises(ValueError, match=message):
+        recipe_loss_settings(load_config(base, overrides).loss)
