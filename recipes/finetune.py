@@ -18,28 +18,21 @@ greedy or sampled output re-scored under teacher forcing (``greedy`` / ``sample`
 from __future__ import annotations
 
 import torch
-from config import RecipeConfig, TrainConfig, base_arguments
+from config import (
+    CANDIDATE_MODES,
+    RECIPE_LOSS_KEYS,
+    RecipeConfig,
+    TrainConfig,
+    base_arguments,
+    recipe_loss_settings,
+)
 from generators import lm_head_inputs, token_cross_entropy, token_cross_entropy_from_hidden
 from run import RecipeRun, linear_warmup
 
 from bsloss import BERTScoreLoss
 from bsloss.scorer.encoder import ScorerEncoder
 
-CANDIDATE_MODES = ("teacher_forced", "greedy", "sample")
-
-
-# How the recipe uses the term, with its defaults; every other key of the config's loss section
-# is a keyword of BERTScoreLoss, passed as it is (a misspelt one fails there, named).
-RECIPE_LOSS_KEYS = {
-    "weight": 0.0,  # lambda in CE + lambda * (1 - F_BERT)
-    "warmup_steps": 0,  # lambda grows linearly over these steps
-    "candidates": "teacher_forced",  # teacher_forced | greedy | sample
-}
-
-
-def recipe_loss_settings(loss_section: dict) -> dict:
-    """The recipe's own keys of the loss section (``RECIPE_LOSS_KEYS``), defaults filled in."""
-    return {key: loss_section.get(key, default) for key, default in RECIPE_LOSS_KEYS.items()}
+__all__ = ["CANDIDATE_MODES", "build_loss", "build_optimizer", "main", "recipe_loss_settings"]
 
 
 def build_loss(config: RecipeConfig, encoder: ScorerEncoder, generator_tokenizer) -> BERTScoreLoss:
@@ -86,8 +79,6 @@ def main(argv: list[str] | None = None) -> dict:
     config, train_spec = run.config, run.train
     loss_spec = recipe_loss_settings(config.loss)
     mode = loss_spec["candidates"]
-    if mode not in CANDIDATE_MODES:
-        raise ValueError(f"loss.candidates must be one of {CANDIDATE_MODES}: {mode!r}")
     loss_fn = build_loss(config, run.encoder, run.tokenizer)
     if not args.resume:
         run.log.write(
