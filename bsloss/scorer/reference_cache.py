@@ -118,10 +118,12 @@ class ReferenceCache(Mapping[str, Embedded]):
         if not self.max_size:
             return
         self._check_variant(variant)
+        if text in self._entries:
+            self._bytes -= _nbytes(self._entries.pop(text))
+        if _nbytes(entry) > self._max_bytes:
+            return  # it would evict everything else and still not fit
         with torch.inference_mode(False), torch.no_grad():
             copied = (entry[0].detach().clone(), entry[1].detach().clone())
-        if text in self._entries:
-            self._bytes -= _nbytes(self._entries[text])
         self._entries[text] = copied
         self._bytes += _nbytes(copied)
         self._entries.move_to_end(text)
