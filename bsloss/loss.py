@@ -442,11 +442,10 @@ class BERTScoreLoss(nn.Module):
             }
             given = [key for key, value in fused_only.items() if value is not None]
             if given:
-                verb = "goes" if len(given) == 1 else "go"
                 raise ValueError(
-                    f"{', '.join(given)} {verb} with hidden_states (the fused LM-head pass), not "
-                    f"with {name}; apply a temperature or soft-cap to the logits before passing "
-                    "them"
+                    f"the fused LM-head pass's options go with hidden_states, not with {name}: "
+                    f"got {', '.join(given)} (apply a temperature or soft-cap to the logits "
+                    "before passing them)"
                 )
         else:
             if logit_softcap is not None:

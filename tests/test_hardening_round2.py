@@ -198,7 +198,9 @@ def test_rc4_fused_only_options_are_refused_with_other_inputs(plain_loss, kind, 
     vocab = plain_loss.generator_vocab_size
     logits = torch.randn(1, 3, vocab)
     source = {"logits": logits, "probs": logits.softmax(-1), "candidate_ids": logits.argmax(-1)}
-    with pytest.raises(ValueError, match=f"{[*option][0]} goes with hidden_states"):
+    with pytest.raises(
+        ValueError, match=f"go with hidden_states, not with {kind}: got {[*option][0]}"
+    ):
         plain_loss(**{kind: source[kind]}, references=["a cat"], **option)
 
 
