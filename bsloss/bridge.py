@@ -258,6 +258,14 @@ def _check_csr(offsets: Tensor, flat: Tensor, special: Tensor, vocab: int | None
         raise ValueError(f"piece ids outside [0{bound}): {int(flat.min())}..{int(flat.max())}")
 
 
+def _digest(tensors: dict[str, Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
 def _check_cache_dir(folder: Path) -> None:
     """``bridge_cache_dir`` can hold the cache: a folder (made if missing) we may write in."""
     if folder.exists() and not folder.is_dir():
@@ -429,16 +437,18 @@ class VocabularyBridge:
             dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
         )
         os.close(handle)
+        tensors = {
+            "offsets": self.offsets.contiguous(),
+            "flat": self.flat.contiguous(),
+            "special": self.special.contiguous(),
+        }
+        metadata = {
+            "identity": str(self.identity),
+            "format": _CACHE_FORMAT,
+            "sha256": _digest(tensors),
+        }
         try:
-            save_file(
-                {
-                    "offsets": self.offsets.contiguous(),
-                    "flat": self.flat.contiguous(),
-                    "special": self.special.contiguous(),
-                },
-                temporary,
-                metadata={"identity": str(self.identity), "format": _CACHE_FORMAT},
-            )
+            save_file(tensors, temporary, metadata=metadata)
             os.replace(temporary, path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
@@ -465,8 +475,10 @@ class VocabularyBridge:
                     raise ValueError(
                         f"it is not of format {_CACHE_FORMAT!r} (got {metadata.get('format')!r})"
                     )
-                offsets, flat = handle.get_tensor("offsets"), handle.get_tensor("flat")
-                special = handle.get_tensor("special")
+                tensors = {name: handle.get_tensor(name) for name in ("offsets", "flat", "special")}
+            if "sha256" in metadata and metadata["sha256"] != _digest(tensors):
+                raise ValueError("its contents do not match their sha256 (damaged)")
+            offsets, flat, special = tensors["offsets"], tensors["flat"], tensors["special"]
             _check_csr(offsets, flat, special, scorer_vocab_size)
         except (SafetensorError, ValueError, KeyError, RuntimeError, OSError) as error:
             raise ValueError(

@@ -188,6 +188,23 @@ def test_rc3_non_finite_logits_inside_the_fused_pass_are_refused_by_name(plain_l
     torch.testing.assert_close(after, before)
 
 
+def test_fused_pass_with_every_position_masked_backpropagates(plain_loss):
+    """Found by the extended fuzz suite: with no position selected, the fused pass returned
+    tensors off the graph, so backward() raised deep inside torch. Now the value is the empty
+    candidate's (score 0) and the gradients are zero, as on the dense path."""
+    hidden, weight = head_for([2000, 3000], plain_loss.generator_vocab_size, width=8)
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+    nothing = torch.zeros(1, 2, dtype=torch.bool)
+    value = plain_loss(
+        hidden_states=hidden, output_embeddings=weight, candidate_mask=nothing, references=["a"]
+    )
+    dense = plain_loss(logits=hidden @ weight.T, candidate_mask=nothing, references=["a"])
+    torch.testing.assert_close(value, dense)
+    value.sum().backward()
+    assert hidden.grad.abs().sum() == 0 and weight.grad.abs().sum() == 0
+
+
 @pytest.mark.parametrize("kind", ["logits", "probs", "candidate_ids"])
 @pytest.mark.parametrize(
     "option", [{"generator_temperature": 2.0}, {"logit_softcap": 30.0}], ids=lambda o: [*o][0]

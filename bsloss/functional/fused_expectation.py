@@ -473,8 +473,10 @@ def fused_expected_inputs(
             return FusedHeadOutput(expected, None)
     with torch.autocast(device_type=hidden_states.device.type, enabled=False):
         if n == 0:
-            empty = hidden_states.new_zeros(0, table.shape[1]) if table is not None else None
-            ll = hidden_states.new_zeros(0, dtype=options.dtype) if target_ids is not None else None
+            # nothing to compute, but on the graph of the inputs: backward() works (zero grads)
+            anchor = (hidden_states.sum() + weight[:0].sum()).to(options.dtype)
+            empty = anchor.expand(0, table.shape[1]) if table is not None else None
+            ll = anchor.expand(0) if target_ids is not None else None
             tokens = torch.zeros(0, dtype=torch.long, device=hidden_states.device)
             return FusedHeadOutput(empty, ll, tokens)
         # With top_k the table product runs on the k gathered rows only; the pass then finds the
