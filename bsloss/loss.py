@@ -138,7 +138,10 @@ class BERTScoreLoss(nn.Module):
             takes are truncated with a warning (the tokens beyond get no score and no gradient).
         reference_cache_size: reference texts whose hidden states are kept across calls, on the
             scorer's device, least recently used evicted first (``0``: none); :meth:`clear_cache`
-            empties it.
+            empties it. It is bounded in bytes too: ``loss.reference_cache.max_bytes``.
+
+    The frozen scorer is not part of the loss's ``state_dict()`` (a model holding the loss does
+    not save it in each checkpoint); such a state dict loads strictly, the scorer left as it is.
 
     Returns:
         Calling it (:meth:`forward`) returns ``1 - score`` of ``target``, reduced by
@@ -709,7 +712,10 @@ class BERTScoreLoss(nn.Module):
             hidden_states: ``[B, L, d_model]`` the generator's LM-head input, with
             output_embeddings: the LM head (or its weight ``[V, d_model]``), and optional
             logit_softcap, generator_temperature: then the ``[B, L, V]`` distributions are
-                never materialised (:mod:`bsloss.functional.fused_expectation`).
+                never materialised (:mod:`bsloss.functional.fused_expectation`). Both are
+                finite numbers > 0 (default: no soft-cap, temperature 1) and go with
+                ``hidden_states`` only (refused with the other inputs, which they would not
+                change).
             candidate_mask: ``[B, L]``, true on real candidate tokens (default: all).
             references: one reference text, or a non-empty list of them, per sample; or
             reference_ids: ``[B, L_r]`` scorer token ids with special tokens, and
