@@ -10,13 +10,13 @@ import os
 import pickle
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from _models import scorer_vocabulary_tokenizer, tiny_gpt2
 from _tokenizers import brown_lines, train_sentencepiece_bpe
+from test_hardening import caught_warnings
 
 import bsloss
 from bsloss import BERTScoreLoss, BERTScoreReward, Softmax, VocabularyBridge
@@ -26,13 +26,6 @@ from bsloss.integrations import huggingface as hf
 from bsloss.scorer.reference_cache import DEFAULT_MAX_BYTES, ReferenceCache
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def caught_warnings(fn, *args, **kwargs):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = fn(*args, **kwargs)
-    return result, [str(w.message) for w in caught]
 
 
 @pytest.fixture(scope="module")
