@@ -52,6 +52,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,6 +218,44 @@ def _padded_to_csr(pieces: Tensor) -> tuple[Tensor, Tensor]:
     return offsets, pieces[present]
 
 
+def _check_csr(offsets: Tensor, flat: Tensor, special: Tensor, vocab: int | None) -> None:
+    """Flat piece lists that :meth:`VocabularyBridge.from_csr` can trust."""
+    if offsets.dim() != 1 or len(offsets) < 1 or flat.dim() != 1 or special.dim() != 1:
+        raise ValueError("offsets, flat and special must be 1-D")
+    if offsets.is_floating_point() or flat.is_floating_point():
+        raise ValueError("offsets and flat must be integer tensors")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != len(flat) or (offsets.diff() < 0).any():
+        raise ValueError("offsets must rise from 0 to the number of pieces")
+    if len(special) != len(offsets) - 1:
+        raise ValueError(f"special has {len(special)} entries for {len(offsets) - 1} tokens")
+    if len(flat) and (int(flat.min()) < 0 or (vocab is not None and int(flat.max()) >= vocab)):
+        bound = "" if vocab is None else f", {vocab}"
+        raise ValueError(f"piece ids outside [0{bound}): {int(flat.min())}..{int(flat.max())}")
+
+
+def _digest(tensors: dict[str, Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode())
+        digest.update(tensors[name].contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _check_cache_dir(folder: Path) -> None:
+    """``bridge_cache_dir`` can hold the cache: a folder (made if missing) we may write in."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"bridge_cache_dir {str(folder)!r} is a file, not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"bridge_cache_dir {str(folder)!r} cannot be created: {error}") from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"bridge_cache_dir {str(folder)!r} is not writable: pass a folder you can write in "
+            "(or None for no cache)"
+        )
+
+
 class VocabularyBridge:
     """Generator token id -> scorer piece ids, stored flat: the pieces of token ``v`` are
     ``flat[offsets[v]:offsets[v + 1]]``; ``special [V_gen]`` marks the generator's special
@@ -334,7 +374,11 @@ class VocabularyBridge:
             ).hexdigest()[:24]
             path = Path(cache_dir) / f"bridge-{key}.safetensors"
             if path.exists():
-                return cls.load(path)
+                try:
+                    return cls.load(path, scorer_vocab_size=len(scorer_tokenizer))
+                except ValueError as error:  # a crash mid-write, a full disk, a stray file
+                    warn_user(f"rebuilding the vocabulary bridge: {error}")
+            _check_cache_dir(Path(cache_dir))  # before the build, not after it
         convention = token_convention(generator_tokenizer, gen_vocab)
         indices = [index for index in gen_vocab.values() if index not in special]
         tokens = generator_tokenizer.convert_ids_to_tokens(indices)
@@ -351,36 +395,70 @@ class VocabularyBridge:
         flat = torch.tensor([p for k in order for p in rows[k]], dtype=torch.long)
         bridge = cls.from_csr(offsets, flat, special_mask)
         if path is not None:
-            bridge.save(path)
+            try:
+                bridge.save(path)
+            except OSError as error:  # a full disk: the bridge is built, keep it
+                warn_user(f"the vocabulary bridge is not cached: writing {path} failed ({error})")
         return bridge
 
     def save(self, path: str | Path) -> None:
+        """Write the bridge to ``path`` (safetensors) atomically: a temporary file in the same
+        folder, renamed over ``path`` once complete, so no reader ever sees half a file."""
         from safetensors.torch import save_file
 
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        save_file(
-            {
-                "offsets": self.offsets.contiguous(),
-                "flat": self.flat.contiguous(),
-                "special": self.special.contiguous(),
-            },
-            str(path),
-            metadata={"identity": str(self.identity), "format": _CACHE_FORMAT},
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(
+            dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"
         )
+        os.close(handle)
+        tensors = {
+            "offsets": self.offsets.contiguous(),
+            "flat": self.flat.contiguous(),
+            "special": self.special.contiguous(),
+        }
+        metadata = {
+            "identity": str(self.identity),
+            "format": _CACHE_FORMAT,
+            "sha256": _digest(tensors),
+        }
+        try:
+            save_file(tensors, temporary, metadata=metadata)
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
 
     @classmethod
-    def load(cls, path: str | Path) -> VocabularyBridge:
-        from safetensors import safe_open
+    def load(cls, path: str | Path, scorer_vocab_size: int | None = None) -> VocabularyBridge:
+        """The bridge saved at ``path`` by :meth:`save`.
 
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            if metadata.get("format") != _CACHE_FORMAT:
-                raise ValueError(
-                    f"{path} is not a bridge cache of format {_CACHE_FORMAT!r} "
-                    f"(got {metadata.get('format')!r}); delete it to rebuild"
-                )
-            offsets, flat = handle.get_tensor("offsets"), handle.get_tensor("flat")
-            special = handle.get_tensor("special")
+        Args:
+            path: the safetensors file.
+            scorer_vocab_size: when given, every piece id must be below it.
+
+        Raises:
+            ValueError: ``path`` is not a complete bridge cache (unreadable, another format,
+                inconsistent offsets, piece ids out of range), named.
+        """
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                metadata = handle.metadata() or {}
+                if metadata.get("format") != _CACHE_FORMAT:
+                    raise ValueError(
+                        f"it is not of format {_CACHE_FORMAT!r} (got {metadata.get('format')!r})"
+                    )
+                tensors = {name: handle.get_tensor(name) for name in ("offsets", "flat", "special")}
+            if "sha256" in metadata and metadata["sha256"] != _digest(tensors):
+                raise ValueError("its contents do not match their sha256 (damaged)")
+            offsets, flat, special = tensors["offsets"], tensors["flat"], tensors["special"]
+            _check_csr(offsets, flat, special, scorer_vocab_size)
+        except (SafetensorError, ValueError, KeyError, RuntimeError, OSError) as error:
+            raise ValueError(
+                f"{path} is not a valid bridge cache ({error}); delete it to rebuild"
+            ) from error
         return cls.from_csr(offsets, flat, special, identity=metadata.get("identity") == "True")
 
     def _mean_over_pieces(self, values: Tensor) -> Tensor:

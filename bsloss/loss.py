@@ -28,8 +28,13 @@ from bsloss.distributions import (
     token_distribution,
 )
 from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
-from bsloss.functional.fused_expectation import IGNORE_INDEX, fused_expected_inputs
+from bsloss.functional.fused_expectation import (
+    IGNORE_INDEX,
+    NonFiniteLogitsError,
+    fused_expected_inputs,
+)
 from bsloss.functional.matching import Matching, resolve_matching
+from bsloss.functional.matching.base import check_temperature
 from bsloss.inputs import check_reference_groups, check_texts, flatten_groups
 from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.checkpointing import set_gradient_checkpointing
@@ -88,6 +93,20 @@ def _check_tensor(value: object, name: str, kind: str) -> Tensor:
     return value
 
 
+_SCORER = "encoder."
+
+
+def _drop_scorer_state(module: nn.Module, state_dict: dict, prefix: str, metadata) -> None:
+    for key in [k for k in state_dict if k.startswith(prefix + _SCORER)]:
+        del state_dict[key]
+
+
+def _keep_scorer_state(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """A state dict saved without the scorer loads with the scorer left as it is."""
+    for key, value in module.encoder.state_dict(prefix=prefix + _SCORER, keep_vars=True).items():
+        state_dict.setdefault(key, value)
+
+
 class BERTScoreLoss(nn.Module):
     """``1 - BERTScore`` of candidates (generator distributions, token ids or embeddings)
     against references, differentiable in the candidates.
@@ -132,7 +151,10 @@ class BERTScoreLoss(nn.Module):
             takes are truncated with a warning (the tokens beyond get no score and no gradient).
         reference_cache_size: reference texts whose hidden states are kept across calls, on the
             scorer's device, least recently used evicted first (``0``: none); :meth:`clear_cache`
-            empties it.
+            empties it. It is bounded in bytes too: ``loss.reference_cache.max_bytes``.
+
+    The frozen scorer is not part of the loss's ``state_dict()`` (a model holding the loss does
+    not save it in each checkpoint); such a state dict loads strictly, the scorer left as it is.
 
     Returns:
         Calling it (:meth:`forward`) returns ``1 - score`` of ``target``, reduced by
@@ -225,6 +247,15 @@ class BERTScoreLoss(nn.Module):
             raise ValueError(
                 f"bridge_mode must be one of {BRIDGE_MODES} or None, got {bridge_mode!r}"
             )
+        if generator_tokenizer is not None and not all(
+            callable(getattr(generator_tokenizer, method, None))
+            for method in ("get_vocab", "convert_ids_to_tokens", "batch_decode")
+        ):
+            raise TypeError(
+                "generator_tokenizer must be a Hugging Face tokenizer (get_vocab, batch_decode), "
+                f"got {type(generator_tokenizer).__name__} {generator_tokenizer!r:.60}; load it "
+                "with transformers.AutoTokenizer.from_pretrained(...)"
+            )
         if bridge is None and generator_tokenizer is not None:
             bridge = VocabularyBridge.build(
                 generator_tokenizer, self.encoder, cache_dir=bridge_cache_dir
@@ -253,6 +284,10 @@ class BERTScoreLoss(nn.Module):
             inference_mode=False,
         )
         self._generator_tables: dict[tuple, Tensor] = {}
+        # The frozen scorer is not the loss's state: a model holding the loss as a submodule
+        # would otherwise save the scorer (87 MB for MiniLM) in every checkpoint.
+        self._register_state_dict_hook(_drop_scorer_state)
+        self._register_load_state_dict_pre_hook(_keep_scorer_state, with_module=True)
 
     # ------------------------------------------------------------------ caches
     @property
@@ -404,14 +439,34 @@ class BERTScoreLoss(nn.Module):
         output_embeddings: Tensor | nn.Module | None = None,
         target_ids: Tensor | None = None,
         logit_softcap: float | None = None,
-        generator_temperature: float = 1.0,
+        generator_temperature: float | None = None,
         candidate_mask: Tensor | None = None,
     ) -> _Encoded:
         name, source, candidate_mask = self._check_candidates(
             logits, probs, candidate_ids, embeddings, hidden_states, candidate_mask
         )
-        if hidden_states is None and (output_embeddings is not None or target_ids is not None):
-            raise ValueError("output_embeddings and target_ids go with hidden_states")
+        if hidden_states is None:
+            # the options of the fused LM-head pass: another input has no logits to apply them to
+            fused_only = {
+                "output_embeddings": output_embeddings,
+                "target_ids": target_ids,
+                "logit_softcap": logit_softcap,
+                "generator_temperature": generator_temperature,
+            }
+            given = [key for key, value in fused_only.items() if value is not None]
+            if given:
+                raise ValueError(
+                    f"the fused LM-head pass's options go with hidden_states, not with {name}: "
+                    f"got {', '.join(given)} (apply a temperature or soft-cap to the logits "
+                    "before passing them)"
+                )
+        else:
+            if logit_softcap is not None:
+                logit_softcap = check_temperature(logit_softcap, "logit_softcap")
+            generator_temperature = check_temperature(
+                1.0 if generator_temperature is None else generator_temperature,
+                "generator_temperature",
+            )
         if source.shape[0] == 0:
             # an empty batch: nothing to encode (kept on the graph of the input)
             nothing = source.reshape(-1)[:0].float()
@@ -529,21 +584,32 @@ class BERTScoreLoss(nn.Module):
                     f"hidden_states), got {list(target_ids.shape)}"
                 )
             selected = candidate_mask | (target_ids != IGNORE_INDEX)
-        out = fused_expected_inputs(
-            hidden_states[selected],
-            output_embeddings,
-            table,
-            target_ids=None if target_ids is None else target_ids[selected],
-            softcap=softcap,
-            temperature=temperature,
-            top_k=self.candidates.top_k,
-            straight_through=self.candidates.straight_through,
-            # the retokenizer needs the argmax tokens, which the chunked pass tracks
-            use_sdpa=self.retokenizer is None,
-        )
+        try:
+            out = fused_expected_inputs(
+                hidden_states[selected],
+                output_embeddings,
+                table,
+                target_ids=None if target_ids is None else target_ids[selected],
+                softcap=softcap,
+                temperature=temperature,
+                top_k=self.candidates.top_k,
+                straight_through=self.candidates.straight_through,
+                # the retokenizer needs the argmax tokens, which the chunked pass tracks
+                use_sdpa=self.retokenizer is None,
+            )
+        except NonFiniteLogitsError as error:
+            where = selected.nonzero()[error.row].tolist()
+            raise ValueError(
+                f"the logits of hidden_states{where} under output_embeddings are NaN or Inf (NaN "
+                "or Inf in hidden_states or the LM head's weight, a float16 overflow of h W^T, "
+                f"or logit_softcap={softcap} / generator_temperature={temperature} making them "
+                "overflow)"
+            ) from None
         batch, length = selected.shape
-        full = out.expected.new_zeros(batch, length, out.expected.shape[-1])
-        full = full.masked_scatter(selected[..., None], out.expected)
+        # float64 hidden states give float64 expectations; the scorer runs in its own dtype
+        expected = out.expected.to(table.dtype)
+        full = expected.new_zeros(batch, length, expected.shape[-1])
+        full = full.masked_scatter(selected[..., None], expected)
         tokens = torch.zeros(batch, length, dtype=torch.long, device=hidden_states.device)
         if out.tokens is not None:
             tokens = tokens.masked_scatter(selected, out.tokens)
@@ -639,7 +705,7 @@ class BERTScoreLoss(nn.Module):
         hidden_states: Tensor | None = None,
         output_embeddings: Tensor | nn.Module | None = None,
         logit_softcap: float | None = None,
-        generator_temperature: float = 1.0,
+        generator_temperature: float | None = None,
         candidate_mask: Tensor | None = None,
         references: Sequence[str] | Sequence[Sequence[str]] | None = None,
         reference_ids: Tensor | None = None,
@@ -655,7 +721,10 @@ class BERTScoreLoss(nn.Module):
             hidden_states: ``[B, L, d_model]`` the generator's LM-head input, with
             output_embeddings: the LM head (or its weight ``[V, d_model]``), and optional
             logit_softcap, generator_temperature: then the ``[B, L, V]`` distributions are
-                never materialised (:mod:`bsloss.functional.fused_expectation`).
+                never materialised (:mod:`bsloss.functional.fused_expectation`). Both are
+                finite numbers > 0 (default: no soft-cap, temperature 1) and go with
+                ``hidden_states`` only (refused with the other inputs, which they would not
+                change).
             candidate_mask: ``[B, L]``, true on real candidate tokens (default: all).
             references: one reference text, or a non-empty list of them, per sample; or
             reference_ids: ``[B, L_r]`` scorer token ids with special tokens, and
@@ -711,6 +780,18 @@ class BERTScoreLoss(nn.Module):
                 f"reference_ids has {reference_ids.shape[0]} rows for a batch of {batch} candidates"
             )
         if batch == 0:
+            if self.center:
+                # every process joins the centering all-reduces, in the same order, even with
+                # nothing to add: a process that skipped them would leave the others waiting
+                # (in the dtypes of the others' statistics: the scorer's output, float32 refs)
+                device, width = self.encoder.device, self.encoder.hidden_size
+                dtype = self.encoder.input_embeddings.weight.dtype
+                no_mask = torch.zeros(0, 0, dtype=torch.bool, device=device)
+                # retokenize scores distributions twice (the gradient's and the text's encoding)
+                soft = all(candidates.get(k) is None for k in ("candidate_ids", "embeddings"))
+                for _ in range(2 if self.retokenizer is not None and soft else 1):
+                    batch_center(torch.zeros(0, 0, width, dtype=dtype, device=device), no_mask)
+                    batch_center(torch.zeros(0, 0, width, device=device), no_mask)
             # an empty batch scores nothing; kept on the graph so that backward() still works
             empty = encoded.hidden.reshape(-1)[:0].float()
             return PRF(empty, empty, empty), log_likelihood

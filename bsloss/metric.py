@@ -26,6 +26,7 @@ from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline
 from bsloss.functional import bert_score, rescale_with_baseline
 from bsloss.functional.idf import document_frequency, idf_from_frequency
+from bsloss.functional.similarity import l2_normalize
 from bsloss.inputs import check_int, check_texts, flatten_groups, validate_pairs
 from bsloss.plot import draw_pair
 from bsloss.scorer.batching import pad_embedded
@@ -352,10 +353,13 @@ class BERTScorer:
         return ReferenceEmbedder(
             self.encoder,
             cache_size,
-            transform=lambda hidden: _unit_norm_float32(hidden, self._layer_count()),
+            transform=self._unit_norm,  # a bound method, not a lambda: the scorer pickles
             autocast_dtype=self.autocast_dtype,
             inference_mode=True,
         )
+
+    def _unit_norm(self, hidden: Tensor) -> Tensor:
+        return _unit_norm_float32(hidden, self._layer_count())
 
     def embed(
         self, texts: Sequence[str], progress: bool | None = None
@@ -624,10 +628,10 @@ class BERTScorer:
 
 def _unit_norm_float32(hidden: Tensor, layers: int = 1) -> Tensor:
     if layers == 1:
-        return torch.nn.functional.normalize(hidden.float(), dim=-1)
+        return l2_normalize(hidden.float())
     # all layers side by side: each layer's vector normalised on its own
     split = hidden.float().unflatten(-1, (layers, -1))
-    return torch.nn.functional.normalize(split, dim=-1).flatten(-2)
+    return l2_normalize(split).flatten(-2)
 
 
 def _layers_as_rows(emb: Tensor, mask: Tensor, weights: Tensor, layers: int):

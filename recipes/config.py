@@ -6,11 +6,15 @@ section but ``loss`` a dataclass holding its keys' defaults (an unknown key fail
 from __future__ import annotations
 
 import argparse
+import math
+import numbers
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from bsloss.integrations.term_weights import Balanced, Fixed
 
 
 def base_arguments(description: str) -> argparse.ArgumentParser:
@@ -57,7 +61,7 @@ class DataConfig:
     dataset: str | None = None  # or a Hugging Face datasets name (needs internet)
     dataset_config: str | None = None  # the dataset's configuration name
     splits: dict | None = None  # {train: ..., validation: ..., test: ...}: the dataset's names
-    split_column: str = "split"  # the local file's split column
+    split_column: str | None = "split"  # the local file's split column (unused with dataset)
     prompt_format: str | None = None  # decoder-only: a prompt with {source}; None: prompting.py's
     chat_template: bool | str = "auto"  # decoder-only: auto | true | false
     max_source_length: int = 128  # source tokens kept
@@ -177,9 +181,45 @@ class RecipeConfig:
     loss: dict = field(default_factory=dict)
 
 
+# Numeric keys that must be > 0 (every other number must be >= 0).
+POSITIVE_KEYS = {
+    "steps",
+    "batch_size",
+    "learning_rate",
+    "gradient_accumulation_steps",
+    "checkpoints_total_limit",
+    "max_source_length",
+    "max_target_length",
+    "num_beams",
+    "max_new_tokens",
+}
+_TYPES = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict, "None": type(None)}
+
+
+def check_value(where: str, annotation: str, value: Any) -> None:
+    """``value`` fits the field's annotation (``"int | None"``...; an int is no bool, a float
+    may be an int) and, if a number, is finite and >= 0 (> 0 for ``POSITIVE_KEYS``)."""
+    kinds = [_TYPES[part.strip()] for part in annotation.split("|")]
+
+    def fits(kind: type) -> bool:
+        if kind is float:
+            return isinstance(value, numbers.Real) and not isinstance(value, bool)
+        if kind is int:
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        return isinstance(value, kind)
+
+    if not any(fits(kind) for kind in kinds):
+        raise ValueError(f"config {where}: expected {annotation}, got {value!r}")
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        key = where.rsplit(".", 1)[-1]
+        low = "> 0" if key in POSITIVE_KEYS else ">= 0"
+        if not math.isfinite(value) or value < 0 or (key in POSITIVE_KEYS and value == 0):
+            raise ValueError(f"config {where}: expected a finite number {low}, got {value!r}")
+
+
 def section(cls, name: str, values: dict | None):
-    """``cls(**values)``; a key that is not a field, or a missing required one, fails naming the
-    section and the key."""
+    """``cls(**values)``; a key that is not a field, or a missing required one, or a value of
+    the wrong type or range fails naming the section and the key."""
     values = {} if values is None else values
     if not isinstance(values, dict):
         raise ValueError(f"config {name}: expected a mapping of keys, got {values!r}")
@@ -190,7 +230,44 @@ def section(cls, name: str, values: dict | None):
     for f in fields(cls):
         if f.default is MISSING and f.default_factory is MISSING and f.name not in values:
             raise ValueError(f"config {name}: missing key {f.name!r}")
+        if f.name in values:
+            check_value(f"{name}.{f.name}", f.type, values[f.name])
     return cls(**values)
+
+
+# How finetune.py uses the BERTScore term, with its defaults; every other key of the config's
+# loss section is a keyword of BERTScoreLoss, passed as it is (a misspelt one fails there, named).
+RECIPE_LOSS_KEYS = {
+    "weight": 0.0,  # lambda in ce_weight * CE + lambda * (1 - F_BERT)
+    "weighting": "fixed",  # fixed | balanced (lambda * sg(CE / term): EMO's per-step balance)
+    "ce_weight": 1.0,  # 0: the BERTScore term alone (BERTTune's -F_BERT)
+    "warmup_steps": 0,  # lambda grows linearly over these steps
+    "candidates": "teacher_forced",  # teacher_forced | greedy | sample
+}
+CANDIDATE_MODES = ("teacher_forced", "greedy", "sample")
+TERM_WEIGHTS = {"fixed": Fixed, "balanced": Balanced}  # loss.weighting -> the term's weight
+
+
+def recipe_loss_settings(loss_section: dict) -> dict:
+    """The recipe's own keys of the loss section (``RECIPE_LOSS_KEYS``), defaults filled in and
+    checked (named)."""
+    settings = {key: loss_section.get(key, default) for key, default in RECIPE_LOSS_KEYS.items()}
+    check_value("loss.weight", "float", settings["weight"])
+    check_value("loss.ce_weight", "float", settings["ce_weight"])
+    check_value("loss.warmup_steps", "int", settings["warmup_steps"])
+    if settings["weighting"] not in TERM_WEIGHTS:
+        raise ValueError(
+            f"config loss.weighting: expected one of {tuple(TERM_WEIGHTS)}, got "
+            f"{settings['weighting']!r}"
+        )
+    if settings["weight"] == 0 and settings["ce_weight"] == 0:
+        raise ValueError("config loss.weight and loss.ce_weight are both 0: nothing to train")
+    if settings["candidates"] not in CANDIDATE_MODES:
+        raise ValueError(
+            f"config loss.candidates: expected one of {CANDIDATE_MODES}, got "
+            f"{settings['candidates']!r}"
+        )
+    return settings
 
 
 def load_config(path: Path, overrides: list[str]) -> RecipeConfig:
@@ -221,6 +298,7 @@ def load_config(path: Path, overrides: list[str]) -> RecipeConfig:
     loss = raw.get("loss") or {}
     if not isinstance(loss, dict):
         raise ValueError(f"config loss: expected a mapping of keys, got {loss!r}")
+    recipe_loss_settings(loss)  # the recipe's own keys, checked before any model is loaded
     return RecipeConfig(
         task=raw["task"],
         loss=dict(loss),

@@ -18,47 +18,22 @@ greedy or sampled output re-scored under teacher forcing (``greedy`` / ``sample`
 from __future__ import annotations
 
 import torch
-from config import RecipeConfig, TrainConfig, base_arguments
+from config import (
+    CANDIDATE_MODES,
+    RECIPE_LOSS_KEYS,
+    TERM_WEIGHTS,
+    RecipeConfig,
+    TrainConfig,
+    base_arguments,
+    recipe_loss_settings,
+)
 from generators import lm_head_inputs, token_cross_entropy, token_cross_entropy_from_hidden
 from run import RecipeRun, linear_warmup
 
 from bsloss import BERTScoreLoss
-from bsloss.integrations.term_weights import Balanced, Fixed
 from bsloss.scorer.encoder import ScorerEncoder
 
-CANDIDATE_MODES = ("teacher_forced", "greedy", "sample")
-
-
-# How the recipe uses the term, with its defaults; every other key of the config's loss section
-# is a keyword of BERTScoreLoss, passed as it is (a misspelt one fails there, named).
-RECIPE_LOSS_KEYS = {
-    "weight": 0.0,  # lambda in ce_weight * CE + lambda * (1 - F_BERT)
-    "weighting": "fixed",  # fixed | balanced (lambda * sg(CE / term): EMO's per-step balance)
-    "ce_weight": 1.0,  # 0: the BERTScore term alone (BERTTune's -F_BERT)
-    "warmup_steps": 0,  # lambda grows linearly over these steps
-    "candidates": "teacher_forced",  # teacher_forced | greedy | sample
-}
-
-
-TERM_WEIGHTS = {"fixed": Fixed, "balanced": Balanced}
-
-
-def recipe_loss_settings(loss_section: dict) -> dict:
-    """The recipe's own keys of the loss section (``RECIPE_LOSS_KEYS``), defaults filled in and
-    checked (a bad value fails naming its key)."""
-    spec = {key: loss_section.get(key, default) for key, default in RECIPE_LOSS_KEYS.items()}
-    if spec["weighting"] not in TERM_WEIGHTS:
-        raise ValueError(
-            f"loss.weighting must be one of {sorted(TERM_WEIGHTS)}, got {spec['weighting']!r}"
-        )
-    for key in ("weight", "ce_weight"):
-        try:
-            Fixed(spec[key])
-        except (TypeError, ValueError):
-            raise ValueError(f"loss.{key} must be a number >= 0, got {spec[key]!r}") from None
-    if spec["weight"] == 0 and spec["ce_weight"] == 0:
-        raise ValueError("loss.weight and loss.ce_weight are both 0: nothing to train")
-    return spec
+__all__ = ["CANDIDATE_MODES", "build_loss", "build_optimizer", "main", "recipe_loss_settings"]
 
 
 def build_loss(config: RecipeConfig, encoder: ScorerEncoder, generator_tokenizer) -> BERTScoreLoss:
@@ -105,8 +80,6 @@ def main(argv: list[str] | None = None) -> dict:
     config, train_spec = run.config, run.train
     loss_spec = recipe_loss_settings(config.loss)
     mode = loss_spec["candidates"]
-    if mode not in CANDIDATE_MODES:
-        raise ValueError(f"loss.candidates must be one of {CANDIDATE_MODES}: {mode!r}")
     loss_fn = build_loss(config, run.encoder, run.tokenizer)
     if not args.resume:
         run.log.write(

@@ -100,12 +100,17 @@ class Progress:
 
 def resume(accelerator, output_dir: Path, log: RunLog, progress: Progress) -> int:
     """Load the newest checkpoint of ``output_dir/checkpoints`` (accelerate's automatic naming)
-    and return its step; the log loses the lines written after it."""
+    and return its step; the log loses the lines written after it.
+
+    accelerate reads the optimizer, scheduler, sampler, RNG and progress states with
+    ``torch.load``, i.e. by unpickling; they are read here with ``weights_only=True``
+    (torch's restricted unpickler: tensors, numbers, containers, no arbitrary objects), so a
+    tampered checkpoint fails instead of running code. Resume only from checkpoints you wrote."""
     folder = output_dir / "checkpoints"
     saved = sorted(folder.glob("checkpoint_*"), key=lambda p: int(p.name.split("_")[1]))
     if not saved:
         raise FileNotFoundError(f"--resume: no checkpoint under {folder}")
-    accelerator.load_state(str(saved[-1]))
+    accelerator.load_state(str(saved[-1]), load_kwargs={"weights_only": True})
     # the next save continues the numbering (accelerate refuses to overwrite a checkpoint)
     accelerator.project_configuration.iteration = int(saved[-1].name.split("_")[1]) + 1
     if accelerator.is_main_process:

@@ -1,5 +1,7 @@
 """Property-based fuzzing of the public API (issue 13): BERTScorer / score, the loss with every
-input kind and matching, the reward and the vocabulary bridge.
+input kind and matching, the reward and the vocabulary bridge; and (issue 22) the fused LM-head
+path with every option (equal to the dense path on the same logits), the bridge with the fused
+pass and a damaged cache file, and the trainer integration's BERTScoreTerm.
 
 Properties, for any input hypothesis draws:
 - good input: finite scores and finite gradients, batch invariance (a sample scores the same
@@ -9,12 +11,13 @@ Properties, for any input hypothesis draws:
   what it gave before.
 
 Examples are derandomised (the same in every run, so CI cannot flake) and few per property: the
-whole file runs in about a minute on a 2-core CPU.
+whole file runs in about a minute and a half on a 2-core CPU.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 
 import pytest
@@ -475,3 +478,314 @@ def test_bridge_loss_finite_and_batch_invariant(bridge_loss, data):
         else:
             with pytest.raises(ValueError, match="logits has a vocabulary"):
                 bridge_loss(logits=bad[..., :-1], references=refs)
+
+
+# ----------------------------------------------------------------------------- the fused path
+@st.composite
+def fused_inputs(draw, vocab: int):
+    """Hidden states ``[B, L, d]``, an LM head ``[V, d]`` (and bias), a mask, references, and
+    the fused pass's options: top-k, straight-through, temperature, soft-cap, targets."""
+    batch, length = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    width = draw(st.sampled_from([8, 16]))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    scale = draw(st.sampled_from([0.3, 3.0, 30.0]))
+    hidden = torch.randn(batch, length, width, generator=generator) * scale
+    weight = torch.randn(vocab, width, generator=generator) / width**0.5
+    mask = torch.rand(batch, length, generator=generator) < draw(st.floats(0.4, 1.0))
+    options = {
+        "top_k": draw(st.sampled_from([None, 2, 7])),
+        "straight_through": draw(st.booleans()),
+        "generator_temperature": draw(st.sampled_from([None, 0.5, 2.0])),
+        "logit_softcap": draw(st.sampled_from([None, 5.0, 30.0])),
+        "targets": draw(st.booleans()),
+    }
+    references = draw(st.lists(reference_groups, min_size=batch, max_size=batch))
+    return hidden, weight, mask, options, references
+
+
+def _fused_call(loss, hidden, weight, mask, options, references, rows=None):
+    rows = list(range(hidden.shape[0])) if rows is None else rows
+    call = {
+        "hidden_states": hidden[rows],
+        "output_embeddings": weight,
+        "candidate_mask": mask[rows],
+        "references": [references[i] for i in rows],
+        "generator_temperature": options["generator_temperature"],
+        "logit_softcap": options["logit_softcap"],
+    }
+    if options["targets"]:
+        targets = torch.arange(hidden.shape[0] * hidden.shape[1]).reshape(hidden.shape[:2])
+        call["target_ids"] = (targets * 7919 % weight.shape[0])[rows]
+    return call
+
+
+def _fused_loss(encoder, options, **extra) -> BERTScoreLoss:
+    return BERTScoreLoss(
+        encoder=encoder,
+        top_k=options["top_k"],
+        straight_through=options["straight_through"],
+        reduction="none",
+        **extra,
+    )
+
+
+@FEW
+@given(data=st.data())
+def test_fused_path_finite_invariant_and_equal_to_the_dense_path(scorer, data):
+    """hidden_states + the LM head, with every option of the pass: finite values and
+    gradients, batch and order invariance, and the dense path's value on the same logits."""
+    vocab = scorer.encoder.input_embeddings.num_embeddings
+    hidden, weight, mask, options, refs = data.draw(fused_inputs(vocab))
+    loss = _fused_loss(scorer.encoder, options)
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+    with quiet():
+        out = loss(**_fused_call(loss, hidden, weight, mask, options, refs))
+        value = out.loss if options["targets"] else out
+        assert value.shape == (hidden.shape[0],) and torch.isfinite(value).all()
+        total = value.sum() + (out.cross_entropy.sum() if options["targets"] else 0)
+        total.backward()
+        assert torch.isfinite(hidden.grad).all() and torch.isfinite(weight.grad).all()
+        h, w = hidden.detach(), weight.detach()
+        # the same distributions as logits: soft-capped, then divided by the temperature
+        logits = h @ w.T
+        if options["logit_softcap"] is not None:
+            logits = torch.tanh(logits / options["logit_softcap"]) * options["logit_softcap"]
+        logits = logits / (options["generator_temperature"] or 1.0)
+        dense = loss(logits=logits, candidate_mask=mask, references=refs)
+        torch.testing.assert_close(value.detach(), dense, atol=2e-4, rtol=0)
+        order = data.draw(st.permutations(range(h.shape[0])))
+        permuted = loss(**_fused_call(loss, h, w, mask, options, refs, rows=list(order)))
+        permuted = permuted.loss if options["targets"] else permuted
+        torch.testing.assert_close(permuted, value.detach()[list(order)], atol=1e-4, rtol=0)
+        i = data.draw(st.integers(0, h.shape[0] - 1))
+        alone = loss(**_fused_call(loss, h, w, mask, options, refs, rows=[i]))
+        alone = alone.loss if options["targets"] else alone
+        torch.testing.assert_close(alone[0], value.detach()[i], atol=1e-4, rtol=0)
+
+
+def _nan_at(x: torch.Tensor, value: float) -> torch.Tensor:
+    x = x.clone()
+    x.view(-1)[x.numel() // 2] = value
+    return x
+
+
+# Each corruption of a valid fused call, and the argument its error must name.
+FUSED_CORRUPTIONS = {
+    "weight-nan": (lambda c: {**c, "output_embeddings": _nan_at(c["output_embeddings"], math.nan)},
+                   "hidden_states["),
+    "weight-inf": (lambda c: {**c, "output_embeddings": _nan_at(c["output_embeddings"], math.inf)},
+                   "hidden_states["),
+    "hidden-nan": (lambda c: {**c, "hidden_states": _nan_at(c["hidden_states"], math.nan)},
+                   "hidden_states"),
+    "fp16-overflow": (lambda c: {**c, "hidden_states": (c["hidden_states"] * 3000).half(),
+                                 "output_embeddings": (c["output_embeddings"] * 3000).half()},
+                      "hidden_states["),
+    "temperature-tiny": (lambda c: {**c, "generator_temperature": 1e-45}, "generator_temperature"),
+    "temperature-bool": (lambda c: {**c, "generator_temperature": True}, "generator_temperature"),
+    "temperature-zero": (lambda c: {**c, "generator_temperature": 0.0}, "generator_temperature"),
+    "softcap-inf": (lambda c: {**c, "logit_softcap": math.inf}, "logit_softcap"),
+    "softcap-string": (lambda c: {**c, "logit_softcap": "30"}, "logit_softcap"),
+    "weight-integer": (lambda c: {**c, "output_embeddings": c["output_embeddings"].long()},
+                       "output_embeddings"),
+    "weight-width": (lambda c: {**c, "output_embeddings": c["output_embeddings"][:, :-1]},
+                     "output_embeddings"),
+    "weight-vocab": (lambda c: {**c, "output_embeddings": c["output_embeddings"][:-1]},
+                     "output_embeddings"),
+    "no-head": (lambda c: {k: v for k, v in c.items() if k != "output_embeddings"},
+                "output_embeddings"),
+    "targets-shape": (lambda c: {**c, "target_ids": torch.zeros(1, dtype=torch.long)},
+                      "target_ids"),
+    "targets-outside": (lambda c: {**c, "target_ids": torch.full(c["hidden_states"].shape[:2],
+                                                                  10**7)}, "target_ids"),
+    "temperature-with-logits": (
+        lambda c: {"logits": c["hidden_states"] @ c["output_embeddings"].T,
+                   "references": c["references"], "generator_temperature": 2.0},
+        "generator_temperature",
+    ),
+    "softcap-with-ids": (
+        lambda c: {"candidate_ids": torch.zeros(c["hidden_states"].shape[:2], dtype=torch.long),
+                   "references": c["references"], "logit_softcap": 30.0},
+        "logit_softcap",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("corruption", sorted(FUSED_CORRUPTIONS))
+@settings(FUZZ, max_examples=2)
+@given(seed=st.integers(0, 2**16), batch=st.integers(1, 3), length=st.integers(1, 4))
+def test_fused_bad_input_named_and_state_unchanged(
+    losses, scorer, good_loss_call, corruption, seed, batch, length
+):
+    vocab = scorer.encoder.input_embeddings.num_embeddings
+    loss = losses["softmax"]
+    generator = torch.Generator().manual_seed(seed)
+    valid = {
+        "hidden_states": torch.randn(batch, length, 8, generator=generator),
+        "output_embeddings": torch.randn(vocab, 8, generator=generator),
+        "references": ["a dog runs"] * batch,
+    }
+    good, before = good_loss_call
+    cache = list(loss.reference_cache)
+    corrupt, name = FUSED_CORRUPTIONS[corruption]
+    with quiet(), pytest.raises((TypeError, ValueError)) as error:
+        loss(**corrupt(valid))
+    assert name in str(error.value), str(error.value)
+    assert list(loss.reference_cache) == cache
+    torch.testing.assert_close(loss(**good), before)
+
+
+# ----------------------------------------------------------------------------- the bridge, fused
+@FEW
+@given(data=st.data())
+def test_bridge_fused_retokenize_scores_the_decoded_argmax(bridge_loss, data):
+    """Fused path x top-k / straight-through x bridge_mode='retokenize': the scored text is the
+    decoded argmax of h W^T (every variant of the pass tracks it), values and gradients are
+    finite, and a row scores the same alone as in the batch."""
+    tokenizer = bridge_loss.retokenizer.generator_tokenizer
+    vocab = bridge_loss.generator_vocab_size
+    hidden, weight, mask, options, refs = data.draw(fused_inputs(vocab))
+    loss = _fused_loss(bridge_loss.encoder, options, bridge=bridge_loss.bridge,
+                       generator_tokenizer=tokenizer)  # fmt: skip
+    assert loss.bridge_mode == "retokenize"
+    hidden.requires_grad_(True)
+    with quiet():
+        out = loss(**_fused_call(loss, hidden, weight, mask, options, refs))
+        value = out.loss if options["targets"] else out
+        assert torch.isfinite(value).all()
+        value.sum().backward()
+        assert torch.isfinite(hidden.grad).all()
+        argmax = (hidden.detach() @ weight.T).argmax(-1)
+        want = [tokenizer.decode(row[keep].tolist(), skip_special_tokens=True)
+                for row, keep in zip(argmax, mask, strict=True)]  # fmt: skip
+        assert loss.last_texts == want
+        i = data.draw(st.integers(0, hidden.shape[0] - 1))
+        alone = loss(**_fused_call(loss, hidden.detach(), weight, mask, options, refs, rows=[i]))
+        alone = alone.loss if options["targets"] else alone
+        torch.testing.assert_close(alone[0], value.detach()[i], atol=1e-4, rtol=0)
+
+
+@FUZZ
+@given(
+    damage=st.one_of(
+        st.tuples(st.just("truncate"), st.floats(0, 0.999)),
+        st.tuples(st.just("flip"), st.integers(0, 2**16)),
+        st.tuples(st.just("garbage"), st.binary(max_size=64)),
+    )
+)
+def test_bridge_cache_damage_is_rebuilt(bridge_loss, tmp_path_factory, damage):
+    """Whatever happens to the cache file (cut short, bytes flipped, replaced), the next build
+    gives the same bridge (rebuilt with a warning naming the file, or loaded where the damage
+    missed everything that is read) and leaves a valid file behind."""
+    from bsloss import VocabularyBridge
+
+    tokenizer = bridge_loss.retokenizer.generator_tokenizer
+    folder = tmp_path_factory.mktemp("fuzz-cache")
+    want = VocabularyBridge.build(tokenizer, bridge_loss.encoder, cache_dir=folder)
+    (path,) = folder.glob("*.safetensors")
+    data = bytearray(path.read_bytes())
+    kind, how = damage
+    if kind == "truncate":
+        data = data[: int(len(data) * how)]
+    elif kind == "flip":
+        generator = torch.Generator().manual_seed(how)
+        for at in torch.randint(0, len(data), (4,), generator=generator).tolist():
+            data[at] ^= 0xFF
+    else:
+        data = bytearray(how)
+    path.write_bytes(bytes(data))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = VocabularyBridge.build(tokenizer, bridge_loss.encoder, cache_dir=folder)
+    said = [str(w.message) for w in caught]
+    assert all(path.name in m for m in said), said
+    for name in ("offsets", "flat", "special"):  # flipped bytes fail the file's sha256
+        assert torch.equal(getattr(got, name), getattr(want, name)), (name, said)
+    VocabularyBridge.load(path, scorer_vocab_size=len(bridge_loss.encoder.tokenizer))
+
+
+# ----------------------------------------------------------------------------- the trainer term
+@pytest.fixture(scope="module")
+def term_parts(scorer):
+    from _models import scorer_vocabulary_tokenizer
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    return BERTScoreLoss(encoder=scorer.encoder), tokenizer
+
+
+@st.composite
+def term_batches(draw, vocab: int):
+    batch, length = draw(st.integers(1, 3)), draw(st.integers(2, 6))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    logits = torch.randn(batch, length, vocab, generator=generator) * draw(
+        st.sampled_from([1.0, 10.0])
+    )
+    labels = torch.randint(1000, 3000, (batch, length), generator=generator)
+    start = torch.randint(0, length + 1, (batch,), generator=generator)  # a prompt of -100
+    labels[torch.arange(length)[None] < start[:, None]] = -100
+    return logits, labels, draw(st.booleans())
+
+
+@FEW
+@given(data=st.data())
+def test_term_finite_order_invariant_and_metrics_apart(term_parts, data):
+    """BERTScoreTerm on any micro-batch (rows without completion tokens included): a finite
+    loss and gradient, the same loss for permuted rows, micro-batches that add up to the whole
+    batch, and training / evaluation metrics recorded apart."""
+    from bsloss.integrations.huggingface import BERTScoreTerm
+
+    loss, tokenizer = term_parts
+    vocab = len(tokenizer)
+    logits, labels, causal = data.draw(term_batches(vocab))
+    term = BERTScoreTerm(loss, tokenizer, weight=0.5, causal=causal)
+    logits.requires_grad_(True)
+    with quiet():
+        whole = term({"logits": logits}, labels)
+        assert torch.isfinite(whole)
+        whole.backward()
+        assert torch.isfinite(logits.grad).all()
+        order = list(data.draw(st.permutations(range(len(labels)))))
+        permuted = term({"logits": logits.detach()[order]}, labels[order])
+        torch.testing.assert_close(permuted, whole.detach(), atol=1e-5, rtol=1e-5)
+        shift = 1 if causal else 0
+        total = max(int((labels[:, shift:] != -100).sum()), 1)
+        parts = sum(
+            term({"logits": logits.detach()[i : i + 1]}, labels[i : i + 1], total)
+            for i in range(len(labels))
+        )
+        torch.testing.assert_close(parts, whole.detach(), atol=1e-5, rtol=1e-5)
+        train = term.pop_metrics()
+        assert set(train) <= {"ce", "bertscore_f"} and "ce" in train
+        with torch.no_grad():
+            term({"logits": logits.detach()}, labels)
+        assert term.pop_metrics() == {} and "ce" in term.pop_metrics(training=False)
+
+
+TERM_CORRUPTIONS = {
+    "labels-none": (lambda o, y: (o, None, None), "labels"),
+    "labels-shape": (lambda o, y: (o, y[:, :-1], None), "labels"),
+    "references-length": (lambda o, y: (o, y, ["a"] * (len(y) + 1)), "references"),
+    "reference-int": (lambda o, y: (o, y, [3] * len(y)), "references["),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(TERM_CORRUPTIONS))
+@settings(FUZZ, max_examples=2)
+@given(data=st.data())
+def test_term_bad_input_named_and_state_unchanged(term_parts, corruption, data):
+    from bsloss.integrations.huggingface import BERTScoreTerm
+
+    loss, tokenizer = term_parts
+    logits, labels, causal = data.draw(term_batches(len(tokenizer)))
+    labels[:, -1] = 1000  # every row has a completion token to score
+    term = BERTScoreTerm(loss, tokenizer, causal=causal)
+    good = term({"logits": logits}, labels)
+    decoded, metrics = dict(term._decoded), term.pop_metrics()
+    corrupt, name = TERM_CORRUPTIONS[corruption]
+    outputs, bad_labels, references = corrupt({"logits": logits}, labels)
+    with quiet(), pytest.raises((TypeError, ValueError)) as error:
+        term(outputs, bad_labels, references=references)
+    assert name in str(error.value), str(error.value)
+    assert term.pop_metrics() == {} and dict(term._decoded) == decoded
+    torch.testing.assert_close(term({"logits": logits}, labels), good)
+    assert term.pop_metrics() == pytest.approx(metrics)

@@ -402,8 +402,8 @@ def test_stage2_arms_parse_and_build_their_loss(scorer):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["loss.weighting=emo"], "loss.weighting must be one of"),
-        (["loss.ce_weight=-1"], "loss.ce_weight must be a number"),
+        (["loss.weighting=emo"], "loss.weighting: expected one of"),
+        (["loss.ce_weight=-1"], "loss.ce_weight: expected a finite number"),
         (["loss.weight=0", "loss.ce_weight=0"], "nothing to train"),
     ],
 )

@@ -56,7 +56,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["FusedHeadOutput", "fused_expected_inputs", "fused_token_log_likelihood"]
+from bsloss.functional.matching.base import check_temperature
+
+__all__ = [
+    "FusedHeadOutput",
+    "NonFiniteLogitsError",
+    "fused_expected_inputs",
+    "fused_token_log_likelihood",
+]
 
 IGNORE_INDEX = -100
 # Elements of one logits chunk [rows, vocab]: ~16 MB in float32; a handful of temporaries of that
@@ -78,8 +85,23 @@ class FusedHeadOutput(NamedTuple):
     tokens: Tensor | None = None
 
 
-def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+class NonFiniteLogitsError(ValueError):
+    """The logits of row ``row`` (of the ``[N, d_model]`` hidden states) are NaN or infinite."""
+
+    def __init__(self, row: int):
+        self.row = row
+        super().__init__(
+            f"the LM head's logits of hidden_states row {row} are not finite (NaN or Inf in "
+            "hidden_states or in the head's weight or bias, a float16 overflow of h W^T, or a "
+            "softcap / temperature that makes them overflow)"
+        )
+
+
+def _accumulate_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
+    """Softmax arithmetic: float64 when either side is float64 (the dense path's rule for
+    float64 logits), else float32."""
+    wide = torch.float64 in (hidden.dtype, weight.dtype)
+    return torch.float64 if wide else torch.float32
 
 
 def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
@@ -132,6 +154,7 @@ class _FusedHead(torch.autograd.Function):
         neg_inf = torch.full((n,), float("-inf"), dtype=dt, device=device)
         m, norm = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
         argmax = torch.zeros(n, dtype=torch.long, device=device)
+        finite = torch.ones(n, dtype=torch.bool, device=device)
         acc = torch.zeros(n, table.shape[1], dtype=dt, device=device) if want_e else None
         if separate_ce:
             m1, norm1 = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
@@ -167,18 +190,24 @@ class _FusedHead(torch.autograd.Function):
                     values, order = values.topk(o.top_k, dim=1)
                     top_values[r0:r1] = values
                     top_indices[r0:r1] = idx.gather(1, order)
+                # Every variant of the pass tracks the running maximum and its token (what
+                # bridge_mode="retokenize" decodes) and whether each row's scores are finite:
+                # max propagates NaN and min catches -inf, so one flag per row says all of it.
+                chunk_max, chunk_arg = s.max(dim=1)
+                finite[r0:r1] &= torch.isfinite(chunk_max) & torch.isfinite(s.amin(dim=1))
+                old = m[r0:r1]
+                # strict: the first maximum wins across chunks, as argmax over all of V
+                better = chunk_max > old
+                argmax[r0:r1] = torch.where(better, chunk_arg + v0, argmax[r0:r1])
+                new = torch.maximum(old, chunk_max)
                 if want_e:
-                    chunk_max, chunk_arg = s.max(dim=1)
-                    old = m[r0:r1]
-                    # strict: the first maximum wins across chunks, as argmax over all of V
-                    better = chunk_max > old
-                    argmax[r0:r1] = torch.where(better, chunk_arg + v0, argmax[r0:r1])
-                    new = torch.maximum(old, chunk_max)
                     scale = torch.exp(old - new)
                     p = s.sub_(new[:, None]).exp_()
                     norm[r0:r1] = norm[r0:r1] * scale + p.sum(dim=1)
                     acc[r0:r1] = torch.addmm(acc[r0:r1] * scale[:, None], p, e)
-                    m[r0:r1] = new
+                m[r0:r1] = new
+        if not bool(finite.all()):
+            raise NonFiniteLogitsError(int((~finite).nonzero()[0]))
         log_z = (m + torch.log(norm)) if want_e else None
         expected = (acc / norm[:, None]) if want_e else None
         log_z1 = (m1 + torch.log(norm1)) if separate_ce else log_z
@@ -263,12 +292,12 @@ class _FusedHead(torch.autograd.Function):
                     same = o.matmul_dtype == dt
                     if need_h:
                         if same:
-                            grad_h[r0:r1].addmm_(dz, w)
+                            grad_h[r0:r1].addmm_(dz, w.to(dt))
                         else:
                             grad_h[r0:r1] += (dz.to(o.matmul_dtype) @ w.to(o.matmul_dtype)).to(dt)
                     if need_w:
                         if same:
-                            grad_w[v0:v1].addmm_(dz.T, h)
+                            grad_w[v0:v1].addmm_(dz.T, h.to(dt))
                         else:
                             part = dz.T.to(o.matmul_dtype) @ h.to(o.matmul_dtype)
                             grad_w[v0:v1] += part.to(dt)
@@ -306,6 +335,13 @@ def _check(hidden: Tensor, weight: Tensor, bias, table, targets, softcap, temper
             "hidden_states must be a floating [N, d_model] tensor, got "
             f"{list(hidden.shape) if isinstance(hidden, Tensor) else type(hidden).__name__}"
         )
+    if not weight.is_floating_point():
+        raise TypeError(
+            "output_embeddings (the LM head's weight) must have a floating dtype, got "
+            f"{weight.dtype}"
+        )
+    if bias is not None and (not isinstance(bias, Tensor) or not bias.is_floating_point()):
+        raise TypeError("the LM head's bias must be a floating tensor")
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[1]:
         raise ValueError(
             f"output_embeddings must be [V, {hidden.shape[1]}] (d_model of hidden_states), got "
@@ -330,10 +366,9 @@ def _check(hidden: Tensor, weight: Tensor, bias, table, targets, softcap, temper
                 f"target_ids has ids outside [0, {vocab}) (and not {IGNORE_INDEX}) at "
                 f"position {bad.nonzero()[0].item()}"
             )
-    if softcap is not None and not softcap > 0:
-        raise ValueError(f"softcap must be > 0, got {softcap}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if softcap is not None:
+        check_temperature(softcap, "softcap")
+    check_temperature(temperature, "temperature")
     if top_k is not None and not 1 <= top_k <= vocab:
         raise ValueError(f"top_k must be in [1, {vocab}], got {top_k}")
 
@@ -419,7 +454,7 @@ def fused_expected_inputs(
         row_block=row_block,
         vocab_chunk=max(1, min(vocab, chunk_elements // row_block)),
         matmul_dtype=_matmul_dtype(hidden_states, weight),
-        dtype=_accumulate_dtype(hidden_states.dtype),
+        dtype=_accumulate_dtype(hidden_states, weight),
     )
     if table is not None:
         table = table.detach()
@@ -433,12 +468,15 @@ def fused_expected_inputs(
         and n > 0
     ):
         expected = _sdpa_expectation(hidden_states, weight, table, options)
-        if expected is not None:
+        # non-finite logits give a non-finite result here: the chunked pass names the row
+        if expected is not None and bool(torch.isfinite(expected).all()):
             return FusedHeadOutput(expected, None)
     with torch.autocast(device_type=hidden_states.device.type, enabled=False):
         if n == 0:
-            empty = hidden_states.new_zeros(0, table.shape[1]) if table is not None else None
-            ll = hidden_states.new_zeros(0, dtype=options.dtype) if target_ids is not None else None
+            # nothing to compute, but on the graph of the inputs: backward() works (zero grads)
+            anchor = (hidden_states.sum() + weight[:0].sum()).to(options.dtype)
+            empty = anchor.expand(0, table.shape[1]) if table is not None else None
+            ll = anchor.expand(0) if target_ids is not None else None
             tokens = torch.zeros(0, dtype=torch.long, device=hidden_states.device)
             return FusedHeadOutput(empty, ll, tokens)
         # With top_k the table product runs on the k gathered rows only; the pass then finds the

@@ -12,6 +12,8 @@ candidates.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from einops import einsum
 from torch import Tensor
@@ -30,10 +32,22 @@ def math_dtype(*tensors: Tensor) -> torch.dtype:
 def l2_normalize(embeddings: Tensor, eps: float = 1e-12) -> Tensor:
     """Unit-norm token vectors along the last axis, computed in ``math_dtype``.
 
-    A zero vector (a padded slot) stays zero instead of becoming NaN.
+    A zero vector (a padded slot) stays zero instead of becoming NaN. The norm is scale-safe:
+    each vector is first multiplied by the power of two that brings its largest entry into
+    ``[0.5, 1)``, so its sum of squares neither overflows (entries near 1e20 in float32) nor
+    falls below ``eps`` (entries near 1e-20). A power-of-two scaling is exact, so for ordinary
+    vectors the result is bit-identical to normalising them as they are; the scale is constant
+    for the gradient, which is that of the unit vector itself.
     """
     embeddings = embeddings.to(math_dtype(embeddings))
-    return torch.nn.functional.normalize(embeddings, p=2.0, dim=-1, eps=eps)
+    with torch.no_grad():
+        _, exponent = torch.frexp(embeddings.abs().amax(dim=-1, keepdim=True))
+        # 2**-exponent stays a finite normal number (subnormal vectors scale in one step too)
+        limit = math.frexp(torch.finfo(embeddings.dtype).max)[1] - 2
+        scale = torch.ldexp(
+            torch.ones_like(exponent, dtype=embeddings.dtype), -exponent.clamp(-limit, limit)
+        )
+    return torch.nn.functional.normalize(embeddings * scale, p=2.0, dim=-1, eps=eps)
 
 
 def cosine_similarity(candidates: Tensor, references: Tensor, normalized: bool = False) -> Tensor:

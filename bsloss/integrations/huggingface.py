@@ -29,14 +29,19 @@ Three pieces:
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from bsloss.integrations.term_weights import Fixed, TermWeight, resolve_term_weight
+from bsloss.integrations.term_weights import (
+    Fixed,
+    TermWeight,
+    check_weight,
+    resolve_term_weight,
+)
 from bsloss.loss import BERTScoreLoss
 from bsloss.metric import BERTScorer
 
@@ -48,6 +53,7 @@ __all__ = [
 ]
 
 IGNORE_INDEX = -100
+DECODED_CACHE_SIZE = 10_000  # distinct label rows whose decoded reference text is kept
 REFERENCES_KEY = "bertscore_references"  # batch key of the reference texts from a column
 
 
@@ -92,20 +98,36 @@ class BERTScoreTerm:
         if not isinstance(loss, BERTScoreLoss):
             raise TypeError(f"loss must be a bsloss.BERTScoreLoss, got {type(loss).__name__}")
         self.weight = resolve_term_weight(weight, "weight")
-        if ce_weight < 0:
-            raise ValueError(f"ce_weight must be >= 0, got {ce_weight}")
-        self.loss, self.tokenizer = loss, tokenizer
-        self.ce_weight, self.causal = ce_weight, causal
-        self._decoded: dict[tuple[int, ...], str] = {}
-        self._metrics: dict[str, list[float]] = defaultdict(list)
+        self.ce_weight = check_weight(ce_weight, "ce_weight")
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {causal!r}")
+        if not callable(getattr(tokenizer, "decode", None)):
+            raise TypeError(
+                f"tokenizer must be the generator's tokenizer (with decode), got "
+                f"{type(tokenizer).__name__}"
+            )
+        self.loss, self.tokenizer, self.causal = loss, tokenizer, causal
+        # label rows -> reference text, least recently used evicted past DECODED_CACHE_SIZE
+        self._decoded: OrderedDict[tuple[int, ...], str] = OrderedDict()
+        # training and evaluation batches are recorded apart: an evaluation between two
+        # logging steps must neither report nor swallow the pending training values
+        self._metrics: dict[str, dict[str, list[float]]] = {
+            "train": defaultdict(list),
+            "eval": defaultdict(list),
+        }
 
     def references_from_labels(self, labels: Tensor) -> list[str]:
-        """Each row's completion tokens (``!= -100``) decoded, each distinct row once."""
+        """Each row's completion tokens (``!= -100``) decoded, each distinct row once (the
+        latest ``DECODED_CACHE_SIZE`` distinct rows are kept)."""
         texts = []
         for row in labels.tolist():
             key = tuple(t for t in row if t != IGNORE_INDEX)
-            if key not in self._decoded:
+            if key in self._decoded:
+                self._decoded.move_to_end(key)
+            else:
                 self._decoded[key] = self.tokenizer.decode(key, skip_special_tokens=True).strip()
+                while len(self._decoded) > DECODED_CACHE_SIZE:
+                    self._decoded.popitem(last=False)
             texts.append(self._decoded[key])
         return texts
 
@@ -115,6 +137,8 @@ class BERTScoreTerm:
         labels: Tensor,
         num_items_in_batch: Tensor | int | None = None,
         references: Sequence[str] | None = None,
+        *,
+        training: bool | None = None,
     ) -> Tensor:
         """The loss of one micro-batch (see the module docstring); records CE and mean F.
 
@@ -124,6 +148,9 @@ class BERTScoreTerm:
             num_items_in_batch: the trainer's count of completion tokens in the whole
                 (accumulated, all-process) batch; ``None``: this micro-batch's.
             references: reference texts, one per row; default: the decoded labels.
+            training: record the metrics as training (``True``) or evaluation values;
+                default: training when gradients are on and the logits require one (the
+                trainer evaluates under ``torch.no_grad()``).
 
         Raises:
             ValueError: ``labels`` missing or of the wrong shape, or ``references`` of the
@@ -163,20 +190,25 @@ class BERTScoreTerm:
             )
             f1 = f1.index_put((rows,), getattr(prf, self.loss.target).float())
         bertscore_sum = ((1 - f1) * tokens * keep).sum()
-        self._metrics["ce"].append((ce_sum / mask.sum().clamp(min=1)).item())
+        if training is None:
+            training = torch.is_grad_enabled() and logits.requires_grad
+        metrics = self._metrics["train" if training else "eval"]
+        metrics["ce"].append((ce_sum / mask.sum().clamp(min=1)).item())
         if keep.any():
-            self._metrics["bertscore_f"].append(f1[keep].mean().item())
+            metrics["bertscore_f"].append(f1[keep].mean().item())
         ce_mean, term_mean = ce_sum / total, bertscore_sum / total
         weight = self.weight(ce_mean, term_mean)
         if not isinstance(self.weight, Fixed):  # a step-by-step weight is logged
-            self._metrics["bertscore_weight"].append(float(weight))
+            metrics["bertscore_weight"].append(float(weight))
         return self.ce_weight * ce_mean + weight * term_mean
 
-    def pop_metrics(self) -> dict[str, float]:
-        """Mean ``ce`` (per completion token) and ``bertscore_f`` since the last call (and
-        ``bertscore_weight``, the term's mean weight, when it changes step by step)."""
-        means = {k: sum(v) / len(v) for k, v in self._metrics.items() if v}
-        self._metrics.clear()
+    def pop_metrics(self, training: bool = True) -> dict[str, float]:
+        """Mean ``ce`` (per completion token) and ``bertscore_f`` of the training batches
+        (``training=False``: the evaluation batches) since the last call, and
+        ``bertscore_weight``, the term's mean weight, when it changes step by step."""
+        metrics = self._metrics["train" if training else "eval"]
+        means = {k: sum(v) / len(v) for k, v in metrics.items() if v}
+        metrics.clear()
         return means
 
 
@@ -272,15 +304,33 @@ class BERTScoreTrainerMixin:
                 labels=labels
             )
         outputs = model(**inputs)
-        loss = self.bertscore_term(outputs, labels, num_items_in_batch, references)
+        loss = self.bertscore_term(
+            outputs, labels, num_items_in_batch, references, training=model.training
+        )
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             # num_items_in_batch counts every process's tokens and DDP averages the gradients
             loss = loss * self.accelerator.num_processes
         return (loss, outputs) if return_outputs else loss
 
+    def evaluate(self, *args, **kwargs) -> dict[str, float]:
+        self._bertscore_evaluating = True  # its log() call carries evaluation metrics only
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self._bertscore_evaluating = False
+
+    def evaluation_loop(self, *args, **kwargs):
+        """The trainer's loop, its metrics joined by the evaluation batches' ``ce`` and
+        ``bertscore_f`` (``eval_``-prefixed, or the ``metric_key_prefix`` given)."""
+        output = super().evaluation_loop(*args, **kwargs)
+        prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
+        measured = self.bertscore_term.pop_metrics(training=False)
+        output.metrics.update({f"{prefix}_{k}": v for k, v in measured.items()})
+        return output
+
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
-        prefix = "" if self.model.training else "eval_"
-        logs.update({prefix + k: v for k, v in self.bertscore_term.pop_metrics().items()})
+        if not getattr(self, "_bertscore_evaluating", False):
+            logs.update(self.bertscore_term.pop_metrics(training=True))
         super().log(logs, *args, **kwargs)
 
 

@@ -25,12 +25,13 @@ tensor(0.3000)
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["TermWeight", "Fixed", "Balanced", "resolve_term_weight"]
+__all__ = ["TermWeight", "Fixed", "Balanced", "check_weight", "resolve_term_weight"]
 
 
 class TermWeight:
@@ -42,11 +43,13 @@ class TermWeight:
         raise NotImplementedError
 
 
-def _check_weight(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+def check_weight(value: object, name: str) -> float:
+    """``value`` as a float; a bool, a non-number, NaN, Inf or a negative one refused, named."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be finite and >= 0, got {value}")
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Fixed(TermWeight):
     weight: float = 1.0
 
     def __post_init__(self):
-        _check_weight(self.weight, "Fixed(weight)")
+        check_weight(self.weight, "Fixed(weight)")
 
     def __call__(self, ce: Tensor, term: Tensor) -> Tensor:
         return torch.as_tensor(float(self.weight), device=term.device)
@@ -88,8 +91,8 @@ class Balanced(TermWeight):
     min_term: float = 1e-3
 
     def __post_init__(self):
-        _check_weight(self.weight, "Balanced(weight)")
-        _check_weight(self.min_term, "Balanced(min_term)")
+        check_weight(self.weight, "Balanced(weight)")
+        check_weight(self.min_term, "Balanced(min_term)")
         if self.min_term == 0:
             raise ValueError("Balanced(min_term) must be > 0")
 

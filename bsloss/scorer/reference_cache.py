@@ -6,7 +6,9 @@ validation set or an RL reward scores new candidates against the same references
 again, so the references' embeddings are kept across calls.
 
 The cache is
-- bounded: at most ``max_size`` texts, the least recently used evicted first;
+- bounded: at most ``max_size`` texts and ``max_bytes`` bytes of tensors (default
+  ``DEFAULT_MAX_BYTES``, 512 MiB: long references cost ~1.5 KB a token in float32, so a count
+  alone lets 10,000 of them take gigabytes), the least recently used evicted first;
 - clearable: :meth:`ReferenceCache.clear`;
 - keyed on what changes an embedding besides the text: the encoder's device, its weight dtype,
   the autocast state and the long-input mode. When one of them changes, the cache starts over;
@@ -29,7 +31,9 @@ from bsloss.inputs import check_int
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.inference import embed_token_ids
 
-__all__ = ["ReferenceCache", "ReferenceEmbedder"]
+__all__ = ["DEFAULT_MAX_BYTES", "ReferenceCache", "ReferenceEmbedder"]
+
+DEFAULT_MAX_BYTES = 512 * 2**20
 
 Embedded = tuple[Tensor, Tensor]  # token embeddings [L, d], token ids [L]
 
@@ -47,11 +51,28 @@ class ReferenceCache(Mapping[str, Embedded]):
     ['b']
     """
 
-    def __init__(self, max_size: int = 0):
+    def __init__(self, max_size: int = 0, max_bytes: int = DEFAULT_MAX_BYTES):
         self._entries: OrderedDict[str, Embedded] = OrderedDict()
         self._truncated: set[str] = set()
         self._variant: tuple | None = None
+        self._bytes = 0
+        self._max_bytes = check_int(max_bytes, "max_bytes", 0)
         self.max_size = max_size
+
+    @property
+    def max_bytes(self) -> int:
+        """The most bytes the cached tensors may take (an entry larger than this is not kept)."""
+        return self._max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self._max_bytes = check_int(value, "max_bytes", 0)
+        self._evict()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cached tensors take now."""
+        return self._bytes
 
     @property
     def max_size(self) -> int:
@@ -78,6 +99,7 @@ class ReferenceCache(Mapping[str, Embedded]):
     def clear(self) -> None:
         self._entries.clear()
         self._truncated.clear()
+        self._bytes = 0
 
     def lookup(self, texts: Sequence[str], variant: tuple) -> dict[str, Embedded]:
         """The cached entries among ``texts`` (each becomes the most recently used). A different
@@ -96,8 +118,14 @@ class ReferenceCache(Mapping[str, Embedded]):
         if not self.max_size:
             return
         self._check_variant(variant)
+        if text in self._entries:
+            self._bytes -= _nbytes(self._entries.pop(text))
+        if _nbytes(entry) > self._max_bytes:
+            return  # it would evict everything else and still not fit
         with torch.inference_mode(False), torch.no_grad():
-            self._entries[text] = (entry[0].detach().clone(), entry[1].detach().clone())
+            copied = (entry[0].detach().clone(), entry[1].detach().clone())
+        self._entries[text] = copied
+        self._bytes += _nbytes(copied)
         self._entries.move_to_end(text)
         if truncated:
             self._truncated.add(text)
@@ -111,9 +139,16 @@ class ReferenceCache(Mapping[str, Embedded]):
             self._variant = variant
 
     def _evict(self) -> None:
-        while len(self._entries) > self._max_size:
-            oldest, _ = self._entries.popitem(last=False)
+        while self._entries and (
+            len(self._entries) > self._max_size or self._bytes > self._max_bytes
+        ):
+            oldest, entry = self._entries.popitem(last=False)
+            self._bytes -= _nbytes(entry)
             self._truncated.discard(oldest)
+
+
+def _nbytes(entry: Embedded) -> int:
+    return sum(t.numel() * t.element_size() for t in entry)
 
 
 class ReferenceEmbedder:

@@ -24,7 +24,10 @@ SHORTHANDS: dict[str, type[Matching]] = {}
 
 
 def check_temperature(temperature: float, name: str = "temperature") -> float:
-    """A temperature must be a finite number > 0."""
+    """A temperature must be a finite number > 0 (not a bool, not a string: ``"0.1"`` is a
+    config value that was never parsed)."""
+    if isinstance(temperature, (str, bytes)):
+        raise TypeError(f"{name} must be a number, got the string {temperature!r}")
     try:
         value = float(temperature)
     except (TypeError, ValueError):

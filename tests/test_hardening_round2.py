@@ -1,0 +1,573 @@
+"""Issue 22: each of the 9 root causes found by the second adversarial round has a test here
+(``test_rcN_...``), and each decision on its list of questionable behaviour
+(``test_decision_...``). The property-based side (the fused path, the bridge and the trainer
+integration under the fuzz suite's invariants) is in test_fuzz.py."""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _models import scorer_vocabulary_tokenizer, tiny_gpt2
+from _tokenizers import brown_lines, train_sentencepiece_bpe
+from test_hardening import caught_warnings
+
+import bsloss
+from bsloss import BERTScoreLoss, BERTScoreReward, Softmax, VocabularyBridge
+from bsloss.functional import bert_score
+from bsloss.functional.fused_expectation import NonFiniteLogitsError, fused_expected_inputs
+from bsloss.integrations import huggingface as hf
+from bsloss.scorer.reference_cache import DEFAULT_MAX_BYTES, ReferenceCache
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def encoder(scorer):
+    return scorer.encoder
+
+
+@pytest.fixture(scope="module")
+def plain_loss(encoder):
+    return BERTScoreLoss(encoder=encoder, reduction="none")
+
+
+@pytest.fixture(scope="module")
+def gemma_loss(gemma_tokenizer, encoder, tmp_path_factory):
+    """The documented Gemma path: the real 262,144-token tokenizer, bridge_mode='retokenize'
+    (the default with generator_tokenizer), top-k candidates."""
+    cache = tmp_path_factory.mktemp("gemma-bridge-r2")
+    return BERTScoreLoss(
+        encoder=encoder,
+        generator_tokenizer=gemma_tokenizer,
+        bridge_cache_dir=cache,
+        top_k=4,
+        reduction="none",
+    )
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer(tmp_path_factory):
+    """A SentencePiece-style BPE of 800 tokens: bridges build in a fraction of a second."""
+    return train_sentencepiece_bpe(brown_lines(3000), tmp_path_factory.mktemp("sp-r2"), 800)
+
+
+def head_for(token_ids: list[int], vocab: int, width: int = 64, seed: int = 0):
+    """An LM head ``[V, width]`` and hidden states ``[1, L, width]`` whose argmax tokens are
+    ``token_ids`` (each hidden state is its token's head row, scaled up)."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(vocab, width, generator=generator)
+    weight = weight / weight.norm(dim=1, keepdim=True)
+    hidden = weight[token_ids][None] * 40.0
+    return hidden, weight
+
+
+# --------------------------------------------------------------------------- root causes
+def test_rc1_every_fused_variant_tracks_the_argmax_tokens():
+    """The kernel: the top-k pass and the CE-only pass return the argmax of h W^T, as the
+    plain pass does (they returned all zeros: the <pad> token)."""
+    generator = torch.Generator().manual_seed(0)
+    h, W, E = (torch.randn(6, 16, generator=generator), torch.randn(300, 16, generator=generator),
+               torch.randn(300, 5, generator=generator))  # fmt: skip
+    want = (h @ W.T).argmax(-1)
+    targets = torch.tensor([1, 2, -100, 4, 5, 6])
+    variants = {
+        "plain": dict(),
+        "top_k": dict(top_k=4),
+        "top_k+straight_through": dict(top_k=4, straight_through=True),
+        "top_k+targets": dict(top_k=4, target_ids=targets),
+        "temperature+softcap+top_k": dict(top_k=3, temperature=0.5, softcap=30.0),
+    }
+    for name, options in variants.items():
+        out = fused_expected_inputs(h, W, E, chunk_elements=256, **options)
+        assert torch.equal(out.tokens, want), name
+    ce_only = fused_expected_inputs(h, W, None, target_ids=targets, chunk_elements=256)
+    assert torch.equal(ce_only.tokens, want)
+
+
+def test_rc1_gemma_fused_top_k_retokenize_decodes_the_argmax(gemma_loss, gemma_tokenizer):
+    """Fused path x top_k x bridge_mode='retokenize' with the real Gemma tokenizer: the scored
+    text is the decoded argmax (it was the empty string: loss exactly 1, gradient 0)."""
+    assert gemma_loss.bridge_mode == "retokenize"
+    text = "The cat sat on the mat."
+    ids = gemma_tokenizer(text, add_special_tokens=False)["input_ids"]
+    hidden, weight = head_for(ids, len(gemma_tokenizer))
+    hidden.requires_grad_(True)
+    value, messages = caught_warnings(
+        gemma_loss, hidden_states=hidden, output_embeddings=weight, references=[text]
+    )
+    assert not [m for m in messages if "empty" in m], messages
+    assert gemma_loss.last_texts == [gemma_tokenizer.decode(ids)]
+    assert value.item() < 0.05  # the reference itself, under the tempered default matching
+    value.sum().backward()
+    assert torch.isfinite(hidden.grad).all() and hidden.grad.abs().sum() > 0
+
+
+def test_rc2_fused_float64_hidden_states_forward_and_backward(plain_loss):
+    """float64 hidden states with a float32 head: the kernel's forward and backward (the
+    backward failed in addmm_) and the loss (the forward crashed with 'mixed dtype')."""
+    generator = torch.Generator().manual_seed(1)
+    h = torch.randn(5, 8, dtype=torch.float64, generator=generator).requires_grad_(True)
+    W = torch.randn(50, 8, generator=generator).requires_grad_(True)
+    E = torch.randn(50, 3, generator=generator)
+    for options in (dict(), dict(top_k=4), dict(softcap=5.0, temperature=0.7)):
+        out = fused_expected_inputs(h, W, E, chunk_elements=64, **options)
+        assert out.expected.dtype == torch.float64
+        gh, gw = torch.autograd.grad(out.expected.sum(), (h, W))
+        assert gh.dtype == torch.float64 and gw.dtype == torch.float32
+        # against the dense float64 computation
+        logits = h @ W.double().T
+        if "softcap" in options:
+            logits = torch.tanh(logits / 5.0) * 5.0 / 0.7
+        if "top_k" in options:
+            values, index = logits.topk(4, dim=-1)
+            dense = (torch.softmax(values, -1)[..., None] * E.double()[index]).sum(1)
+        else:
+            dense = torch.softmax(logits, -1) @ E.double()
+        rh, rw = torch.autograd.grad(dense.sum(), (h, W))
+        torch.testing.assert_close(out.expected, dense, atol=1e-10, rtol=1e-9)
+        torch.testing.assert_close(gh, rh, atol=1e-9, rtol=1e-7)
+        torch.testing.assert_close(gw, rw, atol=1e-5, rtol=1e-5)
+    vocab = plain_loss.generator_vocab_size
+    hidden, weight = head_for([2000, 3000, 4000], vocab, width=16)
+    wide = hidden.double().requires_grad_(True)
+    value = plain_loss(hidden_states=wide, output_embeddings=weight, references=["a cat sat"])
+    value.sum().backward()
+    assert wide.grad.dtype == torch.float64 and torch.isfinite(wide.grad).all()
+    narrow = plain_loss(hidden_states=hidden, output_embeddings=weight, references=["a cat sat"])
+    torch.testing.assert_close(value.detach(), narrow, atol=1e-5, rtol=0)
+
+
+def test_rc3_non_finite_logits_inside_the_fused_pass_are_refused_by_name(plain_loss):
+    """A NaN/Inf in the head, an fp16 overflow of h W^T on the CPU, a soft-cap of inf and a
+    temperature of 1e-45 gave a silent NaN loss; now a ValueError names the position or the
+    option, and the loss's next call is unaffected."""
+    vocab = plain_loss.generator_vocab_size
+    hidden, weight = head_for([2000, 3000], vocab, width=16)
+    refs = ["a cat"]
+    before = plain_loss(hidden_states=hidden, output_embeddings=weight, references=refs)
+    for value in (float("nan"), float("inf"), float("-inf")):
+        broken = weight.clone()
+        broken[17, 3] = value
+        with pytest.raises(ValueError, match=r"logits of hidden_states\[0, 0\].*NaN or Inf"):
+            plain_loss(hidden_states=hidden, output_embeddings=broken, references=refs)
+    broken_h = hidden.clone()
+    broken_h[0, 1, 0] = float("nan")
+    with pytest.raises(ValueError, match="hidden_states contains NaN or Inf"):
+        plain_loss(hidden_states=broken_h, output_embeddings=weight, references=refs)
+    huge = (hidden * 300).half(), (weight * 300).half()  # entries fit fp16, h.W ~ 3.6e6 not
+    with pytest.raises(ValueError, match=r"logits of hidden_states\[0, 0\]"):
+        plain_loss(hidden_states=huge[0], output_embeddings=huge[1], references=refs)
+    with pytest.raises(ValueError, match="generator_temperature=1e-45"):
+        plain_loss(
+            hidden_states=hidden, output_embeddings=weight, references=refs,
+            generator_temperature=1e-45,
+        )  # fmt: skip
+    for bad in (float("inf"), float("nan"), 0.0, -3.0):
+        with pytest.raises(ValueError, match="logit_softcap must be a finite number > 0"):
+            plain_loss(
+                hidden_states=hidden, output_embeddings=weight, references=refs,
+                logit_softcap=bad,
+            )  # fmt: skip
+    with pytest.raises(NonFiniteLogitsError, match="row 0"):
+        fused_expected_inputs(hidden[0], weight.clone().fill_(float("nan")), None, top_k=2)
+    after = plain_loss(hidden_states=hidden, output_embeddings=weight, references=refs)
+    torch.testing.assert_close(after, before)
+
+
+def test_fused_pass_with_every_position_masked_backpropagates(plain_loss):
+    """Found by the extended fuzz suite: with no position selected, the fused pass returned
+    tensors off the graph, so backward() raised deep inside torch. Now the value is the empty
+    candidate's (score 0) and the gradients are zero, as on the dense path."""
+    hidden, weight = head_for([2000, 3000], plain_loss.generator_vocab_size, width=8)
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+    nothing = torch.zeros(1, 2, dtype=torch.bool)
+    value = plain_loss(
+        hidden_states=hidden, output_embeddings=weight, candidate_mask=nothing, references=["a"]
+    )
+    dense = plain_loss(logits=hidden @ weight.T, candidate_mask=nothing, references=["a"])
+    torch.testing.assert_close(value, dense)
+    value.sum().backward()
+    assert hidden.grad.abs().sum() == 0 and weight.grad.abs().sum() == 0
+
+
+@pytest.mark.parametrize("kind", ["logits", "probs", "candidate_ids"])
+@pytest.mark.parametrize(
+    "option", [{"generator_temperature": 2.0}, {"logit_softcap": 30.0}], ids=lambda o: [*o][0]
+)
+def test_rc4_fused_only_options_are_refused_with_other_inputs(plain_loss, kind, option):
+    """generator_temperature and logit_softcap only act in the fused pass; with logits, probs
+    or candidate_ids they did nothing (a bit-identical result), now they are refused, named."""
+    vocab = plain_loss.generator_vocab_size
+    logits = torch.randn(1, 3, vocab)
+    source = {"logits": logits, "probs": logits.softmax(-1), "candidate_ids": logits.argmax(-1)}
+    with pytest.raises(
+        ValueError, match=f"go with hidden_states, not with {kind}: got {[*option][0]}"
+    ):
+        plain_loss(**{kind: source[kind]}, references=["a cat"], **option)
+
+
+def test_rc5_retokenize_truncation_counts_scorer_pieces(gemma_loss, gemma_tokenizer):
+    """600 generator positions (a word and a newline, 300 times) make 300 scorer pieces: the
+    scorer takes the text whole, so nothing is cut and nothing is said (it was cut at 510
+    generator positions, with a warning that the scorer's limit was hit)."""
+    text = "cat\n" * 300
+    ids = gemma_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 600
+    value, messages = caught_warnings(
+        gemma_loss, candidate_ids=torch.tensor([ids]), references=["cat " * 300]
+    )
+    assert messages == []
+    assert gemma_loss.last_texts == [gemma_tokenizer.decode(ids)]
+    assert torch.isfinite(value).all()
+    # a text that does exceed the scorer's 510 pieces is cut there, with the warning
+    long_ids = gemma_tokenizer(" cat" * 600, add_special_tokens=False)["input_ids"]
+    _, messages = caught_warnings(
+        gemma_loss, candidate_ids=torch.tensor([long_ids]), references=["cat"]
+    )
+    assert len(messages) == 1 and "candidates[0]" in messages[0], messages
+
+
+def test_rc6_a_bad_bridge_cache_file_is_rebuilt_and_writes_are_atomic(
+    small_tokenizer, encoder, tmp_path, monkeypatch
+):
+    """A truncated, empty or garbage cache file made every later build fail with a
+    safetensors header error naming no file; now the build warns, names it and rebuilds it,
+    and VocabularyBridge.load names the file. The file is written to a temporary file and
+    renamed, so a crash mid-write leaves the old file (or none), never half of one."""
+    bridge = VocabularyBridge.build(small_tokenizer, encoder, cache_dir=tmp_path)
+    (path,) = tmp_path.glob("bridge-*.safetensors")
+    good = path.read_bytes()
+    for damaged in (good[: len(good) // 2], b"", b"garbage" * 10):
+        path.write_bytes(damaged)
+        with pytest.raises(ValueError, match=f"{path.name} is not a valid bridge cache"):
+            VocabularyBridge.load(path)
+        rebuilt, messages = caught_warnings(
+            VocabularyBridge.build, small_tokenizer, encoder, cache_dir=tmp_path
+        )
+        assert any("rebuilding the vocabulary bridge" in m and path.name in m for m in messages)
+        assert torch.equal(rebuilt.flat, bridge.flat) and torch.equal(
+            rebuilt.offsets, bridge.offsets
+        )
+        assert VocabularyBridge.load(path).flat.tolist() == bridge.flat.tolist()  # rewritten
+    # a crash mid-write: the cache file is untouched and no temporary file is left
+    import safetensors.torch
+
+    def crash(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a file")
+        raise OSError("No space left on device")
+
+    before = path.read_bytes()  # (the metadata's key order may differ from one write to another)
+    monkeypatch.setattr(safetensors.torch, "save_file", crash)
+    with pytest.raises(OSError, match="No space left"):
+        bridge.save(path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    # the same failure inside build: the bridge is kept, the failure said
+    path.unlink()
+    rebuilt, messages = caught_warnings(
+        VocabularyBridge.build, small_tokenizer, encoder, cache_dir=tmp_path
+    )
+    assert torch.equal(rebuilt.flat, bridge.flat)
+    assert any("not cached" in m and "No space left" in m for m in messages)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rc7_trainer_keeps_training_and_evaluation_metrics_apart(scorer, tmp_path):
+    """An evaluation between two logging steps reported the pending training batches as
+    eval_ce / eval_bertscore_f, and those training values never reached the log. Now the
+    in-training evaluation equals a clean evaluate() of the same model, and the training
+    values reach the next training log (here the end-of-training one)."""
+    transformers = pytest.importorskip("transformers")
+    datasets = pytest.importorskip("datasets")
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    rows = []
+    for prompt, reference in [("Summarize: the cat sat.", "The cat sat."),
+                              ("Summarize: a dog ran.", "A dog ran.")]:  # fmt: skip
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        r = tokenizer(reference, add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
+        rows.append({"input_ids": p + r, "labels": [-100] * len(p) + r})
+
+    class Trainer(hf.BERTScoreTrainerMixin, transformers.Trainer):
+        pass
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2,
+        per_device_eval_batch_size=2, learning_rate=1e-2, logging_steps=3, eval_strategy="steps",
+        eval_steps=2, report_to=[], use_cpu=True, save_strategy="no",
+    )  # fmt: skip
+    trainer = Trainer(
+        model=tiny_gpt2(tokenizer),
+        args=args,
+        train_dataset=datasets.Dataset.from_list(rows * 2),
+        eval_dataset=datasets.Dataset.from_list(rows[:1]),
+        data_collator=transformers.DataCollatorForSeq2Seq(tokenizer),
+        processing_class=tokenizer,
+        bertscore_loss=BERTScoreLoss(encoder=scorer.encoder),
+    )
+    trainer.train()
+    inside = [e for e in trainer.state.log_history if "eval_ce" in e]
+    assert len(inside) == 1
+    clean = trainer.evaluate()  # the model has not changed since that evaluation
+    assert inside[0]["eval_ce"] == pytest.approx(clean["eval_ce"], abs=1e-6)
+    assert inside[0]["eval_bertscore_f"] == pytest.approx(clean["eval_bertscore_f"], abs=1e-6)
+    training = [e for e in trainer.state.log_history if "ce" in e]
+    assert len(training) == 1 and training[0]["ce"] > 0 and 0 < training[0]["bertscore_f"] <= 1
+    assert not any(k.startswith("eval_") for k in training[0])
+    # predict() gets its own prefix and leaves nothing pending
+    metrics = trainer.predict(datasets.Dataset.from_list(rows[:1])).metrics
+    assert metrics["test_ce"] == pytest.approx(clean["eval_ce"], abs=1e-6)
+    assert trainer.bertscore_term.pop_metrics(training=False) == {}
+
+
+@pytest.mark.slow  # two processes each load the scorer: ~30 s on 2 busy cores
+def test_rc8_centering_collectives_are_joined_on_an_empty_batch(tmp_path, encoder):
+    """center=True under torch.distributed (two gloo processes): a process with an empty batch
+    returned before the centering all-reduce, so the calls of the processes stopped pairing
+    (a timeout, or a silently wrong mean). Now each call's values are the one-process ones."""
+    from test_distributed_scoring import free_port
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", str(free_port()), str(REPO / "tests/_distributed_empty_batch.py"),
+        str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    import _distributed_empty_batch as script
+
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    loss = BERTScoreLoss(encoder=encoder, center=True, reduction="none")
+    vocab = loss.generator_vocab_size
+    alone = loss(logits=script.batch([0, 1], vocab), references=script.REFERENCES[:2]).detach()
+    both = loss(logits=script.batch([0, 1, 2, 3], vocab), references=script.REFERENCES).detach()
+    torch.testing.assert_close(results[0]["first"], alone, atol=1e-5, rtol=0)
+    assert results[1]["first"].shape == (0,) and results[0]["first_grad_finite"]
+    torch.testing.assert_close(results[0]["second"], both[:2], atol=1e-5, rtol=0)
+    torch.testing.assert_close(results[1]["second"], both[2:], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e-20, 1e30, 1e-30])
+def test_rc9_cosine_similarity_is_scale_invariant(scale):
+    """Token vectors scaled by 1e20 overflowed the float32 norm and by 1e-20 fell under its
+    eps: F came out 0. Now F is the same at every scale, and the gradient is finite."""
+    generator = torch.Generator().manual_seed(0)
+    cands = torch.randn(2, 4, 16, generator=generator)
+    refs = torch.randn(2, 5, 16, generator=generator)
+    mask_c, mask_r = torch.ones(2, 4, dtype=torch.bool), torch.ones(2, 5, dtype=torch.bool)
+    want = bert_score(cands, refs, mask_c, mask_r, mask_c.float(), mask_r.float()).f1
+    scaled = (cands * scale).requires_grad_(True)
+    got = bert_score(scaled, refs * scale, mask_c, mask_r, mask_c.float(), mask_r.float()).f1
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    (grad,) = torch.autograd.grad(got.sum(), scaled)
+    assert torch.isfinite(grad).all()
+    # the rescale is an exact power of two: ordinary vectors normalise bit for bit as before
+    x = torch.randn(7, 384, generator=generator)
+    assert torch.equal(bsloss.functional.l2_normalize(x), torch.nn.functional.normalize(x, dim=-1))
+
+
+# --------------------------------------------------------------------------- decisions
+def test_decision_state_dict_leaves_out_the_frozen_scorer(encoder):
+    """A model holding the loss saved the scorer (86.6 MB) in every checkpoint. Decision: the
+    frozen scorer is not the loss's state; a state dict without it loads (strictly) with the
+    scorer left as it is, and an older one with it still loads."""
+    model = torch.nn.Module()
+    model.head = torch.nn.Linear(4, 4)
+    model.loss = BERTScoreLoss(encoder=encoder)
+    state = model.state_dict()
+    assert sorted(state) == ["head.bias", "head.weight"]
+    before = model.loss(logits=torch.zeros(1, 2, 30522), references=["a cat"])
+    fresh = torch.nn.Module()
+    fresh.head = torch.nn.Linear(4, 4)
+    fresh.loss = BERTScoreLoss(encoder=encoder)
+    assert fresh.load_state_dict(state).missing_keys == []
+    torch.testing.assert_close(fresh.head.weight, model.head.weight)
+    old = {**state, **{f"loss.encoder.{k}": v for k, v in encoder.state_dict().items()}}
+    assert fresh.load_state_dict(old).unexpected_keys == []
+    torch.testing.assert_close(fresh.loss(logits=torch.zeros(1, 2, 30522), references=["a cat"]),
+                               before)  # fmt: skip
+
+
+def test_decision_caches_are_bounded_in_bytes_and_entries(encoder, monkeypatch):
+    """The reference cache counted entries only (10,500 long references: +1.1 GB); decision:
+    a byte bound too (``max_bytes``, 512 MiB by default), least recently used out first. The
+    term's label -> text cache is bounded (``DECODED_CACHE_SIZE``)."""
+    cache = ReferenceCache(max_size=100, max_bytes=3 * 10 * 8 * 4 + 3 * 10 * 8)
+    assert ReferenceCache().max_bytes == DEFAULT_MAX_BYTES
+    for i in range(5):  # each entry: [10, 8] float32 + [10] int64 = 400 bytes
+        cache.store(f"t{i}", (torch.zeros(10, 8), torch.zeros(10, dtype=torch.long)), False, ())
+        assert cache.nbytes <= cache.max_bytes
+    assert list(cache) == ["t2", "t3", "t4"] and cache.nbytes == 1200
+    cache.max_bytes = 400
+    assert list(cache) == ["t4"]
+    with pytest.raises(ValueError, match="max_bytes"):
+        cache.max_bytes = -1
+    loss = BERTScoreLoss(encoder=encoder)
+    assert loss.reference_cache.max_bytes == DEFAULT_MAX_BYTES
+    loss.reference_cache.max_bytes = 20_000  # ~30 MiniLM tokens
+    loss(logits=torch.zeros(3, 2, 30522), references=["a cat sat on a mat"] * 2 + ["x " * 40])
+    assert 0 < loss.reference_cache.nbytes <= 20_000
+    monkeypatch.setattr(hf, "DECODED_CACHE_SIZE", 2)
+    tokenizer = encoder.tokenizer
+    term = hf.BERTScoreTerm(loss, tokenizer, causal=False)
+    for i in range(5):
+        term.references_from_labels(torch.tensor([[1000 + i, 1001 + i]]))
+    assert len(term._decoded) == 2 and (1004, 1005) in term._decoded
+
+
+def test_decision_scorer_and_reward_pickle(scorer):
+    """A reward served by a process pool is pickled; a local lambda made that fail. Decision:
+    both pickle, and the copy scores as the original."""
+    reward = BERTScoreReward(scorer=scorer, reference_cache_size=10)
+    for original in (scorer, reward):
+        copy = pickle.loads(pickle.dumps(original))
+        assert type(copy) is type(original)
+    pairs = (["a cat sat", "a dog"], ["the cat sat", "the dog ran"])
+    assert pickle.loads(pickle.dumps(scorer)).score(*pairs)[2].tolist() == pytest.approx(
+        scorer.score(*pairs)[2].tolist(), abs=1e-6
+    )
+    copy = pickle.loads(pickle.dumps(reward))
+    assert copy(completions=pairs[0], reference=pairs[1]) == pytest.approx(
+        reward(completions=pairs[0], reference=pairs[1]), abs=1e-6
+    )
+
+
+def test_decision_bridge_cache_dir_checked_before_the_build_and_ids_on_load(
+    small_tokenizer, encoder, tmp_path, monkeypatch
+):
+    """A bridge_cache_dir that is a file (or not writable) failed after the build, losing it;
+    decision: refused, named, before any tokenisation. A cache whose piece ids are outside the
+    scorer's vocabulary was loaded unchecked; decision: load refuses it, naming the file, and
+    build rebuilds it."""
+    import bsloss.bridge
+
+    calls = []
+    pieces = bsloss.bridge._ScorerPieces.__call__
+    monkeypatch.setattr(
+        bsloss.bridge._ScorerPieces,
+        "__call__",
+        lambda s, items: calls.append(1) or pieces(s, items),
+    )
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match="bridge_cache_dir .*not-a-folder.* is a file"):
+        BERTScoreLoss(encoder=encoder, generator_tokenizer=small_tokenizer, bridge_cache_dir=a_file)
+    if hasattr(os, "geteuid") and os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match="bridge_cache_dir .* is not writable"):
+            VocabularyBridge.build(small_tokenizer, encoder, cache_dir=locked)
+    assert calls == []
+    cache = tmp_path / "cache"
+    bridge = VocabularyBridge.build(small_tokenizer, encoder, cache_dir=cache)
+    (path,) = cache.glob("*.safetensors")
+    bad = VocabularyBridge.from_csr(bridge.offsets, bridge.flat + 10**6, bridge.special)
+    bad.save(path)
+    with pytest.raises(ValueError, match=rf"{path.name} is not a valid bridge cache.*piece ids"):
+        VocabularyBridge.load(path, scorer_vocab_size=len(encoder.tokenizer))
+    rebuilt, messages = caught_warnings(
+        VocabularyBridge.build, small_tokenizer, encoder, cache_dir=cache
+    )
+    assert torch.equal(rebuilt.flat, bridge.flat) and any("piece ids" in m for m in messages)
+
+
+def test_decision_arguments_are_validated_by_name(encoder, plain_loss):
+    """Each was accepted, or failed without naming the argument."""
+    with pytest.raises(ValueError, match="weight must be a finite number >= 0"):
+        hf.BERTScoreTerm(plain_loss, encoder.tokenizer, weight=math.nan)
+    with pytest.raises(TypeError, match="ce_weight must be a number"):
+        hf.BERTScoreTerm(plain_loss, encoder.tokenizer, ce_weight="1")
+    with pytest.raises(TypeError, match="temperature must be a number"):
+        Softmax("0.1")
+    hidden, weight = head_for([2000], plain_loss.generator_vocab_size, width=8)
+    fused = dict(hidden_states=hidden, output_embeddings=weight, references=["a"])
+    with pytest.raises(TypeError, match="generator_temperature must be a number"):
+        plain_loss(**fused, generator_temperature=True)
+    with pytest.raises(TypeError, match="logit_softcap must be a number"):
+        plain_loss(**fused, logit_softcap="30")
+    with pytest.raises(TypeError, match="output_embeddings .* floating dtype"):
+        plain_loss(**{**fused, "output_embeddings": weight.long()})
+    with pytest.raises(TypeError, match="generator_tokenizer must be a Hugging Face tokenizer"):
+        BERTScoreLoss(encoder=encoder, generator_tokenizer="gpt2")
+
+
+def test_decision_recipe_config_values_checked_at_load():
+    """--set train.steps=abc and --set loss.weight=-1 passed config loading; decision: every
+    section's values are checked against their field's type and range when loaded, named."""
+    from config import load_config
+
+    path = REPO / "recipes/configs/xsum-bert2bert.yaml"
+    cases = {
+        "train.steps=abc": "config train.steps: expected int, got 'abc'",
+        "train.steps=0": "config train.steps: expected a finite number > 0",
+        "train.learning_rate=-1e-4": "config train.learning_rate: expected a finite number > 0",
+        "loss.weight=-1": "config loss.weight: expected a finite number >= 0",
+        "loss.weight=nan": "config loss.weight: expected a finite number >= 0",
+        "loss.candidates=beam": "config loss.candidates: expected one of",
+        "eval.before=3": "config eval.before: expected bool",
+        "data.max_train=2.5": "config data.max_train: expected int | None",
+    }
+    for override, message in cases.items():
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("|", r"\|")):
+            load_config(path, [override])
+    config = load_config(path, ["train.steps=3", "loss.weight=0.5", "train.max_grad_norm=null"])
+    assert config.train.steps == 3 and config.loss["weight"] == 0.5
+
+
+RESUME_SCRIPT = """
+import pickle, sys, torch
+from pathlib import Path
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
+from run import Progress, RunLog, resume
+
+out = Path(sys.argv[1])
+accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(
+    project_dir=str(out), automatic_checkpoint_naming=True))
+progress = Progress()
+accelerator.register_for_checkpointing(progress)
+model = torch.nn.Linear(2, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+progress.step = 3
+accelerator.save_state()
+log = RunLog(out / "log.jsonl", True)
+progress.step = 0
+print("resumed", resume(accelerator, out, log, progress))
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (print, ("CODE RAN",))
+
+
+(checkpoint,) = (out / "checkpoints").iterdir()
+torch.save({"state": RunsCode()}, checkpoint / "optimizer.bin")
+try:
+    resume(accelerator, out, log, progress)
+except pickle.UnpicklingError as error:
+    print("refused", type(error).__name__)
+"""
+
+
+@pytest.mark.slow  # a fresh process imports accelerate (its state is a per-process singleton)
+def test_decision_resume_unpickles_with_weights_only(tmp_path):
+    """--resume goes through accelerate's load_state, which unpickles checkpoint files;
+    decision: they are read with weights_only=True (no arbitrary objects; documented), so a
+    tampered checkpoint is refused instead of running code."""
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{REPO / 'recipes'}", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", RESUME_SCRIPT, str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed 3" in done.stdout and "refused UnpicklingError" in done.stdout
+    assert "CODE RAN" not in done.stdout
