@@ -109,5 +109,5 @@ def resolve_term_weight(weight: float | TermWeight, name: str = "weight") -> Ter
         return Fixed(weight)
     except (TypeError, ValueError) as error:
         raise type(error)(
-            f"{name} must be a number >= 0 or a TermWeight (Fixed, Balanced), got {weight!r}"
+            f"{name} must be a finite number >= 0 or a TermWeight (Fixed, Balanced), got {weight!r}"
         ) from None
