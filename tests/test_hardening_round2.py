@@ -527,12 +527,12 @@ import pickle, sys, torch
 from pathlib import Path
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
-from run import Progress, RunLog, resume
+from run import EarlyStopping, Progress, RunLog, resume
 
 out = Path(sys.argv[1])
 accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(
     project_dir=str(out), automatic_checkpoint_naming=True))
-progress = Progress()
+progress = Progress(EarlyStopping("dev_ce", None))
 accelerator.register_for_checkpointing(progress)
 model = torch.nn.Linear(2, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

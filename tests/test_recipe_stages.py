@@ -118,7 +118,7 @@ def test_early_stopping_settings_are_checked():
         load_config(TRANSLATION, ["train.early_stopping_metric=dev_bleu"])
     with pytest.raises(ValueError, match="early_stopping_patience needs train.eval_every"):
         load_config(TRANSLATION, ["train.early_stopping_patience=2", "train.eval_every=0"])
-    with pytest.raises(ValueError, match="early_stopping_patience must be >= 0"):
+    with pytest.raises(ValueError, match="early_stopping_patience.*>= 0"):
         load_config(TRANSLATION, ["train.early_stopping_patience=-1", "train.eval_every=1"])
     config = load_config(TRANSLATION, ["train.early_stopping_patience=3", "train.eval_every=5"])
     assert config.train.early_stopping_metric == "dev_bertscore_f"  # the full evaluation
