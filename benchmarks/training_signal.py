@@ -7,8 +7,8 @@ of the decoded teacher-forced argmax text at every step, and the CE of the same 
     HF_HUB_OFFLINE=1 python benchmarks/training_signal.py --model gemma-3-270m --steps 12 \\
         --modes retokenize average --matchings softmax hard --out benchmarks/results/signal.json
 
-``--model tiny-gemma`` builds a small random Gemma 3 config with the real 262,144-token tokenizer
-(what the CI test uses).
+The CI test (``tests/test_training_signal.py``) runs the same experiment on a small Gemma 3 with
+the real 262,144-token tokenizer.
 """
 
 from __future__ import annotations
@@ -31,27 +31,13 @@ def verses(count: int, offset: int = 0, split: str = "train") -> list[tuple[str,
     return [(r["spanish"], r["english"]) for r in rows[offset : offset + count]]
 
 
-def load_generator(name: str, seed: int = 0):
+def load_generator(name: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from bsloss.pretrained import resolve_model
 
-    folder = resolve_model("gemma-3-270m")
+    folder = resolve_model(name)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    if name == "tiny-gemma":
-        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-        torch.manual_seed(seed)
-        config = Gemma3TextConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=32,
-        )
-        return Gemma3ForCausalLM(config), tokenizer
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     return model, tokenizer
 
