@@ -137,15 +137,24 @@ class _ScorerPieces:
         self.tokenizer = tokenizer
         self.vocab = tokenizer.get_vocab()
         self.convention = token_convention(tokenizer, self.vocab)
+        self.backend = None
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            # A copy without padding or truncation: the shared Rust tokenizer keeps whatever
+            # padding the last transformers call set (tokenizer(texts, padding=True) leaves it
+            # on), which would pad every piece list to the batch's longest.
+            self.backend = type(backend).from_str(backend.to_str())
+            self.backend.no_padding()
+            self.backend.no_truncation()
 
     def _batch(self, texts: list[str]) -> list[list[int]]:
         if not texts:
             return []
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is None:  # a slow tokenizer
+        if self.backend is None:  # a slow tokenizer
             return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         # Straight to the Rust tokenizer: transformers' per-encoding conversion costs ~35 us a
         # text, most of the build time for 262k tokens.
+        backend = self.backend
         encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
         return [encoding.ids for encoding in encode(texts, add_special_tokens=False)]
 

@@ -448,3 +448,18 @@ def test_hidden_states_path_retokenizes_like_logits(gemma_loss, gemma_tokenizer,
     torch.testing.assert_close(fused, dense, rtol=0, atol=1e-5)
     for a, b in zip(torch.autograd.grad(fused, [h, weight]), dense_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_bridge_pieces_ignore_the_scorer_tokenizers_padding_state(
+    gemma_tokenizer, gemma_bridge, encoder
+):
+    """The scorer's Rust tokenizer keeps the padding of the last ``tokenizer(..., padding=True)``
+    call; the bridge's batched piece lists must not be padded by it (they were: a bridge built
+    after such a call had 4.5% single-piece tokens instead of 31%)."""
+    encoder.tokenizer(["a", "the weather is cold today"], padding=True, return_tensors="pt")
+    try:
+        again = VocabularyBridge.build(gemma_tokenizer, encoder)
+    finally:
+        encoder.tokenizer(["a"])  # transformers resets the backend's padding on its next call
+    assert torch.equal(again.offsets, gemma_bridge.offsets)
+    assert torch.equal(again.flat, gemma_bridge.flat)
