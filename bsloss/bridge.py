@@ -71,7 +71,8 @@ __all__ = [
     "tokenizer_fingerprint",
 ]
 
-_CACHE_FORMAT = "v3-csr"
+# v4: piece lists built without the scorer tokenizer's leftover padding (v3 files may hold padded ones)
+_CACHE_FORMAT = "v4-csr"
 BRIDGE_MODES = ("retokenize", "average")
 
 
