@@ -71,7 +71,7 @@ __all__ = [
     "tokenizer_fingerprint",
 ]
 
-# v4: piece lists built without the scorer tokenizer's leftover padding (v3 files may hold padded ones)
+# v4: piece lists built without the scorer tokenizer's leftover padding (v3 may hold padded ones)
 _CACHE_FORMAT = "v4-csr"
 BRIDGE_MODES = ("retokenize", "average")
 
