@@ -91,7 +91,7 @@ def _load_encoder(
             f"lang={lang!r} picks bert_score's default model {model!r}, which could not be "
             "loaded (the Hugging Face hub is unreachable or the model is not cached). Pass a "
             "local copy instead: model_type='/path/to/model_folder' (with num_layers=N unless "
-            "the folder is named like a known model), or use bsloss's embedded all-MiniLM-L6-v2: "
+            "the folder holds a known model), or use bsloss's embedded all-MiniLM-L6-v2: "
             "model_type=None and no lang."
         ) from error
 
