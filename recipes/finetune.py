@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict:
     mode = loss_spec["candidates"]
     if mode not in CANDIDATE_MODES:
         raise ValueError(f"loss.candidates must be one of {CANDIDATE_MODES}: {mode!r}")
-    loss_fn = build_loss(config, run.encoder, run.tokenizer)
+    with run.phase("building the loss (the vocabulary bridge when the vocabularies differ)"):
+        loss_fn = build_loss(config, run.encoder, run.tokenizer)
     if not args.resume:
         run.log.write(
             kind="setup",
