@@ -442,6 +442,12 @@ class BERTScoreLoss(nn.Module):
                     f"candidate_ids has ids outside [0, {table.shape[0]}) at "
                     f"{(bad & candidate_mask).nonzero()[0].tolist()}"
                 )
+            if self.bridge is None or self.bridge.identity:
+                # the scorer's own ids: its special tokens ([CLS]/[SEP], [PAD]) are skipped, as
+                # the loss adds its own around the candidate (ids from tokenizer(texts) have them)
+                candidate_mask = candidate_mask & ~torch.isin(
+                    candidate_ids, self._scorer_special_ids(candidate_ids.device)
+                )
             ids = candidate_ids.clamp(0, table.shape[0] - 1)
             if self.retokenizer is not None:
                 return (*self._retokenized(ids, candidate_mask, None), None)
@@ -458,6 +464,11 @@ class BERTScoreLoss(nn.Module):
                 tokens = most_probable_tokens(distribution)
                 return (*self._retokenized(tokens, candidate_mask, expected), None)
         return (*self._encode_inputs(inputs, weights, candidate_mask), None)
+
+    def _scorer_special_ids(self, device: torch.device) -> Tensor:
+        pad = self.encoder.tokenizer.pad_token_id
+        ids = {*self.encoder.tokenization.special_token_ids, pad} - {None}
+        return torch.tensor(sorted(ids), dtype=torch.long, device=device)
 
     def _retokenized(self, tokens: Tensor, mask: Tensor, expected: Tensor | None):
         """The scorer's own pieces of the decoded ``tokens``, straight-through the bridge
@@ -638,7 +649,9 @@ class BERTScoreLoss(nn.Module):
 
         Args:
             logits, probs: the generator's ``[B, L, V]`` distributions; or
-            candidate_ids: ``[B, L]`` token ids; or
+            candidate_ids: ``[B, L]`` token ids (the scorer's special tokens in them, such
+                as the ``[CLS]``/``[SEP]``/``[PAD]`` of ``tokenizer(texts)``, are skipped: the
+                loss wraps each candidate in its own); or
             embeddings: ``[B, L, d]`` scorer input embeddings of the candidates; or
             hidden_states: ``[B, L, d_model]`` the generator's LM-head input, with
             output_embeddings: the LM head (or its weight ``[V, d_model]``), and optional

@@ -146,7 +146,7 @@ class BERTScorer:
             order, on every process. Every process must then call :meth:`score` with the same
             inputs (checked); off by default because scoring on the main process only, a common
             evaluation pattern, would wait forever for the others. Without an initialised
-            process group it scores locally.
+            process group it scores locally and warns once, saying how to start one.
 
     The reference cache (``reference_cache_size``) is emptied by :meth:`clear_cache`.
 
@@ -213,6 +213,7 @@ class BERTScorer:
         self.nthreads = nthreads
         self.use_fast_tokenizer = use_fast_tokenizer
         self.distributed = distributed
+        self._warned_no_group = False
         if encoder is None:
             name = _pick_model(model_type, model, lang)
             from_lang = model_type is None and model is None and lang is not None
@@ -479,7 +480,18 @@ class BERTScorer:
         group is up. Checks that every process passed the same inputs."""
         import torch.distributed as dist
 
-        if not (self.distributed and dist.is_available() and dist.is_initialized()):
+        if not self.distributed:
+            return 1, 0
+        if not (dist.is_available() and dist.is_initialized()):
+            if not self._warned_no_group:
+                self._warned_no_group = True
+                warn_user(
+                    "BERTScorer(distributed=True): no torch.distributed process group is "
+                    "initialised, so this process scores every pair itself. Start the processes "
+                    "with `torchrun --nproc_per_node N script.py` and call "
+                    "torch.distributed.init_process_group() ('gloo' on CPU, 'nccl' on GPUs) "
+                    "before scoring; distributed=False scores locally without this warning"
+                )
             return 1, 0
         world, rank = dist.get_world_size(), dist.get_rank()
         if world == 1:

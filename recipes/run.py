@@ -122,7 +122,7 @@ def plot_curves(log: RunLog, path: Path, title: str) -> Path:
     rows = max(1, math.ceil(panels / columns))
     figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
     flat = list(axes.flat)
-    window = max(3, len(train) // 10)
+    window = max(3, len(train) // 5)
     for ax, key in zip(flat, train_keys, strict=False):
         steps, values = zip(*[(e["step"], e[key]) for e in train if key in e], strict=True)
         ax.plot(steps, values, lw=0.6, alpha=0.35, color="tab:blue", label="per step")
