@@ -95,3 +95,63 @@ def test_docs_torchrun_script_as_written(tmp_path, scorer):
     expected = scorer.score(namespace["cands"], namespace["refs"])[2]
     torch.testing.assert_close(torch.tensor(eval(printed[0])), expected, atol=1e-6, rtol=0)
     assert "no torch.distributed process group" not in done.stderr
+
+
+def test_bert_score_utils_helpers_have_its_signatures_and_values(scorer):
+    """``from bsloss.utils import ...`` for what scripts import from bert_score.utils: the same
+    parameters (names, order, defaults) and, where bsloss can compute them, the same values."""
+    import inspect
+
+    bert_score_utils = pytest.importorskip("bert_score.utils")
+    import bsloss.utils as ours
+
+    for name in ("sent_encode", "get_idf_dict", "get_hash", "get_tokenizer", "get_model"):
+        theirs = inspect.signature(getattr(bert_score_utils, name)).parameters
+        mine = inspect.signature(getattr(ours, name)).parameters
+        assert [(p.name, p.default) for p in mine.values()] == [
+            (p.name, p.default) for p in theirs.values()
+        ], name
+    tokenizer = scorer.encoder.tokenizer
+    sentences = ["a cat sat on the mat", "a dog ran", " the cat ", ""]
+    for sent in sentences[:-1]:
+        assert ours.sent_encode(tokenizer, sent) == bert_score_utils.sent_encode(tokenizer, sent)
+    # bert_score's empty sentence calls a method transformers 5 removed: [CLS] [SEP] here
+    assert ours.sent_encode(tokenizer, "") == [tokenizer.cls_token_id, tokenizer.sep_token_id]
+    mine, theirs = (
+        ours.get_idf_dict(sentences[:-1], tokenizer),
+        bert_score_utils.get_idf_dict(sentences[:-1], tokenizer, nthreads=0),
+    )
+    assert dict(mine) == pytest.approx(dict(theirs)) and mine[12345] == theirs[12345]
+    for lang in ("en", "zh", "tr", "en-sci", "de", "fr"):
+        assert ours.lang2model[lang] == bert_score_utils.lang2model[lang]
+    shared = set(ours.model2layers) & set(bert_score_utils.model2layers)
+    assert {"roberta-large", "bert-base-uncased", "xlm-roberta-large"} <= shared
+    assert all(ours.model2layers[m] == bert_score_utils.model2layers[m] for m in shared)
+    args = ("roberta-large", 17, True, True, False, True)
+    mine, theirs = ours.get_hash(*args), bert_score_utils.get_hash(*args)
+    assert mine.split("_version=")[0] == theirs.split("_version=")[0]
+    assert mine.endswith("-rescaled_fast-tokenizer") and theirs.endswith("-rescaled_fast-tokenizer")
+    rescaled = bsloss.BERTScorer(encoder=scorer.encoder, rescale_with_baseline=True)
+    assert rescaled.hash == ours.get_hash(rescaled.model_type, 6, False, True, False, False)
+    model = ours.get_model(None, 3)
+    assert model.config.num_hidden_layers == 3 and not model.training
+    assert ours.get_tokenizer(None).get_vocab() == tokenizer.get_vocab()
+
+
+def test_plot_example_takes_bert_score_positional_arguments(tmp_path, monkeypatch, scorer):
+    """bert_score's order: (candidate, reference, model_type, num_layers, lang,
+    rescale_with_baseline, baseline_path, use_fast_tokenizer, fname)."""
+    import inspect
+
+    pytest.importorskip("matplotlib")
+    bert_score = pytest.importorskip("bert_score")
+    theirs = list(inspect.signature(bert_score.plot_example).parameters)
+    mine = list(inspect.signature(bsloss.plot_example).parameters)
+    assert mine[: len(theirs)] == theirs
+    from bsloss.scorer.default import embedded_model_path
+
+    out = tmp_path / "pair.png"
+    figure = bsloss.plot_example("a cat sat", "the cat sits", embedded_model_path(), 4, None,
+                                 False, None, False, str(out))  # fmt: skip
+    assert out.stat().st_size > 1000 and figure.axes
+    assert bsloss.plot_example("a cat sat", "the cat sits", scorer).axes  # a scorer, positional
