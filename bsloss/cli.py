@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -305,6 +306,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The library's messages name its keywords; on the command line they are these flags.
+_FLAGS = (
+    (re.compile(r"\bnum_layers=N\b"), "-l N"),
+    (re.compile(r"\bbaseline_path=FILE\b"), "--baseline_path FILE"),
+    (re.compile(r"\b(?:model|model_type)=None\b"), "no -m"),
+    (re.compile(r"\b(?:model|model_type)='([^']*)'"), r"-m \1"),
+)
+
+
+def in_cli_words(message: str) -> str:
+    """``message`` with the library's keywords (``num_layers=N``, ``baseline_path=FILE``,
+    ``model='...'``) replaced by the command line's flags (``-l N``, ``--baseline_path FILE``,
+    ``-m ...``).
+
+    >>> in_cli_words("Pass num_layers=N, or pass baseline_path=FILE")
+    'Pass -l N, or pass --baseline_path FILE'
+    """
+    for pattern, flag in _FLAGS:
+        message = pattern.sub(flag, message)
+    return message
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for a user error)."""
     args = build_parser().parse_args(argv)
@@ -313,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     except _USER_ERRORS as error:
         if args.debug:
             raise
-        message = " ".join(str(error).split()) or type(error).__name__
+        message = in_cli_words(" ".join(str(error).split()) or type(error).__name__)
         print(f"bsloss: error: {message}", file=sys.stderr)
         return 2
 

@@ -491,6 +491,12 @@ class BERTScoreLoss(nn.Module):
                     f"candidate_ids has ids outside [0, {table.shape[0]}) at "
                     f"{(bad & candidate_mask).nonzero()[0].tolist()}"
                 )
+            if self.bridge is None or self.bridge.identity:
+                # the scorer's own ids: its special tokens ([CLS]/[SEP], [PAD]) are skipped, as
+                # the loss adds its own around the candidate (ids from tokenizer(texts) have them)
+                candidate_mask = candidate_mask & ~torch.isin(
+                    candidate_ids, self._scorer_special_ids(candidate_ids.device)
+                )
             ids = candidate_ids.clamp(0, table.shape[0] - 1)
             if self.retokenizer is not None:  # the decoded text, whole: the scorer's own limit
                 return _Encoded(*self._retokenized(ids, candidate_mask))
@@ -526,6 +532,11 @@ class BERTScoreLoss(nn.Module):
             with torch.no_grad():
                 exact = self._retokenized(tokens, whole_mask)
         return _Encoded(*encoded, log_likelihood, exact)
+
+    def _scorer_special_ids(self, device: torch.device) -> Tensor:
+        pad = self.encoder.tokenizer.pad_token_id
+        ids = {*self.encoder.tokenization.special_token_ids, pad} - {None}
+        return torch.tensor(sorted(ids), dtype=torch.long, device=device)
 
     def _retokenized(self, tokens: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The scorer's encoding of the decoded ``tokens``, tokenised as the metric tokenises
@@ -716,7 +727,9 @@ class BERTScoreLoss(nn.Module):
 
         Args:
             logits, probs: the generator's ``[B, L, V]`` distributions; or
-            candidate_ids: ``[B, L]`` token ids; or
+            candidate_ids: ``[B, L]`` token ids (the scorer's special tokens in them, such
+                as the ``[CLS]``/``[SEP]``/``[PAD]`` of ``tokenizer(texts)``, are skipped: the
+                loss wraps each candidate in its own); or
             embeddings: ``[B, L, d]`` scorer input embeddings of the candidates; or
             hidden_states: ``[B, L, d_model]`` the generator's LM-head input, with
             output_embeddings: the LM head (or its weight ``[V, d_model]``), and optional

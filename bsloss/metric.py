@@ -35,7 +35,7 @@ from bsloss.scorer.layers import num_hidden_layers
 from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder
 from bsloss.scorer.weights import IdfSpec, weight_table
 
-__all__ = ["BERTScorer", "score", "LANG_TO_MODEL", "model_for_lang"]
+__all__ = ["BERTScorer", "score", "LANG_TO_MODEL", "model_for_lang", "get_hash"]
 
 # bert_score 0.3.13's ``lang2model``: the model each language gets when no model is named.
 LANG_TO_MODEL: dict[str, str] = {
@@ -92,9 +92,37 @@ def _load_encoder(
             f"lang={lang!r} picks bert_score's default model {model!r}, which could not be "
             "loaded (the Hugging Face hub is unreachable or the model is not cached). Pass a "
             "local copy instead: model_type='/path/to/model_folder' (with num_layers=N unless "
-            "the folder is named like a known model), or use bsloss's embedded all-MiniLM-L6-v2: "
+            "the folder holds a known model), or use bsloss's embedded all-MiniLM-L6-v2: "
             "model_type=None and no lang."
         ) from error
+
+
+def get_hash(
+    model: str,
+    num_layers: int,
+    idf: bool,
+    rescale_with_baseline: bool,
+    use_custom_baseline: bool,
+    use_fast_tokenizer: bool,
+) -> str:
+    """The signature of a scoring setup in bert_score's layout, with bsloss's version (and
+    torch's): ``MODEL_L{layer}_{idf|no-idf}_version=bsloss-V(hug_trans=…,torch=…)`` then
+    ``-rescaled`` / ``-custom-rescaled`` and ``_fast-tokenizer``.
+
+    >>> get_hash("roberta-large", 17, False, True, False, False).split("_version=")[0]
+    'roberta-large_L17_no-idf'
+    """
+    import transformers
+
+    signature = (
+        f"{model}_L{num_layers}{'_idf' if idf else '_no-idf'}_version=bsloss-{__version__}"
+        f"(hug_trans={transformers.__version__},torch={torch.__version__})"
+    )
+    if rescale_with_baseline:
+        signature += "-custom-rescaled" if use_custom_baseline else "-rescaled"
+    if use_fast_tokenizer:
+        signature += "_fast-tokenizer"
+    return signature
 
 
 class BERTScorer:
@@ -147,7 +175,7 @@ class BERTScorer:
             order, on every process. Every process must then call :meth:`score` with the same
             inputs (checked); off by default because scoring on the main process only, a common
             evaluation pattern, would wait forever for the others. Without an initialised
-            process group it scores locally.
+            process group it scores locally and warns once, saying how to start one.
 
     The reference cache (``reference_cache_size``) is emptied by :meth:`clear_cache`.
 
@@ -214,6 +242,7 @@ class BERTScorer:
         self.nthreads = nthreads
         self.use_fast_tokenizer = use_fast_tokenizer
         self.distributed = distributed
+        self._warned_no_group = False
         if encoder is None:
             name = _pick_model(model_type, model, lang)
             from_lang = model_type is None and model is None and lang is not None
@@ -305,15 +334,14 @@ class BERTScorer:
         versions, rescaling; the version names bsloss and torch too, e.g.
         ``roberta-large_L17_no-idf_version=bsloss-0.1.0(hug_trans=4.57.0,torch=2.8.0)-rescaled``.
         """
-        import transformers
-
-        idf = "_idf" if self.idf is not False else "_no-idf"
-        signature = (
-            f"{self.encoder.name}_L{self.encoder.num_layers}{idf}_version=bsloss-{__version__}"
-            f"(hug_trans={transformers.__version__},torch={torch.__version__})"
+        signature = get_hash(
+            self.encoder.name,
+            self.encoder.num_layers,
+            self.idf is not False,
+            self.rescale,
+            self.use_custom_baseline,
+            False,
         )
-        if self.rescale:
-            signature += "-custom-rescaled" if self.use_custom_baseline else "-rescaled"
         if self.autocast_dtype is not None:
             signature += f"-autocast={str(self.autocast_dtype).removeprefix('torch.')}"
         return signature
@@ -483,7 +511,18 @@ class BERTScorer:
         group is up. Checks that every process passed the same inputs."""
         import torch.distributed as dist
 
-        if not (self.distributed and dist.is_available() and dist.is_initialized()):
+        if not self.distributed:
+            return 1, 0
+        if not (dist.is_available() and dist.is_initialized()):
+            if not self._warned_no_group:
+                self._warned_no_group = True
+                warn_user(
+                    "BERTScorer(distributed=True): no torch.distributed process group is "
+                    "initialised, so this process scores every pair itself. Start the processes "
+                    "with `torchrun --nproc_per_node N script.py` and call "
+                    "torch.distributed.init_process_group() ('gloo' on CPU, 'nccl' on GPUs) "
+                    "before scoring; distributed=False scores locally without this warning"
+                )
             return 1, 0
         world, rank = dist.get_world_size(), dist.get_rank()
         if world == 1:
@@ -709,39 +748,40 @@ def score(
 def plot_example(
     candidate: str,
     reference: str,
-    scorer: BERTScorer | str | None = None,
-    fname: str | Path | None = None,
-    temperature: float | None = None,
-    ax=None,
-    *,
-    model_type: str | None = None,
+    model_type: str | BERTScorer | None = None,
     num_layers: int | None = None,
     lang: str | None = None,
     rescale_with_baseline: bool = False,
     baseline_path: str | None = None,
     use_fast_tokenizer: bool = False,
+    fname: str | Path | None = "",
+    *,
+    scorer: BERTScorer | None = None,
+    temperature: float | None = None,
+    ax=None,
 ):
     """The similarity heatmap of one pair, a drop-in for ``bert_score.plot_example``
     (drawn by :func:`bsloss.plot.draw_pair`: each token's best match marked; with
     ``temperature`` the soft matching plan shaded).
 
-    Without ``scorer``, one is built from ``model_type`` / ``num_layers`` / ``lang`` /
-    ``rescale_with_baseline`` / ``baseline_path`` (a string third argument is taken as
-    ``model_type``); ``fname=""`` saves nothing. The shading is the raw cosine similarity (not
-    rescaled).
+    The positional arguments are bert_score 0.3.13's, in its order. Without ``scorer``, one is
+    built from ``model_type`` / ``num_layers`` / ``lang`` / ``rescale_with_baseline`` /
+    ``baseline_path`` (a :class:`BERTScorer` as ``model_type`` is taken as ``scorer``);
+    ``fname=""`` saves nothing. The shading is the raw cosine similarity (not rescaled).
 
     Args:
         candidate, reference: the pair of texts.
-        scorer: the :class:`BERTScorer` (default: built from the keywords below, the embedded
-            all-MiniLM-L6-v2 without them).
+        model_type, num_layers, lang, rescale_with_baseline, baseline_path,
+            use_fast_tokenizer: bert_score's arguments, as for :class:`BERTScorer`.
         fname: image file to save to (``.png``, ``.pdf``); ``None`` or ``""``: not saved.
+        scorer: the :class:`BERTScorer` (default: built from the arguments above, the
+            embedded all-MiniLM-L6-v2 without them).
         temperature: shade the soft matching plan ``softmax(s / T)`` instead of ``s``.
         ax: a matplotlib axes to draw into.
-        model_type, num_layers, lang, rescale_with_baseline, baseline_path,
-            use_fast_tokenizer: bert_score's keywords, as for :class:`BERTScorer`.
 
     Returns:
-        The matplotlib figure, as :func:`~bsloss.plot.draw_pair` returns it.
+        The matplotlib figure (bert_score returns ``None``; a script that ignores the return
+        value runs unchanged).
 
     Raises:
         ImportError, TypeError, ValueError: as :func:`~bsloss.plot.draw_pair` (no matplotlib,
@@ -753,8 +793,8 @@ def plot_example(
     >>> len(figure.axes) >= 1
     True
     """
-    if isinstance(scorer, str):
-        model_type, scorer = scorer, None
+    if isinstance(model_type, BERTScorer):
+        model_type, scorer = None, model_type
     if scorer is None:
         scorer = BERTScorer(
             model_type,

@@ -40,6 +40,19 @@ def pair_similarity(scorer: BERTScorer, candidate: str, reference: str):
     return sim.cpu(), tokens(cand_ids[keep_c].tolist()), tokens(ref_ids[keep_r].tolist())
 
 
+def _matplotlib():
+    """matplotlib (with its ``figure`` module), or an ImportError that says what to install."""
+    try:
+        import matplotlib
+        import matplotlib.figure  # noqa: F401
+    except ImportError as error:
+        raise ImportError(
+            'plotting needs matplotlib, which is not installed: pip install "bsloss[plot]" '
+            "(or pip install matplotlib)"
+        ) from error
+    return matplotlib
+
+
 def check_image_path(fname: str | Path) -> Path:
     """``fname`` as a path matplotlib can write: its extension a format it knows (none: PNG),
     not a directory, in an existing folder.
@@ -47,8 +60,7 @@ def check_image_path(fname: str | Path) -> Path:
     Raises:
         ValueError: an unknown extension, a directory, or a missing folder.
     """
-    from matplotlib.figure import Figure
-
+    Figure = _matplotlib().figure.Figure
     path = Path(fname)
     if path.is_dir():
         raise ValueError(f"output {path} is a directory; give an image file name")
@@ -100,14 +112,11 @@ def draw_pair(
     """
     if temperature is not None:
         temperature = check_temperature(temperature)
-    try:
-        import matplotlib
+    matplotlib = _matplotlib()
+    if fname is not None:
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-        if fname is not None:
-            matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise ImportError("plotting needs matplotlib: pip install 'bsloss[plot]'") from error
     fname = fname or None
     if fname is not None:
         check_image_path(fname)

@@ -31,6 +31,11 @@ def base_arguments(description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--init_from", type=Path, help="start from this saved generator folder")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --output_dir (without it, a second run there is refused)",
+    )
     parser.add_argument("--mixed_precision", choices=["no", "bf16", "fp16"], default=None)
     parser.add_argument(
         "--cpu",

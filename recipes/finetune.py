@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
     config, train_spec = run.config, run.train
     loss_spec = recipe_loss_settings(config.loss)
     mode = loss_spec["candidates"]
-    loss_fn = build_loss(config, run.encoder, run.tokenizer)
+    with run.phase("building the loss (the vocabulary bridge when the vocabularies differ)"):
+        loss_fn = build_loss(config, run.encoder, run.tokenizer)
     if not args.resume:
         run.log.write(
             kind="setup",

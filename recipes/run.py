@@ -11,6 +11,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -125,8 +126,29 @@ def linear_warmup(weight: float, warmup_steps: int, step: int) -> float:
     return weight * min(1.0, step / warmup_steps)
 
 
+def smoothed(values: list[float], window: int) -> list[float]:
+    """Trailing mean over ``window`` values (fewer at the start): per-step losses of a small
+    batch are noise around the trend."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+TRAIN_LABELS = {
+    "loss": "training loss",
+    "ce": "training CE",
+    "bertscore_loss": "training 1 − F_BERT (soft)",
+    "reward": "training reward",
+}
+EVAL_LABELS = {"f_bert": "held-out F_BERT (hard)", "ce": "held-out CE (per token)"}
+
+
 def plot_curves(log: RunLog, path: Path, title: str) -> Path:
-    """Training losses and held-out metrics against the step, one panel each."""
+    """The training losses against the step (faint: per step; bold: smoothed), and the held-out
+    F_BERT and CE at each evaluation (validation points joined; test before and after
+    training as squares)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,30 +156,35 @@ def plot_curves(log: RunLog, path: Path, title: str) -> Path:
 
     entries = log.entries()
     train = [e for e in entries if e.get("kind") == "train"]
-    evals = [e for e in entries if e.get("kind") == "eval" and e.get("split") == "validation"]
-    train_keys = [
-        k for k in ("loss", "ce", "bertscore_loss", "reward") if any(k in e for e in train)
-    ]
-    eval_keys = [
-        k
-        for k in ("f_bert", "rouge1", "rouge2", "rougeL", "bleu", "chrf", "ce")
-        if any(k in e for e in evals)
-    ]
+    evals = [e for e in entries if e.get("kind") == "eval"]
+    train_keys = [k for k in TRAIN_LABELS if any(k in e for e in train)]
+    eval_keys = [k for k in EVAL_LABELS if any(k in e for e in evals)]
     panels = len(train_keys) + len(eval_keys)
-    columns = min(4, max(panels, 1))
+    columns = min(3, max(panels, 1))
     rows = max(1, math.ceil(panels / columns))
-    figure, axes = plt.subplots(rows, columns, figsize=(3.6 * columns, 2.8 * rows), squeeze=False)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
     flat = list(axes.flat)
+    window = max(3, len(train) // 5)
     for ax, key in zip(flat, train_keys, strict=False):
-        points = [(e["step"], e[key]) for e in train if key in e]
-        ax.plot(*zip(*points, strict=True), lw=0.8)
-        ax.set_title(f"train {key}")
+        steps, values = zip(*[(e["step"], e[key]) for e in train if key in e], strict=True)
+        ax.plot(steps, values, lw=0.6, alpha=0.35, color="tab:blue", label="per step")
+        ax.plot(
+            steps, smoothed(list(values), window), lw=2, color="tab:blue",
+            label=f"mean of {window} steps",
+        )  # fmt: skip
+        ax.set_title(TRAIN_LABELS[key])
+        ax.legend(fontsize=7)
     for ax, key in zip(flat[len(train_keys) :], eval_keys, strict=False):
-        points = [(e["step"], e[key]) for e in evals if key in e]
-        ax.plot(*zip(*points, strict=True), marker="o")
-        ax.set_title(f"validation {key}")
+        for split, style in (("validation", dict(marker="o")), ("test", dict(marker="s", ls=""))):
+            points = [(e["step"], e[key]) for e in evals if e.get("split") == split and key in e]
+            if points:
+                count = next(e.get("examples") for e in evals if e.get("split") == split)
+                label = f"{split} ({count} articles)" if count else split
+                ax.plot(*zip(*points, strict=True), label=label, **style)
+        ax.set_title(EVAL_LABELS[key])
+        ax.legend(fontsize=7)
     for ax in flat:
-        ax.set_xlabel("step")
+        ax.set_xlabel("training step")
     for ax in flat[panels:]:
         ax.axis("off")
     figure.suptitle(title)
@@ -167,11 +194,50 @@ def plot_curves(log: RunLog, path: Path, title: str) -> Path:
     return path
 
 
-def summary_table(before: dict, after: dict) -> str:
-    keys = [k for k in before if isinstance(before[k], float)]
-    lines = ["| metric (test) | before | after |", "|---|---:|---:|"]
-    lines += [f"| {k} | {before[k]:.4f} | {after[k]:.4f} |" for k in keys]
+def summary_table(before: dict, after: dict, examples: int, steps: int) -> str:
+    """Zero-shot (before training) against fine-tuned (after ``steps`` steps) test metrics, on
+    ``examples`` held-out examples, with the change."""
+    keys = [k for k in before if isinstance(before[k], float) and k in after]
+    lines = [
+        f"Held-out test set ({examples} examples never trained on): zero-shot = the generator "
+        f"before training, fine-tuned = after {steps} steps",
+        f"| metric (test, {examples} examples) | zero-shot | fine-tuned ({steps} steps) | change |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {k} | {before[k]:.4f} | {after[k]:.4f} | {after[k] - before[k]:+.4f} |" for k in keys
+    ]
+    lines.append(
+        "f_bert: hard BERTScore F1 against the reference summary; rouge*: ROUGE F-measures; "
+        "ce: teacher-forced cross-entropy per reference token (lower is better); "
+        "mean_length: words per generated answer"
+    )
     return "\n".join(lines)
+
+
+def check_fresh_output(output_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to mix two runs in one folder: a second run would append to the first's log (the
+    plot would join them) and overwrite half of its results. ``overwrite`` deletes the old run's
+    log and results instead.
+
+    Raises:
+        FileExistsError: ``output_dir`` holds a run and neither ``resume`` nor ``overwrite``.
+    """
+    old = [output_dir / name for name in ("log.jsonl", "results.json")]
+    old = [path for path in old if path.exists()]
+    if resume or not old:
+        return
+    if not overwrite:
+        raise FileExistsError(
+            f"--output_dir {output_dir} already holds a run ({', '.join(p.name for p in old)}); "
+            "pass another --output_dir, --resume to continue that run, or --overwrite to replace it"
+        )
+    for path in old:
+        path.unlink()
+
+
+def _metrics_line(metrics: dict) -> str:
+    return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
 
 
 class Timer:
@@ -201,9 +267,11 @@ class RecipeRun:
         from bsloss.scorer.encoder import ScorerEncoder
 
         self.args = args
+        self.timer = Timer()
         self.config = load_config(args.config, args.overrides)
         self.train = self.config.train
         self.output_dir = args.output_dir
+        check_fresh_output(self.output_dir, args.resume, getattr(args, "overwrite", False))
         # checkpoints/checkpoint_N every train.save_every steps, the last few kept
         checkpoints = ProjectConfiguration(
             project_dir=str(self.output_dir),
@@ -228,15 +296,20 @@ class RecipeRun:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.log = RunLog(self.output_dir / "log.jsonl", self.accelerator.is_main_process)
         self.data = load_splits(self.config.data)
+        self.say("data: " + ", ".join(f"{len(rows)} {split}" for split, rows in self.data.items()))
         if self.train.eval_every:
             check_dev_split(self.data)
         scorer_spec = self.config.scorer
-        self.encoder = ScorerEncoder.from_pretrained(
-            scorer_spec.model, scorer_spec.num_layers, self.accelerator.device
-        )
+        with self.phase("loading the scorer"):
+            self.encoder = ScorerEncoder.from_pretrained(
+                scorer_spec.model, scorer_spec.num_layers, self.accelerator.device
+            )
         # references repeat (validation set, reward): their embeddings are kept across calls
         self.scorer = BERTScorer(encoder=self.encoder, reference_cache_size=100_000)
-        self.model, self.tokenizer = load_generator(self.config.model, args.init_from, self.encoder)
+        with self.phase(f"loading the generator {self.config.model.generator}"):
+            self.model, self.tokenizer = load_generator(
+                self.config.model, args.init_from, self.encoder
+            )
         self.frozen_parameters = 0
         if self.train.freeze_embeddings:
             self.frozen_parameters = freeze_embeddings(self.model)
@@ -270,7 +343,22 @@ class RecipeRun:
         self.evaluator = Evaluator(self.config.task, self.scorer, self.config.eval)
         self.results_path = self.output_dir / "results.json"
         self.results: dict = {}
-        self.timer = Timer()
+
+    def say(self, message: str) -> None:
+        """One progress line on the main process, with the time since the start."""
+        if self.accelerator.is_main_process:
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"[{self.timer():7.1f} s] {message}", file=sys.stdout)
+            sys.stdout.flush()
+
+    @contextmanager
+    def phase(self, what: str):
+        """A line when a phase starts and one with its duration when it ends."""
+        start = time.perf_counter()
+        self.say(f"{what} ...")
+        yield
+        self.say(f"{what}: done in {time.perf_counter() - start:.1f} s")
 
     @property
     def device(self) -> torch.device:
@@ -289,30 +377,53 @@ class RecipeRun:
             self.results = json.loads(self.results_path.read_text())
         wants_before = self.config.eval.before
         if start == 0 and self.accelerator.is_main_process and wants_before:
-            before, hypotheses = self.evaluate("test")
+            before, hypotheses = self.evaluate("test", "zero-shot evaluation")
             self.results["before"] = before
             self.write_outputs("test_outputs_before.txt", hypotheses)
             self.results_path.write_text(json.dumps(self.results, indent=2))
             self.log.write(kind="eval", split="test", step=0, **before)
+        if start == 0 and self.train.eval_every and self.accelerator.is_main_process:
+            self.validate(0)  # where the held-out curves start
         return (*prepared, start)
 
-    def evaluate(self, split: str) -> tuple[dict, list[str]]:
-        return self.evaluator(
-            self.unwrapped, self.tokenizer, self.collator, self.data[split], self.device
-        )
+    def evaluate(self, split: str, what: str = "evaluation") -> tuple[dict, list[str]]:
+        """Generate for the ``split``'s examples and score them (a progress line before and
+        after); the metrics carry the number of ``examples``."""
+        examples = self.data[split]
+        with self.phase(f"{what}: generating and scoring {len(examples)} {split} examples"):
+            metrics, hypotheses = self.evaluator(
+                self.unwrapped, self.tokenizer, self.collator, examples, self.device
+            )
+        self.say(f"{what}: " + _metrics_line(metrics))
+        return {**metrics, "examples": len(examples)}, hypotheses
 
-    def evaluate_dev(self) -> dict:
+    def validate(self, step: int) -> dict:
+        """The dev metrics at ``step`` (:meth:`evaluate_dev`), logged; returned."""
+        metrics = self.evaluate_dev(step)
+        self.log.write(
+            kind="eval",
+            split="validation",
+            step=step,
+            time=self.timer(),
+            cpu=self.timer.cpu(),
+            **metrics,
+        )
+        return metrics
+
+    def evaluate_dev(self, step: int) -> dict:
         """The validation split's metrics: teacher-forced CE alone (``dev_ce``: no generation),
         or everything :meth:`evaluate` computes (``dev_bertscore_f``)."""
+        what = f"held-out evaluation at step {step}"
         if self.train.early_stopping_metric == "dev_ce":
+            examples = self.data["validation"]
             model, was_training = self.unwrapped, self.unwrapped.training
             model.eval()
-            ce = self.evaluator.cross_entropy(
-                model, self.collator, self.data["validation"], self.device
-            )
+            with self.phase(f"{what}: teacher-forced CE of {len(examples)} validation examples"):
+                ce = self.evaluator.cross_entropy(model, self.collator, examples, self.device)
             model.train(was_training)
-            return {"ce": ce}
-        return self.evaluate("validation")[0]
+            self.say(f"{what}: ce {ce:.4f}")
+            return {"ce": ce, "examples": len(examples)}
+        return self.evaluate("validation", what)[0]
 
     @property
     def best_dir(self) -> Path:
@@ -359,18 +470,14 @@ class RecipeRun:
         if not math.isfinite(entry["loss"]):
             raise FloatingPointError(f"step {step}: the loss is {entry['loss']}")
         self.log.write(kind="train", step=step, time=self.timer(), cpu=self.timer.cpu(), **entry)
+        every = max(1, self.train.steps // 10)
+        if step % every == 0 or step == self.train.steps:
+            losses = ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if k != "lr")
+            self.say(f"step {step}/{self.train.steps}: {losses}")
         eval_every = self.train.eval_every
         if eval_every and step % eval_every == 0:
             if self.accelerator.is_main_process:
-                metrics = self.evaluate_dev()
-                self.log.write(
-                    kind="eval",
-                    split="validation",
-                    step=step,
-                    time=self.timer(),
-                    cpu=self.timer.cpu(),
-                    **metrics,
-                )
+                metrics = self.validate(step)
                 if self.train.early_stopping_patience:
                     self.keep_if_best(step, metrics)
             self.share_early_stop()
@@ -440,7 +547,7 @@ class RecipeRun:
                 extra["init_from"] = str(Path(self.args.init_from).resolve())
             if self.train.freeze_embeddings:
                 extra["frozen_parameters"] = self.frozen_parameters
-            after, hypotheses = self.evaluate("test")
+            after, hypotheses = self.evaluate("test", "final evaluation")
             self.log.write(kind="eval", split="test", step=self.stopped_at or steps, **after)
             self.results.update(
                 after=after,
@@ -455,9 +562,14 @@ class RecipeRun:
             self.write_outputs("test_outputs.txt", hypotheses)
             plot = plot_curves(self.log, self.output_dir / "curves.png", title)
             if "before" in self.results:
-                print(summary_table(self.results["before"], after))
+                print(
+                    summary_table(
+                        self.results["before"], after, after["examples"], self.stopped_at or steps
+                    )
+                )
             if self.stopped_at is not None:
                 print(f"early stopping at step {self.stopped_at}: best step {extra['best_step']}")
             print(f"curves: {plot}")
+            print(f"results: {self.results_path}")
         accelerator.wait_for_everyone()
         return self.results

@@ -133,8 +133,11 @@ def test_bert_score_examples_run_unchanged_with_bsloss(name, example_files, monk
         assert ours[key].shape == theirs[key].shape == (N,)
         assert (ours[key] - theirs[key]).abs().max().item() < 1e-5, key
     if name == "demo_py":
-        # same hash layout: model_L<layer>_no-idf_version=...(hug_trans=...)
-        assert printed.startswith(f"{FOLDER}_L6_no-idf_version=bsloss-")
+        # same hash layout: model_L<layer>_no-idf_version=...(hug_trans=...); bsloss names the
+        # model the folder holds (recognised: bsloss.scorer.identity), bert_score the folder
+        assert printed.startswith(
+            "sentence-transformers/all-MiniLM-L6-v2_L6_no-idf_version=bsloss-"
+        )
         assert their_print.startswith(f"{FOLDER}_L6_no-idf_version=")
         assert _numbers(printed.split(": ")[1]) == pytest.approx(
             _numbers(their_print.split(": ")[1]), abs=2e-6
@@ -226,7 +229,7 @@ def test_cli_accepts_bert_score_flags(example_files, capsys, monkeypatch):
     theirs = capsys.readouterr().out.strip().splitlines()
     # the summary line: same hash layout and the same corpus means
     summary = next(line for line in ours if " P: " in line)
-    assert summary.startswith(f"{FOLDER}_L6_idf_version=bsloss-")
+    assert summary.startswith("sentence-transformers/all-MiniLM-L6-v2_L6_idf_version=bsloss-")
     assert "-custom-rescaled" in summary
     assert _numbers(summary.split(" P: ")[1]) == pytest.approx(
         _numbers(theirs[0].split(" P: ")[1]), abs=2e-6

@@ -319,3 +319,54 @@ def test_term_weight_refused_named(scorer, weight, error):
     if not isinstance(weight, str):
         with pytest.raises(error, match=r"Balanced\(weight\)"):
             Balanced(weight)
+
+
+def test_mixin_logs_loss_as_ce_plus_the_term(loss, tokenizer, tmp_path):
+    """Trainer + mixin on a causal LM with labels = input ids (a row's first label is never a
+    target): at weight 1 the logged loss is ce + (1 - F), not below ce (the trainer would count
+    the first label of each row in num_items_in_batch)."""
+
+    class Trainer(BERTScoreTrainerMixin, transformers.Trainer):
+        pass
+
+    texts = ["the cat sat on the mat", "a dog ran in the park"]  # the same length, no padding
+    ids = [tokenizer(t)["input_ids"] for t in texts]
+    assert len({len(i) for i in ids}) == 1
+    rows = [{"input_ids": i, "attention_mask": [1] * len(i), "labels": i} for i in ids] * 2
+    args = training_args(tmp_path)
+    args.gradient_accumulation_steps = 1
+    trainer = Trainer(
+        model=tiny_gpt2(tokenizer),
+        args=args,
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tokenizer,
+        bertscore_loss=loss,
+        bertscore_weight=1.0,
+    )
+    trainer.train()
+    logged = [e for e in trainer.state.log_history if "bertscore_f" in e]
+    assert len(logged) == 2
+    for entry in logged:
+        assert entry["loss"] == pytest.approx(entry["ce"] + 1 - entry["bertscore_f"], rel=1e-4)
+
+
+def test_sft_trainer_with_a_tokenizer_without_end_of_sequence(loss, scorer, tmp_path):
+    """The scorer's own BERT tokenizer (no eos token) in SFTTrainer: the trainer gets a copy that
+    ends completions with [SEP]; one with neither eos nor [SEP] is refused, saying what to set."""
+    import copy
+
+    trl = pytest.importorskip("trl")
+    from bsloss.integrations.huggingface import _with_end_of_sequence
+
+    bert = scorer.encoder.tokenizer
+    assert bert.eos_token is None
+    sft_args = trl.SFTConfig(output_dir=str(tmp_path), report_to=[], bf16=False)
+    fixed = _with_end_of_sequence(bert, sft_args)
+    assert fixed is not bert and fixed.eos_token == "[SEP]" and bert.eos_token is None
+    assert _with_end_of_sequence(bert, training_args(tmp_path)) is bert  # Trainer: no eos needed
+    chosen = trl.SFTConfig(output_dir=str(tmp_path), report_to=[], bf16=False, eos_token="[SEP]")
+    assert _with_end_of_sequence(bert, chosen) is bert  # SFTConfig(eos_token=...) decides
+    bare = copy.deepcopy(bert)
+    bare.sep_token = None
+    with pytest.raises(ValueError, match=r"eos_token = '...' or SFTConfig\(eos_token='...'\)"):
+        _with_end_of_sequence(bare, sft_args)

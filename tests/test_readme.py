@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import re
 from pathlib import Path
 
@@ -18,6 +19,16 @@ def test_readme_has_the_metric_and_training_examples():
     assert len(BLOCKS) >= 3
     assert any("bsloss.score(" in block for block in BLOCKS)
     assert any(".backward()" in block for block in BLOCKS)
+    assert any("SFTTrainer" in block and "trainer.train()" in block for block in BLOCKS)
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 @pytest.mark.parametrize("index", range(len(BLOCKS)))
@@ -25,9 +36,25 @@ def test_readme_block_runs(index, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     printed = io.StringIO()
     namespace: dict = {"__name__": "__readme__"}
-    with contextlib.redirect_stdout(printed):
-        exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), namespace)
-    if "loss" in namespace:  # the training example: a finite loss with gradients
+    transformers_log = logging.getLogger("transformers")  # its modules' loggers report here
+    records = Records()
+    transformers_log.addHandler(records)
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), namespace)
+    finally:
+        transformers_log.removeHandler(records)
+    # GPT-2's default bos/eos ids (50256) lie outside the scorer's vocabulary: the examples set
+    # them, so transformers has nothing to warn about
+    assert not [m for m in records.messages if "within the vocabulary" in m], records.messages
+    if "trainer" in namespace:  # the SFTTrainer example with the scorer's own BERT tokenizer
+        logged = [e for e in namespace["trainer"].state.log_history if "bertscore_f" in e]
+        assert logged and all(0 < e["bertscore_f"] <= 1 and e["ce"] > 0 for e in logged)
+        assert namespace["tokenizer"].eos_token is None  # the user's tokenizer is unchanged
+        assert namespace["trainer"].processing_class.eos_token == "[SEP]"
+        references = set(namespace["trainer"].bertscore_term._decoded.values())
+        assert references == {"a cat sat on a mat."}  # the completion, [SEP] not in the text
+    elif "loss" in namespace:  # the training example: a finite loss with gradients
         import torch
 
         assert torch.isfinite(namespace["loss"])

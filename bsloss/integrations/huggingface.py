@@ -247,8 +247,15 @@ class BERTScoreTrainerMixin:
     ``ce`` and ``bertscore_f`` are logged with the trainer's loss (``eval_``-prefixed in
     evaluation). The loss is normalised by ``num_items_in_batch`` as the trainer's own loss is.
 
+    A tokenizer without an end-of-sequence token (a BERT tokenizer, such as the scorer's own,
+    shared with the generator) gets its ``[SEP]`` as one when the trainer appends it to the
+    completions (TRL's ``SFTTrainer``, whose ``SFTConfig(eos_token=...)`` chooses another); the
+    trainer gets a copy, the tokenizer passed in is not changed.
+
     Raises:
-        ValueError: no ``processing_class`` (tokenizer), or a negative ``bertscore_weight``.
+        ValueError: no ``processing_class`` (tokenizer), a negative ``bertscore_weight``, or a
+            trainer that appends an end-of-sequence token with a tokenizer that has neither
+            one nor ``[SEP]`` (the message says what to set).
     """
 
     def __init__(
@@ -260,6 +267,10 @@ class BERTScoreTrainerMixin:
         **kwargs,
     ):
         self.bertscore_reference_column = bertscore_reference_column
+        if "processing_class" in kwargs:
+            kwargs["processing_class"] = _with_end_of_sequence(
+                kwargs["processing_class"], kwargs.get("args")
+            )
         super().__init__(*args, **kwargs)
         tokenizer = self.processing_class
         tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's text tokenizer
@@ -281,6 +292,12 @@ class BERTScoreTrainerMixin:
         # a compute_loss_func makes the trainer count num_items_in_batch and leave gradient
         # accumulation to the loss; compute_loss below calls the term itself
         self.compute_loss_func = self.bertscore_term
+        if causal and hasattr(self, "_loss_shifts_labels"):
+            # The term scores logits t against labels t + 1: the first label of a row is never
+            # a target. Without this the trainer (transformers >= 5, for models it does not
+            # know to be causal) counts it in num_items_in_batch, and the logged loss would be
+            # below the CE by a factor (T - 1) / T.
+            self._loss_shifts_labels = True
         if bertscore_reference_column is not None:
             self.data_collator = _WithReferences(self.data_collator, bertscore_reference_column)
 
@@ -332,6 +349,32 @@ class BERTScoreTrainerMixin:
         if not getattr(self, "_bertscore_evaluating", False):
             logs.update(self.bertscore_term.pop_metrics(training=True))
         super().log(logs, *args, **kwargs)
+
+
+def _with_end_of_sequence(processing_class, args):
+    """``processing_class``, or for a trainer that appends an end-of-sequence token (its
+    arguments have ``eos_token``, as TRL's ``SFTConfig``) and a tokenizer that has none, a copy
+    whose end-of-sequence token is its ``[SEP]``."""
+    import copy
+
+    tokenizer = processing_class  # a processor (multimodal) is left as it is
+    if (
+        tokenizer is None
+        or hasattr(tokenizer, "tokenizer")
+        or not hasattr(args, "eos_token")
+        or args.eos_token is not None
+        or getattr(tokenizer, "eos_token", None) is not None
+    ):
+        return processing_class
+    if getattr(tokenizer, "sep_token", None) is None:
+        raise ValueError(
+            f"the tokenizer ({type(tokenizer).__name__}) has no end-of-sequence token, which "
+            "this trainer appends to every completion: set tokenizer.eos_token = '...' or "
+            f"{type(args).__name__}(eos_token='...') to a token of its vocabulary"
+        )
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.eos_token = tokenizer.sep_token  # a BERT tokenizer ends a sequence with [SEP]
+    return tokenizer
 
 
 def bertscore_compute_metrics(

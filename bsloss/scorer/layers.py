@@ -35,17 +35,37 @@ DEFAULT_LAYERS: dict[str, int] = {
     "microsoft/mpnet-base": 8,
     "sentence-transformers/all-MiniLM-L6-v2": 6,
     "all-MiniLM-L6-v2": 6,
+    # sentence-transformers models are trained on their last layer's output
+    "sentence-transformers/all-mpnet-base-v2": 12,
+    "all-mpnet-base-v2": 12,
 }
 
 
-def default_num_layers(model_name: str) -> int:
-    """The table's layer for ``model_name`` (a hub name, or a folder named like one)."""
+def default_num_layers(model_name: str, architecture_of: str | None = None) -> int:
+    """The table's layer for ``model_name`` (a hub name, or a folder named like one).
+
+    Args:
+        model_name: the hub name or folder.
+        architecture_of: the known model whose architecture an unrecognised folder has (a
+            fine-tuned copy), named in the error as a hint.
+
+    Raises:
+        ValueError: ``model_name`` is not in the table (the message says to pass num_layers).
+    """
     for key in (model_name, model_name.rstrip("/").split("/")[-1], Path(model_name).name):
         if key in DEFAULT_LAYERS:
             return DEFAULT_LAYERS[key]
+    hint = ""
+    if architecture_of is not None:
+        hint = (
+            f" The folder has the architecture of {architecture_of} (which uses layer "
+            f"{DEFAULT_LAYERS[architecture_of]}) but other weights (fine-tuned?), so bsloss does "
+            "not take it for that model."
+        )
     raise ValueError(
         f"num_layers is required for model {model_name!r}: it is not in bsloss's default-layer "
-        f"table ({', '.join(sorted(DEFAULT_LAYERS))}). Pass num_layers=N (0 = embedding output)."
+        f"table ({', '.join(sorted(DEFAULT_LAYERS))}).{hint} Pass num_layers=N (0 = embedding "
+        "output)."
     )
 
 

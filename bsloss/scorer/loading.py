@@ -20,6 +20,7 @@ from bsloss.scorer.default import (
     embedded_model_installed,
     embedded_model_path,
 )
+from bsloss.scorer.identity import recognise, same_architecture
 from bsloss.scorer.layers import default_num_layers, num_hidden_layers, truncate_layers
 from bsloss.scorer.tokenization import is_byte_level
 
@@ -105,7 +106,9 @@ def load_scorer(
 
     Returns:
         ``(model, tokenizer, name, num_layers)``; ``name`` is the hub name, which keys the layer
-        table and the shipped baselines.
+        table and the shipped baselines: a local folder that holds a known model (the embedded
+        one's folder, a converted offline model, a copy) gets that model's hub name
+        (:mod:`bsloss.scorer.identity`).
 
     Raises:
         TypeError: ``model`` is neither a name nor a folder.
@@ -117,11 +120,13 @@ def load_scorer(
     if num_layers is not None:
         num_layers = check_int(num_layers, "num_layers", 0)
     name, path = locate_scorer(model)
-    if num_layers is None:
-        num_layers = default_num_layers(name)
     tokenizer, hf_model = _load(path)
     if getattr(hf_model.config, "is_encoder_decoder", False):
         hf_model = hf_model.get_encoder()
+    if Path(path).is_dir():  # a folder: the model it holds, whatever the folder's name
+        name = recognise(hf_model) or name
+    if num_layers is None:
+        num_layers = default_num_layers(name, same_architecture(hf_model))
     if num_layers > num_hidden_layers(hf_model) or num_layers < 0:
         raise ValueError(
             f"num_layers must be between 0 and {num_hidden_layers(hf_model)} for {name!r}, "
