@@ -383,7 +383,8 @@ class RecipeRun:
             self.results_path.write_text(json.dumps(self.results, indent=2))
             self.log.write(kind="eval", split="test", step=0, **before)
         if start == 0 and self.train.eval_every and self.accelerator.is_main_process:
-            self.validate(0)  # where the held-out curves start
+            # where the held-out curves start (not a candidate for best/: the trained steps are)
+            self.validate(0)
         return (*prepared, start)
 
     def evaluate(self, split: str, what: str = "evaluation") -> tuple[dict, list[str]]:

@@ -140,6 +140,8 @@ def test_early_stopping_keeps_the_best_model_and_stage_two_starts_from_it(tmp_pa
                "--set", "train.early_stopping_patience=2")  # fmt: skip
     log = read_log(stage1)
     dev = [(e["step"], e["ce"]) for e in log if e["kind"] == "eval" and e["split"] == "validation"]
+    assert dev[0][0] == 0  # the start, where the held-out curve begins: not a candidate for best/
+    dev = dev[1:]
     assert [step for step, _ in dev] == list(range(1, len(dev) + 1))
     # replay the rule on the logged values: where must it stop, which step is the best?
     best, best_step, misses, stop = float("inf"), None, 0, None
