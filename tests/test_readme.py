@@ -49,7 +49,8 @@ def test_readme_block_runs(index, tmp_path, monkeypatch):
     assert not [m for m in records.messages if "within the vocabulary" in m], records.messages
     if "trainer" in namespace:  # the SFTTrainer example with the scorer's own BERT tokenizer
         logged = [e for e in namespace["trainer"].state.log_history if "bertscore_f" in e]
-        assert logged and all(0 < e["bertscore_f"] <= 1 and e["ce"] > 0 for e in logged)
+        # an untrained model's soft F is ~0 and may be a hair below it (cosines can be < 0)
+        assert logged and all(-1 <= e["bertscore_f"] <= 1 and e["ce"] > 0 for e in logged)
         assert namespace["tokenizer"].eos_token is None  # the user's tokenizer is unchanged
         assert namespace["trainer"].processing_class.eos_token == "[SEP]"
         references = set(namespace["trainer"].bertscore_term._decoded.values())

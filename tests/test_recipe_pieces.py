@@ -77,7 +77,8 @@ def test_overrides_and_defaults(tmp_path):
     assert config.train.lr_warmup_steps == 0 and config.train.checkpoints_total_limit == 2
     assert config.rl.sample_top_k == 5
     assert recipe_loss_settings(config.loss) == {
-        "weight": 0.0, "warmup_steps": 0, "candidates": "teacher_forced",
+        "weight": 0.0, "weighting": "fixed", "ce_weight": 1.0, "warmup_steps": 0,
+        "candidates": "teacher_forced",
     }  # fmt: skip
     assert len(load_splits(config.data)["test"]) == 200
 
