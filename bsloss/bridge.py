@@ -530,8 +530,8 @@ class Retokenizer:
     """Decodes generator tokens to text and tokenises it as the scorer does.
 
     Args:
-        generator_tokenizer: the generator's tokenizer (fast or slow; only ``batch_decode`` and
-            ``all_special_ids`` are used).
+        generator_tokenizer: the generator's tokenizer (fast or slow; only
+            ``batch_decode(..., skip_special_tokens=True)`` is used).
         encoder: the :class:`~bsloss.scorer.encoder.ScorerEncoder`.
     """
 

@@ -473,7 +473,10 @@ class BERTScoreLoss(nn.Module):
             empty_mask = torch.zeros(0, 0, dtype=torch.bool, device=source.device)
             hidden = nothing.reshape(0, 0, self.encoder.hidden_size)
             log_likelihood = None if target_ids is None else nothing.reshape(0, 0)
-            return _Encoded(hidden, empty_mask, nothing.reshape(0, 0), log_likelihood)
+            encoded = (hidden, empty_mask, nothing.reshape(0, 0))
+            # retokenize scores distributions twice (the gradient's encoding and the text's)
+            twice = self.retokenizer is not None and candidate_ids is None and embeddings is None
+            return _Encoded(*encoded, log_likelihood, encoded if twice else None)
         if embeddings is not None:
             if embeddings.shape[-1] != self.encoder.hidden_size:
                 raise ValueError(
@@ -800,9 +803,7 @@ class BERTScoreLoss(nn.Module):
                 device, width = self.encoder.device, self.encoder.hidden_size
                 dtype = self.encoder.input_embeddings.weight.dtype
                 no_mask = torch.zeros(0, 0, dtype=torch.bool, device=device)
-                # retokenize scores distributions twice (the gradient's and the text's encoding)
-                soft = all(candidates.get(k) is None for k in ("candidate_ids", "embeddings"))
-                for _ in range(2 if self.retokenizer is not None and soft else 1):
+                for _ in range(1 if encoded.exact is None else 2):  # as many as _prf calls
                     batch_center(torch.zeros(0, 0, width, dtype=dtype, device=device), no_mask)
                     batch_center(torch.zeros(0, 0, width, device=device), no_mask)
             # an empty batch scores nothing; kept on the graph so that backward() still works
