@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -376,19 +377,19 @@ def test_early_stopping_without_an_evaluation_keeps_the_last_model(tmp_path):
 def test_stage2_arms_parse_and_build_their_loss(scorer):
     """Every arm of recipes/study/arms.yaml is a valid set of overrides of the stage-2 config:
     the config loads, the recipe's own loss keys check out, and BERTScoreLoss takes the rest."""
-    import yaml
     from finetune import RECIPE_LOSS_KEYS, recipe_loss_settings
 
     import bsloss
 
-    arms = yaml.safe_load((REPO / "recipes/study/arms.yaml").read_text())
+    sys.path.insert(0, str(REPO / "recipes/study"))
+    from arms import load_arms
+    from arms import overrides as arm_overrides
+
+    arms = load_arms(REPO / "recipes/study/arms.yaml")
     assert {"ce", "berttune", "balanced", "sampled"} <= set(arms)
     base = REPO / "recipes/configs/bible-es-en-gemma-stage2.yaml"
     for name, overrides in arms.items():
-        pairs = [
-            f"{key}={yaml.safe_dump(value).splitlines()[0]}" for key, value in overrides.items()
-        ]
-        config = load_config(base, pairs)
+        config = load_config(base, arm_overrides(overrides))
         spec = recipe_loss_settings(config.loss)
         assert spec["weight"] == overrides["loss.weight"], name
         options = {k: v for k, v in config.loss.items() if k not in RECIPE_LOSS_KEYS}

@@ -1,0 +1,124 @@
+"""The efficacy study's drivers (recipes/study/stage1.sh, stage2.sh, arms.py): which runs they
+start, with which arguments, on which core, and that they skip finished runs and resume
+checkpointed ones. A stand-in script records its arguments instead of training."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "recipes" / "study"))
+import arms as study_arms  # noqa: E402
+
+pytestmark = pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
+
+FAKE = """
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+out = Path(args[args.index("--output_dir") + 1])
+with open(out / "argv.jsonl", "a") as f:
+    f.write(json.dumps(args) + "\\n")
+(out / "results.json").write_text(json.dumps({"after": {"f_bert": 0.5}}))
+"""
+
+
+def _driver(tmp_path: Path, arms: dict) -> Path:
+    """A copy of the repository's drivers whose arms run the stand-in script."""
+    root = tmp_path / "repo"
+    (root / "recipes/study").mkdir(parents=True)
+    for name in ("lib.sh", "stage1.sh", "stage2.sh", "arms.py"):
+        shutil.copy(REPO / "recipes/study" / name, root / "recipes/study" / name)
+    (root / "fake.py").write_text(FAKE)
+    (root / "arms.yaml").write_text(yaml.safe_dump(arms, sort_keys=False))
+    return root
+
+
+def _run(root: Path, script: str, **env) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "CORES": "0", **env}
+    return subprocess.run(
+        ["bash", f"recipes/study/{script}"],
+        cwd=root,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _argv(folder: Path) -> list[list[str]]:
+    return [json.loads(line) for line in (folder / "argv.jsonl").read_text().splitlines()]
+
+
+def test_stage2_runs_every_arm_from_its_seeds_checkpoint_and_skips_finished(tmp_path):
+    arms = {
+        "ce": {"script": "fake.py", "loss.weight": 0.0},
+        "mix": {"script": "fake.py", "config": "other.yaml", "loss.weight": 0.5},
+    }
+    root = _driver(tmp_path, arms)
+    for seed in (0, 1):
+        best = root / f"runs/study/stage1-seed{seed}/best"
+        best.mkdir(parents=True)
+        (best / "config.json").write_text("{}")
+    done = _run(root, "stage2.sh", SEEDS="0 1", ARMS_FILE="arms.yaml", CONFIG="base.yaml")
+    assert done.returncode == 0, done.stderr
+    for seed in (0, 1):
+        (ce,) = _argv(root / f"runs/study/stage2-seed{seed}/ce")
+        assert ce[ce.index("--config") + 1] == "base.yaml"
+        assert ce[ce.index("--init_from") + 1] == f"runs/study/stage1-seed{seed}/best"
+        assert f"train.seed={seed}" in ce and "loss.weight=0.0" in ce and "--resume" not in ce
+        (mix,) = _argv(root / f"runs/study/stage2-seed{seed}/mix")
+        assert mix[mix.index("--config") + 1] == "other.yaml"  # the arm's own config wins
+        assert "loss.weight=0.5" in mix
+    # finished runs are skipped; a run with a checkpoint and no result resumes
+    (root / "runs/study/stage2-seed1/mix/results.json").unlink()
+    (root / "runs/study/stage2-seed1/mix/checkpoints/checkpoint_0").mkdir(parents=True)
+    again = _run(root, "stage2.sh", SEEDS="0 1", ARMS_FILE="arms.yaml", CONFIG="base.yaml")
+    assert again.returncode == 0, again.stderr
+    assert len(_argv(root / "runs/study/stage2-seed0/ce")) == 1
+    first, second = _argv(root / "runs/study/stage2-seed1/mix")
+    assert "--resume" not in first and second[-1] == "--resume"
+
+
+def test_stage2_refuses_a_seed_without_its_stage1_checkpoint(tmp_path):
+    root = _driver(tmp_path, {"ce": {"script": "fake.py", "loss.weight": 0.0}})
+    result = _run(root, "stage2.sh", SEEDS="3", ARMS_FILE="arms.yaml")
+    assert result.returncode != 0
+    assert "seed 3: no stage-1 checkpoint at runs/study/stage1-seed3/best" in result.stderr
+
+
+def test_stage1_records_the_pretrained_score_once_and_deals_seeds_to_cores(tmp_path):
+    root = _driver(tmp_path, {})
+    shutil.copy(root / "fake.py", root / "recipes/finetune.py")
+    result = _run(root, "stage1.sh", SEEDS="4 5 6", CORES="0 0")
+    assert result.returncode == 0, result.stderr
+    befores = [
+        _argv(root / f"runs/study/stage1-seed{seed}")[0][-1] for seed in (4, 5, 6)
+    ]  # eval.before=... is the last override
+    assert befores == ["eval.before=true", "eval.before=false", "eval.before=false"]
+
+
+def test_arms_file_of_the_study_gives_one_command_per_arm():
+    arms = study_arms.load_arms(REPO / "recipes/study/arms.yaml")
+    assert {"ce", "berttune", "balanced", "sampled"} <= set(arms)
+    words = study_arms.command(arms["berttune"], "base.yaml")
+    assert words[:3] == ["recipes/finetune.py", "--config", "base.yaml"]
+    assert "loss.gumbel_temperature=0.1" in words
+
+
+def test_arms_file_refuses_a_value_with_a_space_and_a_non_mapping(tmp_path):
+    bad = tmp_path / "arms.yaml"
+    bad.write_text(yaml.safe_dump({"x": {"data.prompt_format": "two words"}}))
+    with pytest.raises(ValueError, match="arm 'x', data.prompt_format: a value with a space"):
+        study_arms.load_arms(bad)
+    bad.write_text(yaml.safe_dump({"y": ["loss.weight=1"]}))
+    with pytest.raises(ValueError, match="arm 'y' must be a mapping"):
+        study_arms.load_arms(bad)
