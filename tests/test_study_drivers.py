@@ -86,6 +86,7 @@ def test_stage2_runs_every_arm_from_its_seeds_checkpoint_and_skips_finished(tmp_
     assert len(_argv(root / "runs/study/stage2-seed0/ce")) == 1
     first, second = _argv(root / "runs/study/stage2-seed1/mix")
     assert "--resume" not in first and second[-1] == "--resume"
+    assert not (root / "runs/study/stage2-seed1/mix/checkpoints").exists()  # finished: removed
 
 
 def test_stage2_refuses_a_seed_without_its_stage1_checkpoint(tmp_path):

@@ -4,7 +4,8 @@
 # core one after another, so the first jobs of the list finish first.
 
 # run_job OUT CORE SCRIPT ARGS...: skip a finished run (results.json has the test score after
-# training), continue one with checkpoints (--resume), else start it; output to OUT/stdout.log.
+# training), continue one with checkpoints (--resume), else start it; output to OUT/stdout.log;
+# a run that finishes has its checkpoints removed (KEEP_CHECKPOINTS=1 keeps them).
 run_job() {
     local out=$1 core=$2 script=$3
     shift 3
@@ -18,6 +19,10 @@ run_job() {
     echo "$out: core $core ${resume[*]}"
     taskset -c "$core" python "$script" --output_dir "$out" "$@" "${resume[@]}" \
         >> "$out/stdout.log" 2>&1
+    # a finished run needs no checkpoint (1.8 GB for Gemma with AdamW's state); KEEP_CHECKPOINTS=1
+    if [ -z "${KEEP_CHECKPOINTS:-}" ] && grep -q '"after"' "$out/results.json" 2> /dev/null; then
+        rm -rf "$out/checkpoints"
+    fi
 }
 
 # run_queue: the jobs in the array JOBS (each a string "OUT SCRIPT ARGS...", split on spaces)
