@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Copy the study's small outputs (logs, results, test and dev outputs; no weights) from a run
+# folder into the repository's recipes/results/study/, to commit as they arrive.
+#   bash recipes/study/sync.sh /work/wt-study/runs/study
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+FROM=${1:-runs/study}
+for run in "$FROM"/stage1-seed* "$FROM"/stage2-seed*/*; do
+    [ -f "$run/log.jsonl" ] || continue
+    rel=${run#"$FROM"/}
+    mkdir -p "recipes/results/study/$rel"
+    find "$run" -maxdepth 1 -type f \( -name '*.jsonl' -o -name '*.json' -o -name '*.txt' \
+        -o -name '*.png' \) -exec cp {} "recipes/results/study/$rel/" \;
+done
