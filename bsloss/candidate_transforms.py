@@ -13,7 +13,11 @@ at most once. The keywords ``top_k=``, ``straight_through=`` and ``gumbel_temper
 :class:`~bsloss.BERTScoreLoss` are their shorthand. The kernels (the dense
 :func:`~bsloss.distributions.token_distribution` and the chunked
 :func:`~bsloss.functional.fused_expectation.fused_expected_inputs`) read the resolved
-:class:`CandidateOptions`.
+:class:`CandidateOptions` and call the same per-block functions: the Gumbel noise of
+:mod:`bsloss.functional.gumbel_noise` (a function of seed, position and token id, so that the
+fused pass draws, chunk by chunk, the noise the dense path draws: both paths give the same
+candidates for the same seed) and :mod:`bsloss.functional.straight_through`. Every transform
+works on both paths.
 """
 
 from __future__ import annotations

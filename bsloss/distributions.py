@@ -12,7 +12,8 @@ gradient through the frozen scorer. Options:
   :math:`E` instead of a dense :math:`V \times d` product;
 - ``straight_through``: the forward pass uses the argmax one-hot (the loss value is exactly the
   BERTScore of the decoded tokens), the backward pass the gradient of the probabilities;
-- ``gumbel_temperature``: Gumbel-softmax samples (Jang et al., 2017) instead of the probabilities.
+- ``gumbel_temperature``: Gumbel-softmax samples (Jang et al., 2017) instead of the probabilities,
+  with the position-addressed noise of :mod:`bsloss.functional.gumbel_noise`.
 
 Probabilities are computed in float32 whatever the caller's autocast.
 """
@@ -24,6 +25,9 @@ from dataclasses import dataclass
 import torch
 from einops import einsum
 from torch import Tensor
+
+from bsloss.functional.gumbel_noise import draw_seed, gumbel_scores
+from bsloss.functional.straight_through import one_hot_straight_through
 
 __all__ = [
     "TokenDistribution",
@@ -72,12 +76,16 @@ def token_distribution(
     top_k: int | None = None,
     straight_through: bool = False,
     gumbel_temperature: float | None = None,
+    gumbel_seed: int | None = None,
 ) -> TokenDistribution:
     """Normalised token weights from ``logits`` or ``probs`` ``[B, L, V]``.
 
     With ``top_k`` the top k are taken on the logits (softmax is monotone) and renormalised by a
     softmax over those k alone, which equals renormalising the top-k probabilities without ever
-    computing the V-wide softmax.
+    computing the V-wide softmax. With ``gumbel_temperature`` the logits get the Gumbel noise of
+    :func:`~bsloss.functional.gumbel_noise.gumbel_noise` for ``gumbel_seed`` (drawn from torch's
+    generator when ``None``) at position ``b * L + t``: the noise the chunked LM-head pass draws
+    for the same seed.
     """
     if (logits is None) == (probs is None):
         raise ValueError("pass exactly one of logits or probs")
@@ -96,8 +104,8 @@ def token_distribution(
         if logits is not None:
             scores = _math(logits)
             if gumbel_temperature is not None:
-                gumbels = -torch.empty_like(scores).exponential_().log()
-                scores = (scores + gumbels) / gumbel_temperature
+                seed = draw_seed() if gumbel_seed is None else gumbel_seed
+                scores = _perturbed(scores, gumbel_temperature, seed)
             if top_k is None and not straight_through:
                 return TokenDistribution(None, logits=scores)
             indices = None
@@ -113,9 +121,25 @@ def token_distribution(
                 p, indices = p.topk(top_k, dim=-1)
             p = p / p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
         if straight_through:
-            hard = torch.zeros_like(p).scatter_(-1, p.argmax(dim=-1, keepdim=True), 1.0)
-            p = hard + (p - p.detach())  # exactly the one-hot forward
+            p = one_hot_straight_through(p)
     return TokenDistribution(p, indices)
+
+
+def _perturbed(scores: Tensor, temperature: float, seed: int) -> Tensor:
+    """Gumbel-softmax scores of ``scores`` ``[B, L, V]`` at flat positions ``b * L + t``, a
+    block of positions at a time (the counters are int64: one ``[B, L, V]`` of them would
+    double the logits' memory)."""
+    batch, length, vocab = scores.shape
+    perturbed = torch.empty(batch * length, vocab, dtype=scores.dtype, device=scores.device)
+    tokens = torch.arange(vocab, device=scores.device)[None]
+    block = max(1, (1 << 22) // max(vocab, 1))
+    for start in range(0, batch * length, block):
+        rows = torch.arange(start, min(start + block, batch * length), device=scores.device)
+        block_scores = scores.reshape(-1, vocab)[start : start + len(rows)]
+        perturbed[start : start + len(rows)] = gumbel_scores(
+            block_scores, temperature, seed, rows[:, None], tokens
+        )
+    return perturbed.reshape(batch, length, vocab)
 
 
 class _SoftmaxExpectation(torch.autograd.Function):

@@ -33,6 +33,7 @@ from bsloss.functional.fused_expectation import (
     NonFiniteLogitsError,
     fused_expected_inputs,
 )
+from bsloss.functional.gumbel_noise import draw_seed
 from bsloss.functional.matching import Matching, resolve_matching
 from bsloss.functional.matching.base import check_temperature
 from bsloss.inputs import check_reference_groups, check_texts, flatten_groups
@@ -511,9 +512,12 @@ class BERTScoreLoss(nn.Module):
         whole_mask = candidate_mask
         candidate_mask = self._fit_candidates(candidate_mask, name)
         log_likelihood = None
+        # one seed per call: the dense and the fused path draw the same Gumbel noise from it
+        seed = None if self.candidates.gumbel_temperature is None else draw_seed()
         if hidden_states is not None:
             check_finite_tensor(hidden_states, "hidden_states")
             inputs, weights, log_likelihood, tokens = self._fused_inputs(
+                seed,
                 hidden_states,
                 output_embeddings,
                 target_ids,
@@ -524,7 +528,9 @@ class BERTScoreLoss(nn.Module):
             )
         else:
             self._check_vocab(source.shape[-1], name)
-            distribution = token_distribution(logits, probs, **asdict(self.candidates))
+            distribution = token_distribution(
+                logits, probs, **asdict(self.candidates), gumbel_seed=seed
+            )
             inputs, weights = expected_inputs(distribution, table)
             # float64 logits give float64 expectations; the scorer runs in its own dtype
             inputs = inputs.to(table.dtype)
@@ -569,6 +575,7 @@ class BERTScoreLoss(nn.Module):
 
     def _fused_inputs(
         self,
+        seed: int | None,
         hidden_states: Tensor,
         output_embeddings: Tensor | nn.Module | None,
         target_ids: Tensor | None,
@@ -583,8 +590,6 @@ class BERTScoreLoss(nn.Module):
         (what ``bridge_mode="retokenize"`` decodes)."""
         if output_embeddings is None:
             raise ValueError("hidden_states needs output_embeddings (the LM head or its weight)")
-        if self.candidates.gumbel_temperature is not None:
-            raise ValueError("gumbel_temperature is not supported with hidden_states")
         weight = getattr(output_embeddings, "weight", output_embeddings)
         if isinstance(weight, Tensor) and weight.dim() == 2:
             self._check_vocab(weight.shape[0], "output_embeddings")
@@ -608,6 +613,10 @@ class BERTScoreLoss(nn.Module):
                 temperature=temperature,
                 top_k=self.candidates.top_k,
                 straight_through=self.candidates.straight_through,
+                gumbel_temperature=self.candidates.gumbel_temperature,
+                gumbel_seed=seed,
+                # the noise is addressed by the position in [B, L], as on the dense path
+                row_ids=selected.flatten().nonzero().squeeze(1),
                 # the retokenizer needs the argmax tokens, which the chunked pass tracks
                 use_sdpa=self.retokenizer is None,
             )

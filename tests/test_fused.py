@@ -22,7 +22,18 @@ VARIANTS = {
     "softcap": {"softcap": 2.5},
     "temperature": {"temperature": 0.6},
     "all": {"top_k": 4, "straight_through": True, "softcap": 3.0, "temperature": 1.7},
+    # Gumbel-softmax: the same position-addressed noise on both paths for the same seed
+    "gumbel": {"gumbel_temperature": 0.3},
+    "gumbel_top_k": {"gumbel_temperature": 0.5, "top_k": 5},
+    "gumbel_all": {
+        "gumbel_temperature": 0.1,  # BERTTune's
+        "top_k": 4,
+        "straight_through": True,
+        "softcap": 3.0,
+        "temperature": 1.7,
+    },
 }
+GUMBEL_SEED = 12345
 
 
 def dense_logits(h, weight, bias=None, softcap=None):
@@ -39,6 +50,8 @@ def dense_expected(h, weight, table, bias=None, **options):
         logits=z[None],
         top_k=options.get("top_k"),
         straight_through=options.get("straight_through", False),
+        gumbel_temperature=options.get("gumbel_temperature"),
+        gumbel_seed=options.get("gumbel_seed"),
     )
     embeddings, weights = expected_inputs(distribution, table)
     return torch.cat([embeddings, weights[..., None]], dim=-1)[0]
@@ -57,7 +70,9 @@ def problem(n=9, d=12, vocab=257, c=6, dtype=torch.float32, seed=0):
 def test_matches_dense_values_and_gradients(name, chunk_elements):
     """Several vocabulary chunks (and row blocks at 40 elements: 9 rows > 40 // 257 ... 1-row
     vocab chunks) or a single chunk: the same values and gradients of h and W as dense."""
-    options = VARIANTS[name]
+    options = dict(VARIANTS[name])
+    if "gumbel_temperature" in options:
+        options["gumbel_seed"] = GUMBEL_SEED
     h, weight, table = problem()
     grad = torch.randn(h.shape[0], table.shape[1], generator=torch.Generator().manual_seed(1))
     ref = dense_expected(h, weight, table, **options)
@@ -208,6 +223,9 @@ def test_nothing_vocabulary_sized_is_saved():
         ({"temperature": -1.0}, "temperature must be"),
         ({"top_k": 51}, "top_k must be"),
         ({"chunk_elements": 0}, "chunk_elements must be"),
+        ({"gumbel_temperature": 0.0}, "gumbel_temperature must be"),
+        ({"gumbel_temperature": float("nan")}, "gumbel_temperature must be"),
+        ({"gumbel_temperature": 0.5, "row_ids": torch.arange(3)}, r"row_ids must be \[4\]"),
     ],
 )
 def test_bad_input(kwargs, match):
@@ -256,7 +274,9 @@ def random_bridge(vocab: int, scorer_vocab: int) -> VocabularyBridge:
 
 
 @pytest.mark.parametrize("bridged", [False, True], ids=["scorer-vocab", "bridge"])
-@pytest.mark.parametrize("name", ["plain", "top_k", "straight_through", "all"])
+@pytest.mark.parametrize(
+    "name", ["plain", "top_k", "straight_through", "all", "gumbel", "gumbel_top_k", "gumbel_all"]
+)
 def test_loss_hidden_states_equal_logits(encoder, references, bridged, name):
     options = dict(VARIANTS[name])
     softcap, temperature = options.pop("softcap", None), options.pop("temperature", 1.0)
@@ -268,8 +288,10 @@ def test_loss_hidden_states_equal_logits(encoder, references, bridged, name):
     weight = (0.8 * torch.randn(vocab, 16, generator=g)).requires_grad_()
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
     logits = dense_logits(h, weight, softcap=softcap) / temperature
+    torch.manual_seed(7)  # the loss draws its Gumbel seed from torch's generator
     dense = loss(logits=logits, candidate_mask=mask, **references)
     dense_grads = torch.autograd.grad(dense, [h, weight])
+    torch.manual_seed(7)
     fused = loss(
         hidden_states=h,
         output_embeddings=weight,
@@ -340,9 +362,12 @@ def test_loss_hidden_states_bad_input(encoder, references):
             target_ids=torch.zeros(2, 4, dtype=torch.long),
             **references,
         )
-    with pytest.raises(ValueError, match="gumbel_temperature"):
-        BERTScoreLoss(encoder=encoder, gumbel_temperature=1.0)(
-            hidden_states=h, output_embeddings=torch.randn(vocab, 8), **references
+    with pytest.raises(ValueError, match="generator_temperature must be a finite number > 0"):
+        loss(
+            hidden_states=h,
+            output_embeddings=torch.randn(vocab, 8),
+            generator_temperature=float("nan"),
+            **references,
         )
     # the loss still works after the errors
     value = loss(hidden_states=h, output_embeddings=torch.randn(vocab, 8), **references)

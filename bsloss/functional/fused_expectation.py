@@ -39,7 +39,10 @@ followed by :func:`~bsloss.distributions.expected_inputs`):
   their :math:`k` logits recomputed differentiably from :math:`k` gathered rows of :math:`W`,
   renormalised by a softmax over the :math:`k` alone, and :math:`k` rows of :math:`E` gathered;
 - ``straight_through``: the forward value is the argmax token's row of :math:`E` (tracked with the
-  running maximum), the backward pass that of the expected row.
+  running maximum), the backward pass that of the expected row;
+- ``gumbel_temperature`` :math:`\tau`: Gumbel-softmax, :math:`s_{iv} = (z_{iv} / T + g_{iv}) /
+  \tau` with the noise :math:`g_{iv}` of :mod:`bsloss.functional.gumbel_noise`, a function of
+  (seed, position, token) that each chunk, and the backward pass, recomputes.
 
 Softmax arithmetic is float32 (float64 for float64 inputs) whatever the caller's autocast; the
 ``h W^T`` products run in the autocast dtype when autocast is on (as the model's own LM head
@@ -56,7 +59,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bsloss.functional.gumbel_noise import draw_seed, gumbel_scores
 from bsloss.functional.matching.base import check_temperature
+from bsloss.functional.straight_through import one_hot_straight_through
 
 __all__ = [
     "FusedHeadOutput",
@@ -115,6 +120,8 @@ class _Options(NamedTuple):
     softcap: float | None
     temperature: float
     top_k: int | None
+    gumbel: float | None  # Gumbel-softmax temperature tau (None: no noise)
+    seed: int  # of the Gumbel noise
     row_block: int
     vocab_chunk: int
     matmul_dtype: torch.dtype
@@ -126,16 +133,28 @@ def _chunks(total: int, size: int):
         yield start, min(start + size, total)
 
 
-def _logits(h: Tensor, weight: Tensor, bias: Tensor | None, o: _Options) -> tuple[Tensor, Tensor]:
-    """Soft-capped logits ``z`` of one chunk and the scaled scores ``s = z / T`` (``s is z`` at
-    T = 1). In-place steps: a chunk is megabytes, and every fresh one costs page faults."""
+def _logits(
+    h: Tensor, weight: Tensor, bias: Tensor | None, o: _Options, rows: Tensor | None, v0: int
+) -> tuple[Tensor, Tensor]:
+    """Soft-capped logits ``z`` of one chunk (vocabulary ids from ``v0``) and the scores
+    ``s = z / T``, or ``(z / T + g) / tau`` with the Gumbel noise ``g`` of positions ``rows``
+    (``s is z`` at T = 1 without noise). In-place steps: a chunk is megabytes, and every fresh
+    one costs page faults."""
     z = (h.to(o.matmul_dtype) @ weight.to(o.matmul_dtype).T).to(o.dtype)
     if bias is not None:
         z.add_(bias.to(o.dtype))
     if o.softcap is not None:
         z.div_(o.softcap).tanh_().mul_(o.softcap)
     s = z if o.temperature == 1.0 else z / o.temperature
+    if o.gumbel is not None:
+        tokens = torch.arange(v0, v0 + z.shape[1], device=z.device)[None]
+        s = gumbel_scores(s, o.gumbel, o.seed, rows[:, None], tokens)
     return z, s
+
+
+def _score_scale(o: _Options) -> float:
+    """``ds / dz``: the scores are the logits over ``T`` (and over ``tau`` with noise)."""
+    return o.temperature * (1.0 if o.gumbel is None else o.gumbel)
 
 
 class _FusedHead(torch.autograd.Function):
@@ -143,14 +162,14 @@ class _FusedHead(torch.autograd.Function):
     by chunk. Backward: the chunks recomputed from the saved log-normalisers."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, table, targets, o: _Options):
+    def forward(ctx, hidden, weight, bias, table, targets, rows, o: _Options):
         n, vocab = hidden.shape[0], weight.shape[0]
         device, dt = hidden.device, o.dtype
         want_e = table is not None
         want_ll = targets is not None
         # the CE's normaliser is that of s = z / T when the expectation tracks it and T == 1;
         # a pass for the top-k alone computes no softmax statistics at all
-        separate_ce = want_ll and (o.temperature != 1.0 or not want_e)
+        separate_ce = want_ll and (_score_scale(o) != 1.0 or not want_e)
         neg_inf = torch.full((n,), float("-inf"), dtype=dt, device=device)
         m, norm = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
         argmax = torch.zeros(n, dtype=torch.long, device=device)
@@ -169,7 +188,7 @@ class _FusedHead(torch.autograd.Function):
             b = None if bias is None else bias[v0:v1]
             e = table[v0:v1].to(dt) if want_e else None
             for r0, r1 in _chunks(n, o.row_block):
-                z, s = _logits(hidden[r0:r1], w, b, o)
+                z, s = _logits(hidden[r0:r1], w, b, o, None if rows is None else rows[r0:r1], v0)
                 # CE and top-k read z and s first: the softmax below overwrites s (z at T = 1)
                 if separate_ce:
                     old1 = m1[r0:r1]
@@ -223,6 +242,7 @@ class _FusedHead(torch.autograd.Function):
             bias,
             table,
             targets,
+            rows,
             log_z,
             log_z1 if separate_ce else None,
             expected,
@@ -238,7 +258,7 @@ class _FusedHead(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_expected, grad_ll, _argmax, _top):
-        hidden, weight, bias, table, targets, log_z, log_z1, expected = ctx.saved_tensors
+        hidden, weight, bias, table, targets, rows, log_z, log_z1, expected = ctx.saved_tensors
         o: _Options = ctx.options
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         use_e = ctx.want_e and grad_expected is not None
@@ -252,6 +272,7 @@ class _FusedHead(torch.autograd.Function):
                 _cast(grad_h, hidden),
                 _cast(grad_w, weight),
                 _cast(grad_b, bias),
+                None,
                 None,
                 None,
                 None,
@@ -271,7 +292,7 @@ class _FusedHead(torch.autograd.Function):
                 e = table[v0:v1].to(dt) if use_e else None
                 for r0, r1 in _chunks(n, o.row_block):
                     h = hidden[r0:r1]
-                    z, s = _logits(h, w, b, o)
+                    z, s = _logits(h, w, b, o, None if rows is None else rows[r0:r1], v0)
                     cap_grad = None
                     if o.softcap is not None:  # d(kappa tanh(x / kappa))/dx = 1 - (z / kappa)^2
                         cap_grad = torch.div(z, o.softcap).square_().neg_().add_(1)
@@ -284,8 +305,8 @@ class _FusedHead(torch.autograd.Function):
                     if use_e:
                         p = s.sub_(log_z[r0:r1, None]).exp_()
                         ds = (g[r0:r1] @ e.T).sub_(g_dot_e[r0:r1, None]).mul_(p)
-                        if o.temperature != 1.0:
-                            ds.div_(o.temperature)
+                        if _score_scale(o) != 1.0:
+                            ds.div_(_score_scale(o))
                         dz = ds if dz is None else dz.add_(ds)
                     if cap_grad is not None:
                         dz.mul_(cap_grad)
@@ -303,7 +324,8 @@ class _FusedHead(torch.autograd.Function):
                             grad_w[v0:v1] += part.to(dt)
                     if need_b:
                         grad_b[v0:v1] += dz.sum(dim=0)
-        return _cast(grad_h, hidden), _cast(grad_w, weight), _cast(grad_b, bias), None, None, None
+        grads = _cast(grad_h, hidden), _cast(grad_w, weight), _cast(grad_b, bias)
+        return (*grads, None, None, None, None)
 
 
 def _cast(grad: Tensor | None, like: Tensor | None) -> Tensor | None:
@@ -407,6 +429,9 @@ def fused_expected_inputs(
     temperature: float = 1.0,
     top_k: int | None = None,
     straight_through: bool = False,
+    gumbel_temperature: float | None = None,
+    gumbel_seed: int | None = None,
+    row_ids: Tensor | None = None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     use_sdpa: bool = True,
 ) -> FusedHeadOutput:
@@ -423,7 +448,13 @@ def fused_expected_inputs(
             temperature 1) is returned; ``-100`` is ignored (0).
         softcap: logit soft-cap ``kappa`` (logits ``kappa * tanh(z / kappa)``), e.g. Gemma 2's.
         temperature: the generator temperature ``T`` of the distribution (not of the CE).
-        top_k, straight_through: as in :func:`bsloss.distributions.token_distribution`.
+        top_k, straight_through, gumbel_temperature: as in
+            :func:`bsloss.distributions.token_distribution`.
+        gumbel_seed: the seed of the Gumbel noise (:mod:`bsloss.functional.gumbel_noise`;
+            ``None``: drawn from torch's generator).
+        row_ids: ``[N]`` int64 position ids of the rows, which address the noise (default
+            ``0 .. N - 1``; the loss passes each row's flat index in its ``[B, L]`` grid, so
+            that the dense path's noise for the same seed is the same).
         chunk_elements: positions x vocabulary entries of one logits chunk (memory bound).
         use_sdpa: on CUDA, try the memory-efficient SDPA kernel in the plain case.
 
@@ -443,6 +474,17 @@ def fused_expected_inputs(
     """
     weight, bias = _split_head(output_embeddings, bias)
     _check(hidden_states, weight, bias, table, target_ids, softcap, temperature, top_k)
+    if gumbel_temperature is not None:
+        check_temperature(gumbel_temperature, "gumbel_temperature")
+        if row_ids is None:
+            row_ids = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+        elif tuple(row_ids.shape) != (hidden_states.shape[0],):
+            raise ValueError(
+                f"row_ids must be [{hidden_states.shape[0]}], got {list(row_ids.shape)}"
+            )
+        row_ids = row_ids.to(device=hidden_states.device, dtype=torch.long)
+    else:
+        row_ids = None
     if chunk_elements < 1:
         raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
     n, vocab = hidden_states.shape[0], weight.shape[0]
@@ -451,6 +493,10 @@ def fused_expected_inputs(
         softcap=None if softcap is None else float(softcap),
         temperature=float(temperature),
         top_k=top_k,
+        gumbel=None if gumbel_temperature is None else float(gumbel_temperature),
+        seed=(draw_seed() if gumbel_seed is None else int(gumbel_seed))
+        if gumbel_temperature is not None
+        else 0,
         row_block=row_block,
         vocab_chunk=max(1, min(vocab, chunk_elements // row_block)),
         matmul_dtype=_matmul_dtype(hidden_states, weight),
@@ -458,7 +504,13 @@ def fused_expected_inputs(
     )
     if table is not None:
         table = table.detach()
-    plain = top_k is None and softcap is None and not straight_through and target_ids is None
+    plain = (
+        top_k is None
+        and softcap is None
+        and not straight_through
+        and target_ids is None
+        and gumbel_temperature is None
+    )
     if (
         plain
         and use_sdpa
@@ -485,19 +537,25 @@ def fused_expected_inputs(
         if full_table is None and target_ids is None and top_k is not None:
             with torch.no_grad():
                 _, _, argmax, top = _FusedHead.apply(
-                    hidden_states.detach(), weight.detach(), _detach(bias), None, None, options
+                    hidden_states.detach(),
+                    weight.detach(),
+                    _detach(bias),
+                    None,
+                    None,
+                    row_ids,
+                    options,
                 )
             log_likelihood = None
         else:
             expected, log_likelihood, argmax, top = _FusedHead.apply(
-                hidden_states, weight, bias, full_table, target_ids, options
+                hidden_states, weight, bias, full_table, target_ids, row_ids, options
             )
             log_likelihood = log_likelihood if target_ids is not None else None
         if table is None:
             return FusedHeadOutput(None, log_likelihood, argmax)
         if top_k is not None:
             expected = _top_k_expectation(
-                hidden_states, weight, bias, table, top, options, straight_through
+                hidden_states, weight, bias, table, top, row_ids, options, straight_through
             )
         elif straight_through:
             # forward: the argmax row exactly (x + (y - y) == x); backward: the soft expectation's
@@ -510,19 +568,24 @@ def _detach(x: Tensor | None) -> Tensor | None:
     return None if x is None else x.detach()
 
 
-def _top_k_expectation(hidden, weight, bias, table, indices, o: _Options, straight_through: bool):
-    """Renormalised softmax over the k selected logits, recomputed from k gathered rows of the
-    head (differentiable in ``h`` and ``W``), times k gathered rows of the table."""
+def _top_k_expectation(
+    hidden, weight, bias, table, indices, row_ids, o: _Options, straight_through: bool
+):
+    """Renormalised softmax over the k selected scores, recomputed from k gathered rows of the
+    head (differentiable in ``h`` and ``W``; the same Gumbel noise at the k tokens), times k
+    gathered rows of the table."""
     rows = weight[indices]  # [N, k, d]
     z = torch.einsum("nd,nkd->nk", hidden.to(o.matmul_dtype), rows.to(o.matmul_dtype)).to(o.dtype)
     if bias is not None:
         z = z + bias[indices].to(o.dtype)
     if o.softcap is not None:
         z = torch.tanh(z / o.softcap) * o.softcap
-    p = torch.softmax(z / o.temperature, dim=-1)
+    s = z / o.temperature
+    if o.gumbel is not None:
+        s = gumbel_scores(s, o.gumbel, o.seed, row_ids[:, None], indices)
+    p = torch.softmax(s, dim=-1)
     if straight_through:
-        hard = torch.zeros_like(p).scatter_(-1, p.argmax(dim=-1, keepdim=True), 1.0)
-        p = hard + (p - p.detach())
+        p = one_hot_straight_through(p)
     summed = F.embedding_bag(indices, table.to(o.dtype), per_sample_weights=p, mode="sum")
     return summed
 

@@ -1,0 +1,82 @@
+r"""Gumbel noise addressed by position and token id, so that a chunked pass can draw it.
+
+Gumbel-softmax (Jang et al., 2017, Eq. 1) perturbs every logit of every position,
+
+.. math::  y_{iv} = \mathrm{softmax}_v\big((s_{iv} + g_{iv}) / \tau\big), \qquad
+    g_{iv} = -\log(-\log u_{iv}), \quad u_{iv} \sim \mathcal U(0, 1).
+
+The chunked LM-head pass (:mod:`bsloss.functional.fused_expectation`) never holds a row's
+:math:`V` logits at once and recomputes each chunk in its backward pass, so it cannot draw
+:math:`g` from a stateful generator: it needs :math:`g_{iv}` as a *function* of the position
+:math:`i`, the token :math:`v` and a per-call seed. Here :math:`u_{iv}` comes from a counter-based
+hash (SplitMix64's finaliser, Steele et al., 2014) of ``(seed, i, v)``, mapped to the centre of
+one of :math:`2^{23}` equal bins. The dense path (:func:`bsloss.distributions.token_distribution`)
+draws the same function, so both paths see the same noise for the same seed and positions.
+
+The seed is drawn from torch's default generator once per loss call (:func:`draw_seed`):
+``torch.manual_seed`` makes runs reproducible and successive steps get fresh noise.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["draw_seed", "gumbel_noise", "gumbel_scores"]
+
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
+_MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_MIX2 = -7723592293110705685  # 0x94D049BB133111EB
+_BITS = 23  # (bin + 0.5) / 2^23 < 1 - 2^-24: exact in float32, never rounded to 1
+
+
+def draw_seed() -> int:
+    """A 62-bit seed from torch's default (CPU) generator."""
+    return int(torch.randint(0, 2**62, (), dtype=torch.int64))
+
+
+def _shift_right(x: Tensor, bits: int) -> Tensor:
+    """Logical right shift of int64 (torch's ``>>`` is arithmetic: it copies the sign bit)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+def _mix(x: Tensor) -> Tensor:
+    """SplitMix64's finaliser; int64 products wrap modulo 2^64 as the unsigned ones do."""
+    x = (x ^ _shift_right(x, 30)) * _MIX1
+    x = (x ^ _shift_right(x, 27)) * _MIX2
+    return x ^ _shift_right(x, 31)
+
+
+def gumbel_noise(seed: int, rows: Tensor, tokens: Tensor, dtype: torch.dtype) -> Tensor:
+    """Standard Gumbel noise ``g[rows, tokens]`` for ``seed``, broadcast over ``rows`` and
+    ``tokens`` (e.g. ``[n, 1]`` positions against ``[1, chunk]`` or ``[n, k]`` token ids).
+
+    Args:
+        seed: the call's seed (:func:`draw_seed`).
+        rows: int64 position ids (a flat index of the ``[B, L]`` candidate grid).
+        tokens: int64 token ids.
+        dtype: the result's floating dtype.
+
+    Returns:
+        ``-log(-log u)`` with ``u`` in ``(0, 1)``, in ``dtype``, of the broadcast shape.
+
+    >>> import torch
+    >>> g = gumbel_noise(7, torch.arange(3)[:, None], torch.arange(5)[None], torch.float32)
+    >>> g.shape, torch.equal(g, gumbel_noise(7, torch.arange(3)[:, None],
+    ...                                      torch.arange(5)[None], torch.float32))
+    (torch.Size([3, 5]), True)
+    """
+    key = _mix(rows.long() * _GOLDEN + _mix(torch.as_tensor(seed, dtype=torch.long)))
+    key = _mix(key ^ (tokens.long() * _MIX1))
+    bins = _shift_right(key, 64 - _BITS).to(torch.float32)  # < 2^23: exact
+    u = (bins + 0.5) / (1 << _BITS)
+    return (-torch.log(-torch.log(u))).to(dtype)
+
+
+def gumbel_scores(
+    scores: Tensor, temperature: float, seed: int, rows: Tensor, tokens: Tensor
+) -> Tensor:
+    """``(scores + g) / temperature``: Gumbel-softmax's scores, ``g`` the noise of ``rows`` x
+    ``tokens`` (broadcast to ``scores``); the one place the dense path, the fused chunks and
+    the fused top-k recomputation perturb their scores."""
+    return (scores + gumbel_noise(seed, rows, tokens, scores.dtype)).div_(temperature)
