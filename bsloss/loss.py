@@ -47,8 +47,6 @@ from bsloss.special_tokens import splice_special_tokens
 __all__ = ["BERTScoreLoss", "LossAndCrossEntropy"]
 
 _TARGETS = ("precision", "recall", "f1")
-DEFAULT_TEMPERATURE = 0.05
-"""The temperature of a tempered string shorthand when ``temperature`` is not given."""
 
 
 class LossAndCrossEntropy(NamedTuple):
@@ -218,9 +216,7 @@ class BERTScoreLoss(nn.Module):
         reference_cache_size: int = 10_000,
     ):
         super().__init__()
-        matching = resolve_matching(
-            matching, temperature, sinkhorn_iterations, default_temperature=DEFAULT_TEMPERATURE
-        )
+        matching = resolve_matching(matching, temperature, sinkhorn_iterations)
         if target not in _TARGETS:
             raise ValueError(f"target must be one of {_TARGETS}, got {target!r}")
         if reduction not in ("mean", "sum", "none"):
@@ -776,6 +772,31 @@ class BERTScoreLoss(nn.Module):
             reference_mask=reference_mask,
         )
         return prf
+
+    def score_and_cross_entropy(
+        self,
+        *,
+        hidden_states: Tensor,
+        output_embeddings: Tensor | nn.Module,
+        target_ids: Tensor,
+        logit_softcap: float | None = None,
+        generator_temperature: float | None = None,
+        candidate_mask: Tensor | None = None,
+        references: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        reference_ids: Tensor | None = None,
+        reference_mask: Tensor | None = None,
+    ) -> tuple[PRF, Tensor]:
+        """Per-sample (P, R, F) ``[B]`` and the per-token cross-entropy ``[B, L]`` of
+        ``target_ids`` (0 where ``-100``) under the LM head's logits (soft-capped, temperature
+        1), both from one chunked pass over the vocabulary: what a training step needs, with no
+        ``[B, L, V]`` logits. Arguments as in :meth:`score`.
+
+        Raises:
+            TypeError, ValueError: bad input, with the argument and position named.
+        """
+        arguments = {name: value for name, value in locals().items() if name != "self"}
+        prf, log_likelihood = self._score(**arguments)
+        return prf, -log_likelihood
 
     def _score(
         self,

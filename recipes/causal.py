@@ -17,6 +17,8 @@ import torch
 from generators import generate_ids, generated_labels, pad_labels
 from prompting import answer, lead, prompt_text, uses_chat_template
 
+from bsloss.integrations.lm_head import IGNORE_INDEX
+
 
 class CausalCollator:
     """Prompt ids (``prompt_ids``/``prompt_mask`` ``[B, P]``, left-padded) and completion labels
@@ -88,7 +90,9 @@ class CausalCollator:
             )
         prompts = self._pad(prompts, "left")
         completions = self._pad([self._completion(e.target) for e in examples], "right")
-        labels = completions["input_ids"].masked_fill(completions["attention_mask"] == 0, -100)
+        labels = completions["input_ids"].masked_fill(
+            completions["attention_mask"] == 0, IGNORE_INDEX
+        )
         return {
             "prompt_ids": prompts["input_ids"],
             "prompt_mask": prompts["attention_mask"],
@@ -103,7 +107,7 @@ class CausalCollator:
 
     def content_mask(self, labels: torch.Tensor) -> torch.Tensor:
         """Positions that hold a target token (not padding, not the final eos)."""
-        return (labels != -100) & (labels != self.eos) & (labels != self.pad)
+        return (labels != IGNORE_INDEX) & (labels != self.eos) & (labels != self.pad)
 
     def teacher_forced_logits(self, model, batch, label_sets: list[torch.Tensor]) -> list:
         """Logits ``[B, C_i, V]`` predicting each label set's completion after the batch's
@@ -111,7 +115,7 @@ class CausalCollator:
         completions = torch.cat(pad_labels(label_sets))
         span = completions.shape[1]
         repeat = len(label_sets)
-        completion_mask = (completions != -100).long()
+        completion_mask = (completions != IGNORE_INDEX).long()
         input_ids = torch.cat(
             [batch["prompt_ids"].repeat(repeat, 1), completions.clamp_min(0)], dim=1
         )

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 from config import EvalConfig
-from generators import token_cross_entropy
 from seq2seq import Collator
+
+from bsloss.integrations.lm_head import IGNORE_INDEX, token_cross_entropy
 
 
 class Evaluator:
@@ -28,9 +29,9 @@ class Evaluator:
             batch = {k: v.to(device) for k, v in batch.items()}
             labels = batch["labels"]
             mean = token_cross_entropy(
-                collator.teacher_forced_logits(model, batch, [labels])[0], labels
+                labels, logits=collator.teacher_forced_logits(model, batch, [labels])[0]
             )
-            count = int((labels != -100).sum())
+            count = int((labels != IGNORE_INDEX).sum())
             total, tokens = total + mean.item() * count, tokens + count
         return total / max(tokens, 1)
 

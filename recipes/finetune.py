@@ -27,10 +27,10 @@ from config import (
     base_arguments,
     recipe_loss_settings,
 )
-from generators import lm_head_inputs, token_cross_entropy, token_cross_entropy_from_hidden
 from run import RecipeRun, linear_warmup
 
 from bsloss import BERTScoreLoss
+from bsloss.integrations.lm_head import lm_head_inputs, token_cross_entropy
 from bsloss.scorer.encoder import ScorerEncoder
 
 __all__ = ["CANDIDATE_MODES", "build_loss", "build_optimizer", "main", "recipe_loss_settings"]
@@ -144,7 +144,8 @@ def main(argv: list[str] | None = None) -> dict:
                         bertscore_loss, ce = out
                     else:  # the CE is on the reference labels, the score on the model's own
                         bertscore_loss = out
-                        ce = token_cross_entropy_from_hidden(hidden[0], head, batch["labels"])
+                        labels = batch["labels"]
+                        ce = token_cross_entropy(labels, hidden_states=hidden[0], head=head)
                     term_weight = TERM_WEIGHTS[loss_spec["weighting"]](weight)(ce, bertscore_loss)
                     loss = loss_spec["ce_weight"] * ce + term_weight * bertscore_loss
                     parts = {
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
                     }
                 else:
                     logits = collator.teacher_forced_logits(model, batch, label_sets)
-                    loss = token_cross_entropy(logits[0], batch["labels"])
+                    loss = token_cross_entropy(batch["labels"], logits=logits[0])
                     parts = {"ce": loss.detach()}
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and train_spec.max_grad_norm:

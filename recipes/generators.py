@@ -5,15 +5,15 @@ sampled generation as label-style ids.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from config import ModelConfig
 from examples import repository_path
+
+from bsloss.integrations.lm_head import IGNORE_INDEX
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # before any tokenizer is loaded
 
@@ -186,70 +186,9 @@ def freeze_embeddings(model) -> int:
 
 def pad_labels(label_sets: list[torch.Tensor]) -> list[torch.Tensor]:
     width = max(labels.shape[1] for labels in label_sets)
-    return [torch.nn.functional.pad(x, (0, width - x.shape[1]), value=-100) for x in label_sets]
-
-
-class _Head(torch.nn.Module):
-    """The LM head's weight and bias (references, not copies), as BERTScoreLoss takes them, and
-    the model's final logit soft-cap (Gemma 2's 30; ``None`` for most models)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, softcap: float | None):
-        super().__init__()
-        self.weight, self.bias, self.softcap = weight, bias, softcap
-
-
-class _PassThrough(torch.nn.Module):
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden
-
-
-@contextlib.contextmanager
-def lm_head_inputs(model) -> Iterator[_Head]:
-    """Within the block the model's ``.logits`` are the LM head's input ``[B, L, d]``, not
-    ``[B, L, V]``: the output-embedding module is swapped for a pass-through (and BART's
-    ``final_logits_bias`` for 0). Yields the head (weight, bias) to give ``BERTScoreLoss``
-    with ``hidden_states=``, so the step never materialises the logits."""
-    head = model.get_output_embeddings()
-    parent, name = next(
-        (module, child_name)
-        for module in model.modules()
-        for child_name, child in module.named_children()
-        if child is head
-    )
-    bias = head.bias
-    extra = getattr(model, "final_logits_bias", None)  # BART adds it after the head
-    if isinstance(extra, torch.Tensor):
-        bias = extra[0] if bias is None else bias + extra[0]
-        model.final_logits_bias = torch.zeros_like(extra[:, :1])
-    # A soft-capping model applies its cap after the head: off here, given to the loss instead.
-    softcap = getattr(model.config, "final_logit_softcapping", None)
-    if softcap is not None:
-        model.config.final_logit_softcapping = None
-    setattr(parent, name, _PassThrough())
-    try:
-        yield _Head(head.weight, bias, softcap)
-    finally:
-        setattr(parent, name, head)
-        if softcap is not None:
-            model.config.final_logit_softcapping = softcap
-        if isinstance(extra, torch.Tensor):
-            model.final_logits_bias = extra
-
-
-def token_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(
-        logits.float().transpose(1, 2), labels, ignore_index=-100
-    )
-
-
-def token_cross_entropy_from_hidden(
-    hidden: torch.Tensor, head, labels: torch.Tensor
-) -> torch.Tensor:
-    """:func:`token_cross_entropy` from the LM head's input, chunked (no ``[B, L, V]``)."""
-    from bsloss.functional.fused_expectation import fused_token_log_likelihood
-
-    log_likelihood = fused_token_log_likelihood(hidden.flatten(0, 1), head, labels.flatten())
-    return -log_likelihood.sum() / (labels != -100).sum().clamp_min(1)
+    return [
+        torch.nn.functional.pad(x, (0, width - x.shape[1]), value=IGNORE_INDEX) for x in label_sets
+    ]
 
 
 def generated_labels(sequences: torch.Tensor, pad: int, eos: int) -> torch.Tensor:
@@ -258,7 +197,7 @@ def generated_labels(sequences: torch.Tensor, pad: int, eos: int) -> torch.Tenso
     labels = sequences[:, 1:].clone()
     ended = (labels == eos).long().cumsum(1)
     after_eos = (ended - (labels == eos).long()) > 0
-    labels[after_eos | (labels == pad)] = -100
+    labels[after_eos | (labels == pad)] = IGNORE_INDEX
     return labels
 
 

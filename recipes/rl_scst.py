@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import torch
 from config import base_arguments
-from generators import token_cross_entropy
 from run import RecipeRun
 
 from bsloss import BERTScoreReward
+from bsloss.integrations.lm_head import IGNORE_INDEX, token_cross_entropy
 
 
 def sequence_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean log-probability per token of ``labels`` (eos included, padding excluded) ``[B]``."""
-    mask = labels != -100
+    mask = labels != IGNORE_INDEX
     token_log_probs = torch.log_softmax(logits.float(), dim=-1).gather(
         -1, labels.clamp_min(0)[..., None]
     )[..., 0]
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
             loss = -(advantage * sequence_log_prob(logits[0], label_sets[0])).mean()
             parts = {}
             if ce_weight > 0:
-                ce = token_cross_entropy(logits[1], batch["labels"])
+                ce = token_cross_entropy(batch["labels"], logits=logits[1])
                 loss = loss + ce_weight * ce
                 parts["ce"] = ce.item()
         accelerator.backward(loss)

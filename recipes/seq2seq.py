@@ -11,6 +11,8 @@ import torch
 from examples import Example
 from generators import decode_texts, generate_ids, generated_labels, pad_labels
 
+from bsloss.integrations.lm_head import IGNORE_INDEX
+
 
 def special_ids(model, tokenizer) -> tuple[int, int]:
     """(pad, eos) of a seq2seq generator."""
@@ -70,7 +72,7 @@ class Collator:
 
     def content_mask(self, labels: torch.Tensor) -> torch.Tensor:
         """Positions that hold a target token (not padding, not the final eos)."""
-        return (labels != -100) & (labels != self.eos) & (labels != self.pad)
+        return (labels != IGNORE_INDEX) & (labels != self.eos) & (labels != self.pad)
 
     def teacher_forced_logits(self, model, batch, label_sets: list[torch.Tensor]) -> list:
         """Logits for several label sets of the same sources in one forward pass (one pass

@@ -31,3 +31,35 @@ def tiny_gpt2(tokenizer):
         pad_token_id=tokenizer.pad_token_id,
     )
     return GPT2LMHeadModel(config)
+
+
+def tiny_seq2seq(kind: str):
+    """A tiny random BART, T5 or BERT2BERT (vocabulary 97) for the LM-head tests."""
+    import transformers
+
+    torch.manual_seed(0)
+    if kind == "bart":
+        config = transformers.BartConfig(
+            vocab_size=97, d_model=16, encoder_layers=1, decoder_layers=1,
+            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+            decoder_ffn_dim=32, max_position_embeddings=32,
+        )  # fmt: skip
+        model = transformers.BartForConditionalGeneration(config)
+        with torch.no_grad():  # BART's bias after the head, nonzero so that it counts
+            model.final_logits_bias.normal_()
+        return model
+    if kind == "t5":
+        config = transformers.T5Config(
+            vocab_size=97, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+            decoder_start_token_id=0, tie_word_embeddings=True,
+        )  # fmt: skip
+        return transformers.T5ForConditionalGeneration(config)
+    bert = transformers.BertConfig(
+        vocab_size=97, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=32,
+    )  # fmt: skip
+    decoder = transformers.BertConfig(**{**bert.to_dict(), "is_decoder": True})
+    decoder.add_cross_attention = True
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(bert, decoder)
+    config.decoder_start_token_id, config.pad_token_id = 1, 0
+    return transformers.EncoderDecoderModel(config=config)

@@ -12,7 +12,8 @@ import torch
 from _models import scorer_vocabulary_tokenizer
 from causal import CausalCollator
 from examples import Example
-from generators import token_cross_entropy
+
+from bsloss.integrations.lm_head import token_cross_entropy
 
 SPLITS_ALL = ("train", "validation", "test")
 EXAMPLES = [
@@ -64,7 +65,9 @@ def test_completion_logits_are_the_models_next_token_logits(tiny):
         (single,) = collator.teacher_forced_logits(
             model, collator(EXAMPLES[:1]), [labels[:, len(prompt) :]]
         )
-    torch.testing.assert_close(token_cross_entropy(single, labels[:, len(prompt) :]), reference)
+    torch.testing.assert_close(
+        token_cross_entropy(labels[:, len(prompt) :], logits=single), reference
+    )
 
 
 def test_content_mask_and_labels(tiny):

@@ -76,15 +76,24 @@ def test_token_scores_object_and_string_agree(legacy, obj):
         torch.testing.assert_close(x, y, atol=0, rtol=0)
 
 
-def test_string_defaults_are_the_historical_ones():
-    # bert_score: T = 0.1, one Sinkhorn step; the loss: T = 0.05 (below).
-    assert resolve_matching("softmax", default_temperature=0.1) == Softmax(temperature=0.1)
-    want = _prf_and_grads(matching=Sinkhorn(temperature=0.1, iterations=1))
+def test_one_default_temperature_for_objects_shorthands_and_entry_points(scorer):
+    """T = 0.05 (bsloss.functional.matching.base.DEFAULT_TEMPERATURE) and one Sinkhorn step,
+    whether the matching is an object, a shorthand of bert_score or one of BERTScoreLoss."""
+    from bsloss import BERTScoreLoss
+    from bsloss.functional.matching.base import DEFAULT_TEMPERATURE
+
+    assert DEFAULT_TEMPERATURE == 0.05
+    for name, cls in (("softmax", Softmax), ("logsumexp", LogSumExp), ("sinkhorn", Sinkhorn)):
+        assert cls().temperature == DEFAULT_TEMPERATURE
+        assert resolve_matching(name) == cls(temperature=DEFAULT_TEMPERATURE)
+        loss = BERTScoreLoss(encoder=scorer.encoder, matching=name)
+        assert loss.matching == cls(temperature=DEFAULT_TEMPERATURE)
+    want = _prf_and_grads(matching=Sinkhorn(temperature=0.05, iterations=1))
     got = _prf_and_grads(matching="sinkhorn")
     for x, y in zip(got, want, strict=True):
         torch.testing.assert_close(x, y, atol=0, rtol=0)
     got = _prf_and_grads(matching="logsumexp")
-    want = _prf_and_grads(matching=LogSumExp(temperature=0.1))
+    want = _prf_and_grads(matching=LogSumExp(temperature=0.05))
     torch.testing.assert_close(got[0], want[0], atol=0, rtol=0)
 
 

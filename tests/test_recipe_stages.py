@@ -15,9 +15,11 @@ from _models import scorer_vocabulary_tokenizer, tiny_gpt2
 from config import DataConfig, ModelConfig, TrainConfig, load_config
 from examples import SPLITS, check_dev_split, load_splits
 from finetune import build_optimizer
-from generators import check_init_from, freeze_embeddings, load_generator, token_cross_entropy
+from generators import check_init_from, freeze_embeddings, load_generator
 from run import EarlyStopping
 from test_recipes import TINY, TRANSLATION, read_log, run_recipe
+
+from bsloss.integrations.lm_head import token_cross_entropy
 
 REPO = Path(__file__).resolve().parents[1]
 BIBLE = REPO / "recipes/data/bible-es-en-sample.tsv"
@@ -247,7 +249,7 @@ def _train_a_few_steps(model, trainable_check) -> dict[str, torch.Tensor]:
     ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(0))
     for _ in range(3):
         logits = model(input_ids=ids).logits[:, :-1]
-        token_cross_entropy(logits, ids[:, 1:]).backward()
+        token_cross_entropy(ids[:, 1:], logits=logits).backward()
         optimizer.step()
         optimizer.zero_grad()
     return before
@@ -338,7 +340,7 @@ def test_the_stage1_driver_resumes_and_skips(tmp_path):
         return done.stdout
 
     first = driver(tiny + " --stop_after 3")
-    assert "seed 0: core 0  ->" in first and "seed 1: core 0  ->" in first
+    assert "stage1-seed0: core 0 (new)" in first and "stage1-seed1: core 0 (new)" in first
     for seed in (0, 1):
         out = tmp_path / f"stage1-seed{seed}"
         assert "stopped after step 3" in (out / "stdout.log").read_text()
@@ -347,7 +349,7 @@ def test_the_stage1_driver_resumes_and_skips(tmp_path):
             (out / "results.json").read_text()
         )  # seed 0 scored the test split before training: not done
     second = driver(tiny)
-    assert "seed 0: core 0 --resume" in second and "seed 1: core 0 --resume" in second
+    assert "stage1-seed0: core 0 --resume" in second and "stage1-seed1: core 0 --resume" in second
     for seed in (0, 1):
         out = tmp_path / f"stage1-seed{seed}"
         results = json.loads((out / "results.json").read_text())
@@ -355,7 +357,8 @@ def test_the_stage1_driver_resumes_and_skips(tmp_path):
         assert [e["step"] for e in read_log(out) if e["kind"] == "train"] == [1, 2, 3, 4]
         assert (out / "best/best.json").exists()
     third = driver(tiny)
-    assert "seed 0: done" in third and "seed 1: done" in third and "core" not in third
+    assert "stage1-seed0: done" in third and "stage1-seed1: done" in third
+    assert "core" not in third
 
 
 def test_early_stopping_without_an_evaluation_keeps_the_last_model(tmp_path):

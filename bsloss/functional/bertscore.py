@@ -24,9 +24,6 @@ from bsloss.functional.similarity import cosine_similarity, math_dtype
 
 __all__ = ["PRF", "bert_score", "token_scores"]
 
-DEFAULT_TEMPERATURE = 0.1
-"""The temperature of a tempered string shorthand when ``temperature`` is not given."""
-
 
 class PRF(NamedTuple):
     """Per-sentence precision, recall and F1, each ``[B]``."""
@@ -49,9 +46,7 @@ def token_scores(
 ) -> tuple[Tensor, Tensor]:
     """Per-token scores ``(candidate [B, Lc], reference [B, Lr])`` of the chosen matching
     (``matching``, ``temperature``, ``sinkhorn_iterations`` as in :func:`bert_score`)."""
-    match = resolve_matching(
-        matching, temperature, sinkhorn_iterations, default_temperature=DEFAULT_TEMPERATURE
-    )
+    match = resolve_matching(matching, temperature, sinkhorn_iterations)
     sim = cosine_similarity(candidates, references, normalized=normalized)
     with torch.autocast(device_type=sim.device.type, enabled=False):
         return match(sim, candidate_mask.bool(), reference_mask.bool())
@@ -115,7 +110,7 @@ def bert_score(
             ``Softmax(temperature=0.05)``, ``LogSumExp(...)``, ``Sinkhorn(temperature=0.1,
             iterations=1)`` or your own subclass) or a string shorthand ``"hard"``,
             ``"softmax"``, ``"logsumexp"`` or ``"sinkhorn"``.
-        temperature: with a shorthand, ``T > 0`` of the tempered matchings (default 0.1).
+        temperature: with a shorthand, ``T > 0`` of the tempered matchings (default 0.05).
             With an object: leave it out (or repeat the object's value).
         sinkhorn_iterations: with a shorthand, Sinkhorn steps (default 1, as in Chen et al.).
             With an object: as ``temperature``.
@@ -137,9 +132,7 @@ def bert_score(
     >>> bert_score(cand, ref, matching=Sinkhorn(temperature=0.1, iterations=2)).f1.shape
     torch.Size([2])
     """
-    match = resolve_matching(
-        matching, temperature, sinkhorn_iterations, default_temperature=DEFAULT_TEMPERATURE
-    )
+    match = resolve_matching(matching, temperature, sinkhorn_iterations)
     if candidates.dim() != 3 or references.dim() != 3:
         raise ValueError(
             "candidates and references must be [B, L, d] embeddings, got shapes "

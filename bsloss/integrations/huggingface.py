@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bsloss.integrations.lm_head import IGNORE_INDEX, LMHead, lm_head_inputs, token_cross_entropy
 from bsloss.integrations.term_weights import (
     Fixed,
     TermWeight,
@@ -52,7 +53,6 @@ __all__ = [
     "REFERENCES_KEY",
 ]
 
-IGNORE_INDEX = -100
 DECODED_CACHE_SIZE = 10_000  # distinct label rows whose decoded reference text is kept
 REFERENCES_KEY = "bertscore_references"  # batch key of the reference texts from a column
 
@@ -139,11 +139,14 @@ class BERTScoreTerm:
         references: Sequence[str] | None = None,
         *,
         training: bool | None = None,
+        head: LMHead | None = None,
     ) -> Tensor:
         """The loss of one micro-batch (see the module docstring); records CE and mean F.
 
         Args:
-            outputs: the model's outputs (``outputs["logits"]``: ``[B, L, V]``).
+            outputs: the model's outputs: ``outputs["logits"]`` are ``[B, L, V]`` logits, or,
+                with ``head``, the LM head's input ``[B, L, d]`` (from the forward pass inside
+                :func:`~bsloss.integrations.lm_head.lm_head_inputs`).
             labels: ``[B, L]`` token ids, ``-100`` outside the completion.
             num_items_in_batch: the trainer's count of completion tokens in the whole
                 (accumulated, all-process) batch; ``None``: this micro-batch's.
@@ -151,6 +154,9 @@ class BERTScoreTerm:
             training: record the metrics as training (``True``) or evaluation values;
                 default: training when gradients are on and the logits require one (the
                 trainer evaluates under ``torch.no_grad()``).
+            head: the :class:`~bsloss.integrations.lm_head.LMHead` that ``lm_head_inputs``
+                yielded: CE and BERTScore then come from one chunked pass over the vocabulary
+                (:meth:`~bsloss.BERTScoreLoss.score_and_cross_entropy`), no ``[B, L, V]``.
 
         Raises:
             ValueError: ``labels`` missing or of the wrong shape, or ``references`` of the
@@ -169,26 +175,34 @@ class BERTScoreTerm:
         tokens = mask.sum(dim=1)
         total = mask.sum() if num_items_in_batch is None else num_items_in_batch
         total = torch.as_tensor(total, device=logits.device).clamp(min=1)
-        ce = torch.nn.functional.cross_entropy(
-            logits.flatten(0, 1).float(),
-            labels.flatten().masked_fill(~mask.flatten(), 0),
-            reduction="none",
-        )
-        ce_sum = (ce * mask.flatten()).sum()
         if references is None:
             references = self.references_from_labels(labels)
         if len(references) != labels.shape[0]:
             raise ValueError(f"{len(references)} references for a batch of {labels.shape[0]}")
         keep = tokens > 0  # a row without completion tokens has nothing to score
         f1 = torch.zeros(labels.shape[0], device=logits.device)
-        if keep.any():
-            rows = keep.nonzero().squeeze(1)
-            prf = self.loss.score(
-                logits=logits[rows].float(),
-                candidate_mask=mask[rows],
-                references=[references[i] for i in rows.tolist()],
+        rows = keep.nonzero().squeeze(1)
+        kept = {
+            "candidate_mask": mask[rows],
+            "references": [references[i] for i in rows.tolist()],
+        }
+        if head is None:
+            ce_sum = token_cross_entropy(labels, logits=logits, reduction="sum")
+            if keep.any():
+                prf = self.loss.score(logits=logits[rows].float(), **kept)
+                f1 = f1.index_put((rows,), getattr(prf, self.loss.target).float())
+        elif keep.any():
+            prf, ce = self.loss.score_and_cross_entropy(
+                hidden_states=logits[rows],
+                output_embeddings=head,
+                logit_softcap=head.softcap,
+                target_ids=labels[rows],
+                **kept,
             )
+            ce_sum = ce.sum()
             f1 = f1.index_put((rows,), getattr(prf, self.loss.target).float())
+        else:  # no target token at all: a zero on the graph of the hidden states
+            ce_sum = logits.sum() * 0.0
         bertscore_sum = ((1 - f1) * tokens * keep).sum()
         if training is None:
             training = torch.is_grad_enabled() and logits.requires_grad
@@ -243,6 +257,12 @@ class BERTScoreTrainerMixin:
             :class:`~bsloss.integrations.term_weights.TermWeight` (``Balanced(1.0)``).
         bertscore_reference_column: a dataset column of reference texts (kept through the
             trainer's column removal and collator); ``None``: the decoded labels.
+        bertscore_fused: the training step's CE and BERTScore from one chunked pass over the
+            LM head (:mod:`bsloss.integrations.lm_head`): the model's forward stops before its
+            head and no ``[B, L, V]`` logits exist. ``None`` (default): on when the model has
+            an output embedding. Off under FSDP (refused there, named). Evaluation
+            (``prediction_step``, which hands the logits to ``compute_metrics``) runs the
+            model's full forward either way.
 
     ``ce`` and ``bertscore_f`` are logged with the trainer's loss (``eval_``-prefixed in
     evaluation). The loss is normalised by ``num_items_in_batch`` as the trainer's own loss is.
@@ -264,9 +284,12 @@ class BERTScoreTrainerMixin:
         bertscore_loss: BERTScoreLoss | None = None,
         bertscore_weight: float | TermWeight = 1.0,
         bertscore_reference_column: str | None = None,
+        bertscore_fused: bool | None = None,
         **kwargs,
     ):
         self.bertscore_reference_column = bertscore_reference_column
+        if bertscore_fused not in (None, True, False):
+            raise TypeError(f"bertscore_fused must be None or a bool, got {bertscore_fused!r}")
         if "processing_class" in kwargs:
             kwargs["processing_class"] = _with_end_of_sequence(
                 kwargs["processing_class"], kwargs.get("args")
@@ -288,6 +311,10 @@ class BERTScoreTrainerMixin:
         bertscore_loss.to(self.args.device)
         config = getattr(self.model, "config", None)
         causal = not getattr(config, "is_encoder_decoder", False)
+        if bertscore_fused is None:
+            head = getattr(self.model, "get_output_embeddings", lambda: None)()
+            bertscore_fused = isinstance(getattr(head, "weight", None), torch.Tensor)
+        self.bertscore_fused = bertscore_fused
         self.bertscore_term = BERTScoreTerm(bertscore_loss, tokenizer, bertscore_weight, causal)
         # a compute_loss_func makes the trainer count num_items_in_batch and leave gradient
         # accumulation to the loss; compute_loss below calls the term itself
@@ -308,7 +335,8 @@ class BERTScoreTrainerMixin:
             self._signature_columns.append(column)  # survives remove_unused_columns
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """The model's forward pass without labels, then :class:`BERTScoreTerm`."""
+        """The model's forward pass without labels (stopping before the LM head when
+        ``bertscore_fused``), then :class:`BERTScoreTerm`."""
         references = inputs.pop(REFERENCES_KEY, None)
         labels = inputs.pop("labels", None)
         inputs = {k: v for k, v in inputs.items() if k != "completion_mask"}
@@ -320,9 +348,14 @@ class BERTScoreTrainerMixin:
             inputs["decoder_input_ids"] = unwrapped.prepare_decoder_input_ids_from_labels(
                 labels=labels
             )
-        outputs = model(**inputs)
+        if self.bertscore_fused and not return_outputs:
+            # the forward stops before the LM head: CE and BERTScore from one chunked pass
+            with lm_head_inputs(unwrapped) as head:
+                outputs = model(**inputs)
+        else:  # return_outputs: the caller (prediction_step) wants the real logits
+            head, outputs = None, model(**inputs)
         loss = self.bertscore_term(
-            outputs, labels, num_items_in_batch, references, training=model.training
+            outputs, labels, num_items_in_batch, references, training=model.training, head=head
         )
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             # num_items_in_batch counts every process's tokens and DDP averages the gradients

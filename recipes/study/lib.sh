@@ -16,7 +16,7 @@ run_job() {
     local resume=()
     compgen -G "$out/checkpoints/checkpoint_*" > /dev/null && resume=(--resume)
     mkdir -p "$out"
-    echo "$out: core $core ${resume[*]}"
+    echo "$out: core $core ${resume[*]:-(new)}"
     taskset -c "$core" python "$script" --output_dir "$out" "$@" "${resume[@]}" \
         >> "$out/stdout.log" 2>&1
     # a finished run needs no checkpoint (1.8 GB for Gemma with AdamW's state); KEEP_CHECKPOINTS=1

@@ -49,8 +49,6 @@ def resolve_matching(
     matching: str | Matching,
     temperature: float | None = None,
     sinkhorn_iterations: int | None = None,
-    *,
-    default_temperature: float | None = None,
 ) -> Matching:
     """The :class:`Matching` object that ``matching`` stands for.
 
@@ -58,13 +56,11 @@ def resolve_matching(
         matching: a :class:`Matching` object, returned as it is, or a string shorthand (a key
             of :data:`SHORTHANDS`: ``"hard"``, ``"softmax"``, ``"logsumexp"``, ``"sinkhorn"``).
         temperature, sinkhorn_iterations: the legacy keywords. With a shorthand they set the
-            object's ``temperature`` and ``iterations`` (``None``: ``default_temperature``,
-            then the class default; a matching with no such parameter ignores them, as
-            ``"hard"`` always did). With an object they may be left out (``None``) or repeat
-            the object's own value; any other value conflicts and is an error.
-        default_temperature: the temperature of a shorthand when ``temperature`` is ``None``
-            (each entry point keeps its historical default: 0.1 for ``bert_score``, 0.05 for
-            ``BERTScoreLoss``).
+            object's ``temperature`` and ``iterations`` (``None``: the class default,
+            :data:`~bsloss.functional.matching.base.DEFAULT_TEMPERATURE`; a matching with no
+            such parameter ignores them, as ``"hard"`` always did). With an object they may be
+            left out (``None``) or repeat the object's own value; any other value conflicts
+            and is an error.
 
     Returns:
         A :class:`Matching`.
@@ -108,8 +104,6 @@ def resolve_matching(
         raise ValueError(
             f"matching must be one of {sorted(SHORTHANDS)}, got {matching!r}"
         ) from None
-    if temperature is None:
-        temperature = default_temperature
     return cls.from_shorthand(temperature=temperature, iterations=sinkhorn_iterations)
 
 

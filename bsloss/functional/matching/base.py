@@ -19,6 +19,10 @@ from torch import Tensor
 
 __all__ = ["Matching", "Tempered", "SHORTHANDS", "check_temperature", "check_iterations"]
 
+DEFAULT_TEMPERATURE = 0.05
+"""The one default temperature of every tempered matching (``Softmax()``, ``LogSumExp()``,
+``Sinkhorn()``) and of their string shorthands in ``bert_score`` and ``BERTScoreLoss``."""
+
 SHORTHANDS: dict[str, type[Matching]] = {}
 """String shorthand -> matching class, filled by the subclasses that set ``name``."""
 
@@ -135,7 +139,7 @@ class Tempered(Matching):
 
     kernel: ClassVar[Callable[..., tuple[Tensor, Tensor]]]
 
-    def __init__(self, temperature: float = 0.05):
+    def __init__(self, temperature: float = DEFAULT_TEMPERATURE):
         self.temperature = check_temperature(temperature)
 
     @classmethod

@@ -36,7 +36,12 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
-from bsloss.functional.matching.base import Tempered, check_iterations, check_temperature
+from bsloss.functional.matching.base import (
+    DEFAULT_TEMPERATURE,
+    Tempered,
+    check_iterations,
+    check_temperature,
+)
 
 __all__ = ["Sinkhorn", "sinkhorn_match", "sinkhorn_log_plan"]
 
@@ -127,7 +132,7 @@ class Sinkhorn(Tempered):
     kernel = staticmethod(sinkhorn_match)
     self_normalizes = True
 
-    def __init__(self, temperature: float = 0.1, iterations: int = 1):
+    def __init__(self, temperature: float = DEFAULT_TEMPERATURE, iterations: int = 1):
         self.temperature = check_temperature(temperature)
         self.iterations = check_iterations(iterations)
 

@@ -1,0 +1,365 @@
+"""The trainer integration's fused LM-head path (bsloss.integrations.lm_head): a Trainer or
+SFTTrainer step with the BERTScore term on a model with Gemma 3's real 262,144-token vocabulary
+never makes [B, L, V] float32 logits (its logits chunks stay under the fused pass's bound of
+4M elements, 16 MB), peaks lower than the dense path by at least their size,
+and gives the dense path's loss and gradients (within 1e-5); causal and encoder-decoder models,
+tied and untied heads, a soft-capped head; FSDP is refused, named."""
+
+from __future__ import annotations
+
+import copy
+import weakref
+
+import pytest
+import torch
+from _models import tiny_seq2seq
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import bsloss
+from bsloss.functional.fused_expectation import DEFAULT_CHUNK_ELEMENTS
+from bsloss.integrations.huggingface import BERTScoreTrainerMixin
+from bsloss.integrations.lm_head import lm_head_inputs, token_cross_entropy
+
+transformers = pytest.importorskip("transformers")
+datasets = pytest.importorskip("datasets")
+
+PROMPTS = ["Translate: el gato duerme.", "Translate: la casa es grande y vieja."]
+REFERENCES = ["The cat sleeps.", "The house is big and old."]
+
+
+class AllocationRecorder(TorchDispatchMode):
+    """Every op's newly allocated outputs: the floating ones with last dimension ``vocab`` and
+    more than ``limit`` elements (logits beyond the fused pass's chunk bound), the largest, and
+    the peak of the bytes held by them (each counted until Python frees it; views and in-place
+    results, which share an input's storage, are not new)."""
+
+    def __init__(self, vocab: int, limit: int):
+        super().__init__()
+        self.vocab, self.limit = vocab, limit
+        self.logits_like: list[tuple[tuple[int, ...], torch.dtype]] = []
+        self.live = self.peak = self.largest = 0
+
+    def _release(self, size: int) -> None:
+        self.live -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        # a view (or an in-place result) shares an input's storage: nothing new was allocated
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in torch.utils._pytree.tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if not isinstance(t, torch.Tensor) or t.untyped_storage().data_ptr() in inputs:
+                continue
+            size = t.numel() * t.element_size()
+            self.largest = max(self.largest, size)
+            if (
+                t.is_floating_point()
+                and t.dim() >= 2
+                and t.shape[-1] == self.vocab
+                and t.numel() > self.limit
+            ):
+                self.logits_like.append((tuple(t.shape), t.dtype))
+            self.live += size
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(t, self._release, size)
+        return out
+
+
+def tiny_gemma(tokenizer, *, tied: bool = True, softcap: float | None = None):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=48,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=24,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=tied,
+        final_logit_softcapping=softcap,
+    )
+    return Gemma3ForCausalLM(config)
+
+
+def causal_rows(tokenizer) -> list[dict]:
+    """Prompt + reference + end of turn, labels -100 on the prompt."""
+    rows = []
+    for prompt, reference in zip(PROMPTS, REFERENCES, strict=True):
+        p = tokenizer(prompt)["input_ids"]
+        r = tokenizer(" " + reference, add_special_tokens=False)["input_ids"]
+        r = r + [tokenizer.eos_token_id]
+        rows.append({"input_ids": p + r, "labels": [-100] * len(p) + r})
+    return rows
+
+
+def collate(tokenizer):
+    def collator(features: list[dict]) -> dict:
+        width = max(len(f["input_ids"]) for f in features)
+        pad = tokenizer.pad_token_id
+
+        def padded(key, value):
+            return torch.tensor([f[key] + [value] * (width - len(f[key])) for f in features])
+
+        mask = [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features]
+        return {
+            "input_ids": padded("input_ids", pad),
+            "attention_mask": torch.tensor(mask),
+            "labels": padded("labels", -100),
+        }
+
+    return collator
+
+
+@pytest.fixture(scope="module")
+def gemma_loss(scorer, gemma_tokenizer):
+    return bsloss.BERTScoreLoss(
+        encoder=scorer.encoder, matching="softmax", generator_tokenizer=gemma_tokenizer
+    )
+
+
+def trainer_args(tmp_path, cls=None, **extra):
+    cls = cls or transformers.TrainingArguments
+    return cls(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        **extra,
+    )
+
+
+def step_gradients(trainer, model, batch: dict) -> tuple[torch.Tensor, dict, AllocationRecorder]:
+    """One training step's loss and gradients (the trainer's compute_loss, then backward), with
+    the allocations recorded."""
+    model.zero_grad(set_to_none=True)
+    vocab = model.config.get_text_config().vocab_size
+    # the fused pass's logits chunks are bounded by DEFAULT_CHUNK_ELEMENTS whatever B and L
+    assert batch["input_ids"].numel() * vocab > 1.5 * DEFAULT_CHUNK_ELEMENTS
+    with AllocationRecorder(vocab, DEFAULT_CHUNK_ELEMENTS) as recorder:
+        loss = trainer.compute_loss(model, dict(batch))
+        loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads, recorder
+
+
+def causal_trainer(model, tokenizer, loss, tmp_path, rows: list[dict]):
+    """A ``Trainer`` with the mixin over ``rows``, its first step's fused and dense passes
+    recorded (after an unrecorded one: the loss builds and caches its bridged embedding table
+    [V, d + 1] then)."""
+
+    class Trainer(BERTScoreTrainerMixin, transformers.Trainer):
+        pass
+
+    trainer = Trainer(
+        model=model,
+        args=trainer_args(tmp_path),
+        train_dataset=datasets.Dataset.from_list(rows),
+        data_collator=collate(tokenizer),
+        processing_class=tokenizer,
+        bertscore_loss=loss,
+    )
+    assert trainer.bertscore_fused  # the default for a model with an LM head
+    batch = collate(tokenizer)(rows)
+    step_gradients(trainer, model, batch)
+    fused = step_gradients(trainer, model, batch)
+    trainer.bertscore_fused = False
+    dense = step_gradients(trainer, model, batch)
+    trainer.bertscore_fused = True
+    return trainer, batch, fused, dense
+
+
+def assert_same_step(fused, dense) -> None:
+    (loss_f, grads_f, _), (loss_d, grads_d, _) = fused, dense
+    torch.testing.assert_close(loss_f, loss_d, rtol=0, atol=1e-5)
+    assert grads_f.keys() == grads_d.keys() and grads_f
+    for name in grads_d:
+        torch.testing.assert_close(grads_f[name], grads_d[name], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize(
+    "tied, softcap", [(True, None), (False, None), (True, 30.0)], ids=["tied", "untied", "softcap"]
+)
+def test_trainer_step_has_no_logits_and_equals_the_dense_step(
+    tied, softcap, gemma_tokenizer, gemma_loss, tmp_path
+):
+    model = tiny_gemma(gemma_tokenizer, tied=tied, softcap=softcap)
+    rows = causal_rows(gemma_tokenizer)
+    trainer, batch, fused, dense = causal_trainer(
+        model, gemma_tokenizer, gemma_loss, tmp_path, rows
+    )
+    assert_same_step(fused, dense)
+    # the instrument sees the dense step's [B, L, V] float32 logits, and none in the fused one
+    batch_size, length = batch["input_ids"].shape
+    assert (batch_size, length, len(gemma_tokenizer)) in [s for s, _ in dense[2].logits_like]
+    assert fused[2].logits_like == []
+    # and a real training step runs through it
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer.train()
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+    logged = [e for e in trainer.state.log_history if "bertscore_f" in e]
+    assert logged and 0 <= logged[0]["bertscore_f"] <= 1 and logged[0]["ce"] > 0
+
+
+def test_fused_step_peaks_below_the_dense_step_by_the_logits(gemma_tokenizer, gemma_loss, tmp_path):
+    """With the 262k x 48 embedding / head frozen (as the efficacy study trains Gemma), the
+    step's memory is activations and logits: the fused step's peak is below the dense step's by
+    at least the [B, L, V] float32 logits. (With it trainable, the three [V, d] gradient buffers
+    of a tied head set both peaks alike.)"""
+
+    model = tiny_gemma(gemma_tokenizer)
+    model.get_input_embeddings().weight.requires_grad_(False)  # tied: the head too
+    rows = causal_rows(gemma_tokenizer) * 2
+    _, batch, fused, dense = causal_trainer(model, gemma_tokenizer, gemma_loss, tmp_path, rows)
+    assert_same_step(fused, dense)
+    logits_bytes = batch["input_ids"].numel() * len(gemma_tokenizer) * 4
+    print(
+        f"\npeak bytes held by the step's new tensors: fused {fused[2].peak / 2**20:.1f} MiB, "
+        f"dense {dense[2].peak / 2**20:.1f} MiB (the logits: {logits_bytes / 2**20:.1f} MiB)"
+    )
+    assert fused[2].peak <= dense[2].peak - logits_bytes, (fused[2].peak, dense[2].peak)
+
+
+def test_sft_trainer_step_has_no_logits_and_equals_the_dense_step(
+    gemma_tokenizer, gemma_loss, tmp_path
+):
+    trl = pytest.importorskip("trl")
+
+    class Trainer(BERTScoreTrainerMixin, trl.SFTTrainer):
+        pass
+
+    model = tiny_gemma(gemma_tokenizer)
+    data = datasets.Dataset.from_dict(
+        {"prompt": [p + " " for p in PROMPTS], "completion": REFERENCES}
+    )
+    trainer = Trainer(
+        model=model,
+        args=trainer_args(tmp_path, trl.SFTConfig, max_length=48, bf16=False),
+        train_dataset=data,
+        processing_class=gemma_tokenizer,
+        bertscore_loss=gemma_loss,
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    fused = step_gradients(trainer, model, batch)
+    trainer.bertscore_fused = False
+    dense = step_gradients(trainer, model, batch)
+    assert_same_step(fused, dense)
+    assert dense[2].logits_like and fused[2].logits_like == []
+    trainer.bertscore_fused = True
+    trainer.train()
+    assert [e for e in trainer.state.log_history if "bertscore_f" in e]
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5", "bert2bert"])
+def test_lm_head_inputs_give_the_logits(kind):
+    """Inside the block the model returns its head's input; the yielded head (bias and BART's
+    final_logits_bias included) turns it back into the model's own logits; the model is
+    restored after."""
+    model = tiny_seq2seq(kind).eval()  # no dropout: two forward passes compared
+    batch = {
+        "input_ids": torch.tensor([[5, 6, 7, 8]]),
+        "decoder_input_ids": torch.tensor([[2, 9, 10]]),
+    }
+    logits = model(**batch).logits
+    with lm_head_inputs(model) as head:
+        hidden = model(**batch).logits
+    z = hidden @ head.weight.T + (0 if head.bias is None else head.bias)
+    torch.testing.assert_close(z, logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(model(**batch).logits, logits, rtol=0, atol=0)
+
+
+def test_lm_head_inputs_applies_no_softcap_and_yields_it(gemma_tokenizer):
+    model = tiny_gemma(gemma_tokenizer, softcap=2.0)
+    ids = torch.tensor([[2, 100, 200]])
+    logits = model(input_ids=ids).logits
+    with lm_head_inputs(model) as head:
+        hidden = model(input_ids=ids).logits
+        assert head.softcap == 2.0 and model.config.final_logit_softcapping is None
+    z = hidden @ head.weight.T
+    torch.testing.assert_close(2.0 * torch.tanh(z / 2.0), logits, rtol=0, atol=1e-5)
+    assert model.config.final_logit_softcapping == 2.0
+    labels = torch.tensor([[100, -100, 5]])
+    torch.testing.assert_close(
+        token_cross_entropy(labels, hidden_states=hidden.detach(), head=head),
+        token_cross_entropy(labels, logits=logits.detach()),
+        rtol=0,
+        atol=1e-5,
+    )
+
+
+def test_lm_head_inputs_refuses_what_it_cannot_serve():
+    with (
+        pytest.raises(ValueError, match="has no output embedding"),
+        lm_head_inputs(torch.nn.Linear(3, 3)),
+    ):
+        pass
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=40, n_embd=8, n_layer=1, n_head=2)
+    )
+    fsdp_like = type("FullyShardedDataParallel", (torch.nn.Module,), {})()
+    model.transformer.add_module("wrapped", fsdp_like)
+    with (
+        pytest.raises(ValueError, match="sharded with FSDP.*bertscore_fused=False"),
+        lm_head_inputs(model),
+    ):
+        pass
+    with pytest.raises(ValueError, match="exactly one of logits or hidden_states"):
+        token_cross_entropy(torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="needs head"):
+        token_cross_entropy(torch.zeros(2, dtype=torch.long), hidden_states=torch.randn(2, 8))
+
+
+def test_mixin_refuses_a_non_bool_fused(gemma_tokenizer, gemma_loss, tmp_path):
+    class Trainer(BERTScoreTrainerMixin, transformers.Trainer):
+        pass
+
+    with pytest.raises(TypeError, match="bertscore_fused must be None or a bool"):
+        Trainer(
+            model=copy.deepcopy(tiny_gemma(gemma_tokenizer)),
+            args=trainer_args(tmp_path),
+            processing_class=gemma_tokenizer,
+            bertscore_loss=gemma_loss,
+            bertscore_fused="yes",
+        )
+
+
+@pytest.mark.slow  # two processes each load the scorer
+def test_ddp_fused_gradients_equal_dense_and_agree_across_processes(tmp_path):
+    """Two CPU processes (gloo), a DDP-wrapped tiny GPT-2 with a tied and an untied head: the
+    fused step's all-reduced gradients equal the dense step's and are the same on both."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from test_distributed_scoring import free_port
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", str(free_port()), str(repo / "tests/_distributed_lm_head.py"),
+        str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    for head in ("tied", "untied"):
+        fused, dense = ranks[0][f"{head}-fused"], ranks[0][f"{head}-dense"]
+        assert fused.keys() == dense.keys() and "transformer.wte.weight" in fused
+        if head == "untied":
+            assert "lm_head.weight" in fused  # the head's gradient arrived, outside the forward
+        for name in dense:
+            torch.testing.assert_close(fused[name], dense[name], rtol=0, atol=1e-5, msg=name)
+            torch.testing.assert_close(
+                ranks[1][f"{head}-fused"][name], fused[name], rtol=0, atol=0, msg=name
+            )
