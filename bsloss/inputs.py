@@ -7,7 +7,6 @@ Texts (a list, not a string; each a string of valid Unicode), reference groups, 
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Sequence
 
@@ -78,15 +77,6 @@ def check_int(value: object, name: str, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
-
-
-def check_finite(value: object, name: str) -> float:
-    """A finite real number."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not math.isfinite(float(value)):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return float(value)
 
 
 def validate_pairs(cands: object, refs: object) -> tuple[list[str], list[list[str]]]:

@@ -27,7 +27,13 @@ from bsloss.distributions import (
     most_probable_tokens,
     token_distribution,
 )
-from bsloss.functional import PRF, batch_center, bert_score, rescale_with_baseline
+from bsloss.functional import (
+    PRF,
+    batch_center,
+    bert_score,
+    best_over_references,
+    rescale_with_baseline,
+)
 from bsloss.functional.fused_expectation import (
     IGNORE_INDEX,
     NonFiniteLogitsError,
@@ -889,18 +895,7 @@ class BERTScoreLoss(nn.Module):
             )
         if len(index) == batch:
             return prf
-        return PRF(*(self._group_max(x, index, batch) for x in prf))
-
-    @staticmethod
-    def _group_max(values: Tensor, index: Tensor, batch: int) -> Tensor:
-        """Max per candidate over its references; the gradient flows to the best one."""
-        best = torch.full((batch,), float("-inf"), device=values.device, dtype=values.dtype)
-        best = best.scatter_reduce(0, index, values.detach(), "amax")
-        position = torch.arange(len(index), device=values.device)
-        candidates = torch.where(values.detach() == best[index], position, len(index))
-        first = torch.full((batch,), len(index), device=values.device)
-        first = first.scatter_reduce(0, index, candidates, "amin")
-        return values[first]
+        return PRF(*(best_over_references(x, index, batch) for x in prf))
 
     def forward(self, **inputs) -> Tensor | LossAndCrossEntropy:
         """``1 - score`` (the ``target``), reduced by ``reduction``; inputs as in :meth:`score`.

@@ -24,7 +24,7 @@ from torch import Tensor
 from bsloss._version import __version__
 from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline
-from bsloss.functional import bert_score, rescale_with_baseline
+from bsloss.functional import bert_score, best_over_references, rescale_with_baseline
 from bsloss.functional.idf import document_frequency, idf_from_frequency
 from bsloss.functional.similarity import l2_normalize
 from bsloss.inputs import check_int, check_texts, flatten_groups, validate_pairs
@@ -364,8 +364,6 @@ class BERTScorer:
         """Forget the cached reference embeddings (:class:`ReferenceCache`)."""
         self._references.cache.clear()
 
-    clear_reference_cache = clear_cache
-
     def with_reference_cache(self, size: int) -> BERTScorer:
         """A scorer that shares this one's encoder and settings, with its own reference cache of
         ``size`` texts (this scorer is left as it is).
@@ -593,7 +591,9 @@ class BERTScorer:
         if self.baseline is not None:
             pair_scores = rescale_with_baseline(pair_scores, self.baseline.float())
         empty = self._empty_pairs(pair_cands, pair_refs, owner, groups, offset)
-        best = self._group_max(pair_scores.flatten(1), empty, owner, len(cands))
+        best = best_over_references(
+            pair_scores.flatten(1), torch.tensor(owner), len(cands), ignore=empty
+        )
         return best.view(len(cands), width, 3) if self.all_layers else best.view(len(cands), 3)
 
     def _layer_count(self) -> int:
@@ -652,17 +652,6 @@ class BERTScorer:
                 f"score 0: candidate index {shown}"
             )
         return empty
-
-    @staticmethod
-    def _group_max(pair_scores: Tensor, empty: Tensor, owner: list[int], n: int) -> Tensor:
-        """``[n, K]``: max over each candidate's references of every column (P, R, F of each
-        layer) independently; empty pairs don't compete and a candidate with only empty pairs
-        scores 0."""
-        width = pair_scores.shape[1]
-        index = torch.tensor(owner)[:, None].expand(-1, width)
-        competing = pair_scores.masked_fill(empty[:, None], float("-inf"))
-        best = torch.full((n, width), float("-inf")).scatter_reduce(0, index, competing, "amax")
-        return torch.where(torch.isfinite(best), best, torch.zeros_like(best))
 
 
 def _unit_norm_float32(hidden: Tensor, layers: int = 1) -> Tensor:

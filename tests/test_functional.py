@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bsloss.functional import MATCHINGS, batch_center, bert_score, token_scores
+from bsloss.functional import batch_center, bert_score, token_scores
+from bsloss.functional.matching import SHORTHANDS
 
 SOFT = ("softmax", "logsumexp", "sinkhorn")
 
@@ -23,7 +24,7 @@ def _batch(seed=0, dtype=torch.float64, batch=3, lc=5, lr=4, d=6):
     return cand, ref, cand_mask, ref_mask, cand_w, ref_w
 
 
-@pytest.mark.parametrize("matching", sorted(MATCHINGS))
+@pytest.mark.parametrize("matching", sorted(SHORTHANDS))
 def test_gradcheck_every_matching_with_masks_and_weights(matching):
     cand, ref, cand_mask, ref_mask, cand_w, ref_w = _batch()
     cand.requires_grad_(True)
@@ -108,7 +109,7 @@ def test_one_step_sinkhorn_limit_is_column_relative_max_not_hard():
 def test_hard_gradient_flows_only_through_argmax_cells():
     cand, ref, cand_mask, ref_mask, _, _ = _batch(seed=3)
     sim = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True)
-    p, r = MATCHINGS["hard"](sim, cand_mask, ref_mask)
+    p, r = SHORTHANDS["hard"].kernel(sim, cand_mask, ref_mask)
     p.sum().backward()
     grad = sim.grad
     # One non-zero cell per real candidate token, at its row's argmax.
@@ -138,7 +139,7 @@ def test_padded_cells_never_enter_the_max():
     assert out.precision.item() == pytest.approx(-1 / (1.01**0.5), abs=1e-6)
 
 
-@pytest.mark.parametrize("matching", sorted(MATCHINGS))
+@pytest.mark.parametrize("matching", sorted(SHORTHANDS))
 def test_empty_sentence_defined_score_and_zero_gradient(matching):
     cand, ref, cand_mask, ref_mask, cand_w, ref_w = _batch(seed=4, dtype=torch.float32)
     cand_mask[0] = False

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bsloss import BERTScoreLoss, BERTScorer, BERTScoreReward
-from bsloss.functional import MATCHINGS
+from bsloss.functional.matching import SHORTHANDS
 
 FUZZ = settings(
     max_examples=12,
@@ -155,7 +155,7 @@ def losses(scorer) -> dict[str, BERTScoreLoss]:
         matching: BERTScoreLoss(
             encoder=scorer.encoder, matching=matching, temperature=0.1, reduction="none"
         )
-        for matching in MATCHINGS
+        for matching in SHORTHANDS
     }
 
 
@@ -201,7 +201,7 @@ def _inputs(kind, x, mask, target, rows=None):
 
 @pytest.mark.parametrize("kind", ["logits", "probs", "candidate_ids", "embeddings"])
 @settings(FUZZ, max_examples=3)
-@given(data=st.data(), matching=st.sampled_from(sorted(MATCHINGS)))
+@given(data=st.data(), matching=st.sampled_from(sorted(SHORTHANDS)))
 def test_loss_every_input_kind_and_matching(losses, scorer, kind, data, matching):
     vocab = scorer.encoder.input_embeddings.num_embeddings
     kind, x, mask, target = data.draw(loss_inputs(kind, vocab, scorer.encoder.hidden_size))

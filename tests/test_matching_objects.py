@@ -11,7 +11,6 @@ import torch
 import bsloss
 from bsloss import BERTScoreLoss, Hard, LogSumExp, Matching, Sinkhorn, Softmax
 from bsloss.functional import (
-    MATCHINGS,
     bert_score,
     hard_match,
     logsumexp_match,
@@ -20,7 +19,7 @@ from bsloss.functional import (
     softmax_match,
     token_scores,
 )
-from bsloss.functional.matching import SHORTHANDS, get_matching
+from bsloss.functional.matching import SHORTHANDS
 from bsloss.scorer.encoder import ScorerEncoder
 
 # (string form with its legacy keywords, the object it stands for)
@@ -175,10 +174,6 @@ def test_kernels_reject_wrong_keywords():
         sinkhorn_match(sim, c, r, temperature=0.1, iterations=2)
     with pytest.raises(TypeError):
         Softmax(temprature=0.1)
-    # the legacy name -> kernel table and get_matching still work
-    assert MATCHINGS["hard"] is hard_match and set(MATCHINGS) == set(SHORTHANDS)
-    p, _ = get_matching("softmax")(sim, c, r, temperature=0.1)
-    torch.testing.assert_close(p, Softmax(0.1)(sim, c, r)[0])
 
 
 def test_repr_and_equality():

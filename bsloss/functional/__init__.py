@@ -9,7 +9,6 @@ from bsloss.functional.bertscore import PRF, bert_score, token_scores
 from bsloss.functional.centering import batch_center, batch_mean
 from bsloss.functional.idf import idf_table, table_from_mapping, uniform_table
 from bsloss.functional.matching import (
-    MATCHINGS,
     Hard,
     LogSumExp,
     Matching,
@@ -21,11 +20,12 @@ from bsloss.functional.matching import (
     sinkhorn_match,
     softmax_match,
 )
-from bsloss.functional.reduction import f_measure, weighted_mean
+from bsloss.functional.reduction import best_over_references, f_measure, weighted_mean
 from bsloss.functional.rescale import rescale_with_baseline
 from bsloss.functional.similarity import cosine_similarity, l2_normalize
 
 __all__ = [
+    "best_over_references",
     "PRF",
     "bert_score",
     "token_scores",
@@ -40,7 +40,6 @@ __all__ = [
     "LogSumExp",
     "Sinkhorn",
     "resolve_matching",
-    "MATCHINGS",
     "hard_match",
     "logsumexp_match",
     "sinkhorn_match",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["weighted_mean", "f_measure"]
+__all__ = ["weighted_mean", "f_measure", "best_over_references"]
 
 
 def weighted_mean(token_scores: Tensor, weights: Tensor) -> Tensor:
@@ -40,3 +40,40 @@ def f_measure(precision: Tensor, recall: Tensor) -> Tensor:
     safe = torch.where(degenerate, torch.ones_like(denominator), denominator)
     f = 2 * precision * recall / safe
     return torch.where(degenerate, torch.zeros_like(f), f)
+
+
+def best_over_references(
+    scores: Tensor, owner: Tensor, num_candidates: int, ignore: Tensor | None = None
+) -> Tensor:
+    """The best score of each candidate over its references, column by column (bert_score's
+    rule for several references: the max of P, of R and of F, each on its own).
+
+    Args:
+        scores: ``[N]`` or ``[N, K]``, one row per (candidate, reference) pair.
+        owner: ``[N]`` int64, the candidate of each pair.
+        num_candidates: ``n``, the number of candidates.
+        ignore: ``[N]`` bool, pairs that do not compete (an empty candidate or reference).
+
+    Returns:
+        ``[n]`` or ``[n, K]``: the values of the first best pair (the gradient flows to it
+        alone); 0 for a candidate with no competing pair.
+
+    >>> import torch
+    >>> best_over_references(torch.tensor([0.2, 0.7, 0.5]), torch.tensor([0, 0, 1]), 2)
+    tensor([0.7000, 0.5000])
+    """
+    values = scores[:, None] if scores.dim() == 1 else scores
+    pairs, width = values.shape
+    competing = values.detach()
+    if ignore is not None:
+        competing = competing.masked_fill(ignore[:, None], float("-inf"))
+    index = owner.to(values.device)[:, None].expand(-1, width)
+    best = torch.full((num_candidates, width), float("-inf"), device=values.device)
+    best = best.to(values.dtype).scatter_reduce(0, index, competing, "amax")
+    is_best = (competing == best.gather(0, index)) & torch.isfinite(competing)
+    position = torch.arange(pairs, device=values.device)[:, None].expand(-1, width)
+    first = torch.full((num_candidates, width), pairs, device=values.device)
+    first = first.scatter_reduce(0, index, torch.where(is_best, position, pairs), "amin")
+    # row ``pairs`` of the padded scores is 0: a candidate with no competing pair
+    chosen = torch.cat([values, values.new_zeros(1, width)]).gather(0, first)
+    return chosen[:, 0] if scores.dim() == 1 else chosen

@@ -9,10 +9,6 @@ Everything that takes ``matching=`` goes through :func:`resolve_matching`, which
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from torch import Tensor
-
 from bsloss.functional.matching.base import (
     SHORTHANDS,
     Matching,
@@ -32,8 +28,6 @@ __all__ = [
     "Sinkhorn",
     "resolve_matching",
     "SHORTHANDS",
-    "MATCHINGS",
-    "get_matching",
     "check_temperature",
     "check_iterations",
     "hard_match",
@@ -105,29 +99,3 @@ def resolve_matching(
             f"matching must be one of {sorted(SHORTHANDS)}, got {matching!r}"
         ) from None
     return cls.from_shorthand(temperature=temperature, iterations=sinkhorn_iterations)
-
-
-MATCHINGS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
-    name: cls.kernel for name, cls in SHORTHANDS.items()
-}
-"""Legacy: shorthand -> math kernel (``MATCHINGS["hard"] is hard_match``); new code uses
-:func:`resolve_matching` or the classes."""
-
-
-def get_matching(name: str) -> Callable[..., tuple[Tensor, Tensor]]:
-    """Legacy: a function ``(sim, candidate_mask, reference_mask, *, temperature=None,
-    sinkhorn_iterations=None)`` for the shorthand ``name``, through :func:`resolve_matching`."""
-    resolve_matching(name)  # an unknown name fails here, not at the first call
-
-    def match(
-        sim: Tensor,
-        candidate_mask: Tensor,
-        reference_mask: Tensor,
-        *,
-        temperature: float | None = None,
-        sinkhorn_iterations: int | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        matching = resolve_matching(name, temperature, sinkhorn_iterations)
-        return matching(sim, candidate_mask, reference_mask)
-
-    return match
