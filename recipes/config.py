@@ -121,6 +121,8 @@ class TrainConfig:
     early_stopping_metric: str = "dev_bertscore_f"
     early_stopping_patience: int | None = None  # stop after N evaluations without gain (0: off)
     freeze_embeddings: bool = False  # freeze the input embedding and LM head (tied in Gemma)
+    lora_rank: int = 0  # > 0: LoRA adapters of this rank (peft) on every linear layer but the head
+    lora_alpha: float | None = None  # LoRA's scale alpha / rank (None: 2 * rank)
     save_every: int = 0  # a checkpoint every N steps (0: never)
     save_model: bool = True  # false: no model/ folder at the end (studies)
     checkpoints_total_limit: int = 2  # checkpoints/checkpoint_N kept (accelerate)
@@ -136,6 +138,8 @@ class TrainConfig:
                 "config train: early_stopping_patience needs train.eval_every > 0 "
                 "(the evaluations it counts)"
             )
+        if self.lora_rank < 0:
+            raise ValueError(f"config train: lora_rank must be >= 0 (0: off), got {self.lora_rank}")
         if self.early_stopping_patience is not None and self.early_stopping_patience < 0:
             raise ValueError(
                 "config train: early_stopping_patience must be >= 0 (0 or null: off), "

@@ -6,6 +6,7 @@ sampled generation as label-style ids.
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 
@@ -55,7 +56,10 @@ def load_generator(model_spec: ModelConfig, init_from: Path | None, scorer_encod
     kind = model_spec.kind
     if init_from is not None:
         check_init_from(model_spec, init_from)
-        return _pretrained(str(init_from), kind, f"--init_from {init_from}")
+        if not is_adapter(init_from):
+            return _pretrained(str(init_from), kind, f"--init_from {init_from}")
+        # a LoRA adapter: the configured model underneath, the adapter put on it by with_lora
+        return load_generator(model_spec, None, scorer_encoder)
     name = model_spec.generator
     if model_spec.generator_config:
         if not model_spec.tokenizer:
@@ -166,6 +170,70 @@ def check_init_from(model_spec: ModelConfig, init_from: Path) -> None:
             f"--init_from {init_from} is not the configured model (model.generator {name!r}): "
             + "; ".join(differ)
         )
+
+
+ADAPTER_CONFIG = "adapter_config.json"  # peft's: a folder saved from a LoRA-trained model
+
+
+def is_adapter(folder: Path) -> bool:
+    return (Path(folder) / ADAPTER_CONFIG).exists()
+
+
+def with_lora(model, rank: int, alpha: float | None, init_from: Path | None):
+    """The model to train: ``model`` itself (``rank`` 0, full fine-tuning), or a peft LoRA model
+    with rank-``rank`` adapters (scale ``alpha / rank``; ``alpha`` None: ``2 * rank``) on every
+    linear layer but the LM head, the base frozen. An ``--init_from`` folder that holds an adapter
+    (a LoRA run's ``best/`` or ``model/``) is loaded and trained on; its rank must be ``rank``.
+    Why LoRA in the recipes: a saved adapter is a few MB, so a study's converged start can be
+    committed and outlive the machine it was trained on (a full Gemma 3 270M is 1 GB)."""
+    adapter = init_from is not None and is_adapter(init_from)
+    if not rank:
+        if adapter:
+            raise ValueError(
+                f"--init_from {init_from} holds a LoRA adapter; set train.lora_rank to its rank "
+                "(stage 2 trains the adapter stage 1 trained)"
+            )
+        return model
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter:
+        saved = json.loads((Path(init_from) / ADAPTER_CONFIG).read_text())
+        if saved.get("r") != rank:
+            raise ValueError(
+                f"train.lora_rank is {rank} but --init_from {init_from} holds a rank-"
+                f"{saved.get('r')} adapter"
+            )
+        return PeftModel.from_pretrained(model, str(init_from), is_trainable=True)
+    lora = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank if alpha is None else alpha,
+        lora_dropout=0.0,
+        target_modules="all-linear",  # peft leaves the output layer (LM head) out
+        task_type="SEQ_2_SEQ_LM" if model.config.is_encoder_decoder else "CAUSAL_LM",
+    )
+    return get_peft_model(model, lora)
+
+
+def save_generator(model, tokenizer, folder: Path) -> None:
+    """The model (or, LoRA-trained, its adapter and the base's config, which ``--init_from``'s
+    identity check reads) and the tokenizer into ``folder``."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if is_adapter(folder):
+        model.get_base_model().config.save_pretrained(folder)
+
+
+def load_saved_weights(model, folder: Path) -> None:
+    """Load what :func:`save_generator` wrote into ``folder`` into ``model`` (the same kind)."""
+    if is_adapter(folder):
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(Path(folder) / "adapter_model.safetensors"))
+        return
+    saved = type(model).from_pretrained(folder, dtype=torch.float32)
+    own = model.state_dict()  # BERT2BERT's reload adds an unused pooler: dropped
+    model.load_state_dict({k: v for k, v in saved.state_dict().items() if k in own})
 
 
 def freeze_embeddings(model) -> int:

@@ -19,7 +19,13 @@ from causal import CausalCollator
 from config import load_config
 from evaluation import Evaluator
 from examples import batch_indices, check_dev_split, load_splits
-from generators import freeze_embeddings, load_generator
+from generators import (
+    freeze_embeddings,
+    load_generator,
+    load_saved_weights,
+    save_generator,
+    with_lora,
+)
 from seq2seq import Collator
 
 
@@ -313,6 +319,9 @@ class RecipeRun:
         self.frozen_parameters = 0
         if self.train.freeze_embeddings:
             self.frozen_parameters = freeze_embeddings(self.model)
+        self.model = with_lora(
+            self.model, self.train.lora_rank, self.train.lora_alpha, args.init_from
+        )
         if self.train.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
@@ -436,8 +445,7 @@ class RecipeRun:
         tracker = self.early_stopping
         key = "ce" if tracker.metric == "dev_ce" else "f_bert"
         if tracker.update(metrics[key], step):
-            self.unwrapped.save_pretrained(self.best_dir)
-            self.tokenizer.save_pretrained(self.best_dir)
+            save_generator(self.unwrapped, self.tokenizer, self.best_dir)
             (self.best_dir / "best.json").write_text(
                 json.dumps({"step": step, tracker.metric: metrics[key]})
             )
@@ -514,9 +522,7 @@ class RecipeRun:
                 f"{self.early_stopping.best_step}; the test score is best/'s",
                 file=sys.stderr,
             )
-        best = type(self.unwrapped).from_pretrained(self.best_dir, dtype=torch.float32)
-        own = self.unwrapped.state_dict()  # BERT2BERT's reload adds an unused pooler: dropped
-        self.unwrapped.load_state_dict({k: v for k, v in best.state_dict().items() if k in own})
+        load_saved_weights(self.unwrapped, self.best_dir)
         return int(saved["step"])
 
     def finish(self, last_step: int, title: str, **extra) -> dict:
@@ -542,8 +548,7 @@ class RecipeRun:
                 )
             # with a best/ (early stopping), that is the final model; a study may skip 1 GB each
             if self.train.save_model and extra.get("best_step") is None:
-                self.unwrapped.save_pretrained(self.output_dir / "model")
-                self.tokenizer.save_pretrained(self.output_dir / "model")
+                save_generator(self.unwrapped, self.tokenizer, self.output_dir / "model")
             if self.args.init_from is not None:
                 extra["init_from"] = str(Path(self.args.init_from).resolve())
             if self.train.freeze_embeddings:

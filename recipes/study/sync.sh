@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Copy the study's small outputs (logs, results, test and dev outputs; no weights) from a run
-# folder into the repository's recipes/results/study/, to commit as they arrive.
+# Copy the study's small outputs (logs, results, test and dev outputs) from a run folder into the
+# repository's recipes/results/study/, to commit as they arrive; and a LoRA run's best/ adapter
+# (a few MB: stage 1's converged start, which stage 2 starts from in any later session), without
+# the tokenizer (the configured generator's own).
 #   bash recipes/study/sync.sh /work/wt-study/runs/study
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,4 +13,9 @@ for run in "$FROM"/stage1-seed* "$FROM"/stage2-seed*/*; do
     mkdir -p "recipes/results/study/$rel"
     find "$run" -maxdepth 1 -type f \( -name '*.jsonl' -o -name '*.json' -o -name '*.txt' \
         -o -name '*.png' \) -exec cp {} "recipes/results/study/$rel/" \;
+    if [ -f "$run/best/adapter_config.json" ]; then
+        mkdir -p "recipes/results/study/$rel/best"
+        cp "$run"/best/{adapter_config.json,adapter_model.safetensors,config.json,best.json} \
+            "recipes/results/study/$rel/best/"
+    fi
 done
