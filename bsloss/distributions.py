@@ -28,6 +28,7 @@ from torch import Tensor
 
 from bsloss.functional.gumbel_noise import draw_seed, gumbel_scores
 from bsloss.functional.straight_through import one_hot_straight_through
+from bsloss.inputs import position_of_first
 
 __all__ = [
     "TokenDistribution",
@@ -60,9 +61,7 @@ def check_finite_tensor(tensor: Tensor, name: str) -> None:
         return
     bad = ~torch.isfinite(tensor)
     if bad.any():
-        raise ValueError(
-            f"{name} contains NaN or Inf (first at position {bad.nonzero()[0].tolist()})"
-        )
+        raise ValueError(f"{name} contains NaN or Inf (first at {name}{position_of_first(bad)})")
 
 
 def _math(tensor: Tensor) -> Tensor:

@@ -11,6 +11,7 @@ import numbers
 from collections.abc import Sequence
 
 __all__ = [
+    "position_of_first",
     "check_text",
     "check_texts",
     "check_reference_groups",
@@ -18,6 +19,17 @@ __all__ = [
     "validate_pairs",
     "flatten_groups",
 ]
+
+
+def position_of_first(bad) -> str:
+    """``"[i, j]"``: the index of the first true element of the boolean tensor ``bad`` (which has
+    one), as every error that names where a bad input sits writes it (``name[i, j]``).
+
+    >>> import torch
+    >>> position_of_first(torch.tensor([[False, False], [False, True]]))
+    '[1, 1]'
+    """
+    return "[" + ", ".join(str(i) for i in bad.nonzero()[0].tolist()) + "]"
 
 
 def check_text(text: object, name: str) -> str:

@@ -42,7 +42,12 @@ from bsloss.functional.fused_expectation import (
 from bsloss.functional.gumbel_noise import draw_seed
 from bsloss.functional.matching import Matching, resolve_matching
 from bsloss.functional.matching.base import check_temperature
-from bsloss.inputs import check_reference_groups, check_texts, flatten_groups
+from bsloss.inputs import (
+    check_reference_groups,
+    check_texts,
+    flatten_groups,
+    position_of_first,
+)
 from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.checkpointing import set_gradient_checkpointing
 from bsloss.scorer.encoder import ScorerEncoder
@@ -495,7 +500,7 @@ class BERTScoreLoss(nn.Module):
             if (bad & candidate_mask).any():
                 raise ValueError(
                     f"candidate_ids has ids outside [0, {table.shape[0]}) at "
-                    f"{(bad & candidate_mask).nonzero()[0].tolist()}"
+                    f"candidate_ids{position_of_first(bad & candidate_mask)}"
                 )
             if self.bridge is None or self.bridge.identity:
                 # the scorer's own ids: its special tokens ([CLS]/[SEP], [PAD]) are skipped, as
@@ -623,7 +628,7 @@ class BERTScoreLoss(nn.Module):
                 use_sdpa=self.retokenizer is None,
             )
         except NonFiniteLogitsError as error:
-            where = selected.nonzero()[error.row].tolist()
+            where = selected.nonzero()[error.row].tolist()  # the pass's row -> its [b, t]
             raise ValueError(
                 f"the logits of hidden_states{where} under output_embeddings are NaN or Inf (NaN "
                 "or Inf in hidden_states or the LM head's weight, a float16 overflow of h W^T, "
@@ -701,7 +706,7 @@ class BERTScoreLoss(nn.Module):
         if bad.any():
             raise ValueError(
                 f"reference_ids has ids outside the scorer's vocabulary [0, {vocab}) at "
-                f"{bad.nonzero()[0].tolist()}"
+                f"reference_ids{position_of_first(bad)}"
             )
         # padding after the last real column is dropped: a long padded batch of short rows fits
         if mask.shape[1] > self.encoder.max_length:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from tasks import get_task
 
 from bsloss.integrations.term_weights import Balanced, Fixed
 
@@ -50,9 +51,6 @@ def base_arguments(description: str) -> argparse.ArgumentParser:
         help="stop after this many steps of this invocation, as an interruption would",
     )
     return parser
-
-
-TASKS = ("summarization", "translation")
 
 
 @dataclass
@@ -159,10 +157,14 @@ class EvalConfig:
 
 @dataclass
 class RLConfig:
-    """Config section ``rl`` (rl_scst.py)."""
+    """Config section ``rl``: rl_scst.py's (ce_weight, sample_top_k) and grpo.py's
+    (num_generations, temperature, beta; TRL's GRPOConfig keys of the same names)."""
 
     ce_weight: float = 0.0  # + ce_weight * teacher-forced CE
     sample_top_k: int = 0  # 0: sample from the whole distribution
+    num_generations: int = 4  # GRPO: completions per prompt (its group); divides train.batch_size
+    temperature: float = 1.0  # GRPO: sampling temperature
+    beta: float = 0.0  # GRPO: KL weight to the starting model (0: none, no reference copy)
 
 
 SECTIONS = {
@@ -201,6 +203,8 @@ POSITIVE_KEYS = {
     "max_target_length",
     "num_beams",
     "max_new_tokens",
+    "num_generations",
+    "temperature",
 }
 _TYPES = {"int": int, "float": float, "bool": bool, "str": str, "dict": dict, "None": type(None)}
 
@@ -302,8 +306,7 @@ def load_config(path: Path, overrides: list[str]) -> RecipeConfig:
     unknown = [name for name in raw if name not in known]
     if unknown:
         raise ValueError(f"config: unknown section(s) {unknown} (known: {', '.join(known)})")
-    if raw.get("task") not in TASKS:
-        raise ValueError(f"config task must be summarization or translation: {raw.get('task')}")
+    get_task(raw.get("task"))  # a task that recipes/tasks.py defines, or a named error
     loss = raw.get("loss") or {}
     if not isinstance(loss, dict):
         raise ValueError(f"config loss: expected a mapping of keys, got {loss!r}")

@@ -1,5 +1,6 @@
-"""Held-out evaluation: generation, then hard F_BERT (bsloss's exact ``BERTScorer``), ROUGE
-(summarization) or sacreBLEU BLEU and chrF (translation), and teacher-forced CE.
+"""Held-out evaluation: generation, then hard F_BERT (bsloss's exact ``BERTScorer``), the task's
+metrics (:mod:`tasks`: ROUGE for summarization, sacreBLEU BLEU and chrF for translation), the
+mean length in words, and teacher-forced CE.
 """
 
 from __future__ import annotations
@@ -7,16 +8,17 @@ from __future__ import annotations
 import torch
 from config import EvalConfig
 from seq2seq import Collator
+from tasks import get_task
 
 from bsloss.integrations.lm_head import IGNORE_INDEX, token_cross_entropy
 
 
 class Evaluator:
-    """Held-out generation and scoring: hard F_BERT (exact BERTScorer), ROUGE-1/2/L
-    (summarization) or sacreBLEU BLEU and chrF (translation), and teacher-forced CE."""
+    """Held-out generation and scoring: hard F_BERT (exact BERTScorer), the task's metrics,
+    the mean length and teacher-forced CE."""
 
     def __init__(self, task: str, scorer, config: EvalConfig):
-        self.task, self.scorer = task, scorer
+        self.task, self.scorer = get_task(task), scorer
         self.num_beams = config.num_beams
         self.max_new_tokens = config.max_new_tokens
         self.batch_size = config.batch_size
@@ -38,16 +40,7 @@ class Evaluator:
     def metrics(self, hypotheses: list[str], references: list[str], lowercase: bool) -> dict:
         _, _, f = self.scorer.score(hypotheses, references, progress=False)
         result = {"f_bert": float(f.mean())}
-        if self.task == "summarization":
-            for key, values in rouge_scores(hypotheses, references).items():
-                result[key] = sum(values) / len(values)
-        else:
-            import sacrebleu
-
-            result["bleu"] = sacrebleu.corpus_bleu(
-                hypotheses, [references], lowercase=lowercase
-            ).score
-            result["chrf"] = sacrebleu.corpus_chrf(hypotheses, [references]).score
+        result |= self.task.metrics(hypotheses, references, lowercase)
         result["mean_length"] = sum(len(h.split()) for h in hypotheses) / len(hypotheses)
         return result
 
@@ -75,15 +68,6 @@ def generate_answers(
             collator.generate(model, batch, max_new_tokens, num_beams=num_beams)
         )
     return outputs
-
-
-def rouge_scores(hypotheses: list[str], references: list[str]) -> dict[str, list[float]]:
-    """Per-example ROUGE-1/2/L F-measures (``rouge-score``, with stemming)."""
-    from rouge_score import rouge_scorer
-
-    rouge = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
-    rows = [rouge.score(r, h) for h, r in zip(hypotheses, references, strict=True)]
-    return {key: [row[key].fmeasure for row in rows] for key in ("rouge1", "rouge2", "rougeL")}
 
 
 def lowercases(tokenizer) -> bool:

@@ -82,17 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     mode = loss_spec["candidates"]
     with run.phase("building the loss (the vocabulary bridge when the vocabularies differ)"):
         loss_fn = build_loss(config, run.encoder, run.tokenizer)
-    if not args.resume:
-        run.log.write(
-            kind="setup",
-            step=0,
-            generator=type(run.model).__name__,
-            parameters=sum(p.numel() for p in run.model.parameters()),
-            trainable_parameters=sum(p.numel() for p in run.model.parameters() if p.requires_grad),
-            scorer=run.encoder.describe(),
-            bridge=None if loss_fn.bridge is None else loss_fn.bridge.fidelity(),
-            world_size=run.accelerator.num_processes,
-        )
+    run.log_setup(bridge=None if loss_fn.bridge is None else loss_fn.bridge.fidelity())
     optimizer, scheduler = build_optimizer(run.model, train_spec, run.accelerator.num_processes)
     model, optimizer, scheduler, start_step = run.prepare(optimizer, scheduler)
 

@@ -1,67 +1,44 @@
 """GRPO (Shao et al., 2024) of a decoder-only LM with a BERTScore reward, through TRL's
 ``GRPOTrainer`` and :class:`bsloss.BERTScoreReward`.
 
-    accelerate launch recipes/grpo.py --model gemma-3-270m --task summarization \\
-        --output_dir runs/grpo-xsum --max_steps 30 --num_generations 4 \\
-        --per_device_train_batch_size 4 --max_completion_length 32 --learning_rate 1e-6
+    python recipes/grpo.py --config recipes/configs/bible-es-en-gemma-grpo.yaml \\
+        --output_dir runs/grpo-bible [--set train.steps=60] [--init_from stage1/best] [--resume]
 
-Arguments are this script's (``ScriptArguments`` below) and those of ``trl.GRPOConfig``, as in
-TRL's own scripts (``--config file.yaml`` works too). The model is a hub name, a folder, or an
-offline short name of :mod:`bsloss.pretrained` (``gemma-3-270m``). The reward is the hard F_BERT
-of each completion's answer (its first line, :func:`prompting.answer`) against the reference.
-Before and after training, greedy answers to held-out prompts are scored with the training scorer,
-an independent scorer (all-mpnet-base-v2, when installed) and ROUGE-L; ``results.json`` holds
-them and the reward curve, ``reward.png`` plots it.
+The config is every recipe's (:mod:`config`: YAML sections, ``--set section.key=value``), read the
+way finetune.py reads it: ``data`` (examples, prompt, ``max_target_length`` = the completion
+length), ``model`` (with ``train.lora_rank`` and ``--init_from``, :func:`generators.with_lora`),
+``scorer`` (the reward's and the evaluation's), ``eval`` (the held-out generation). ``train``
+gives TRL its optimisation: ``steps``, ``batch_size`` (completions per step: ``batch_size /
+rl.num_generations`` prompts), the learning rate and schedule, ``max_grad_norm``, ``seed``, a
+checkpoint every ``save_every`` steps (``--resume``) and the dev evaluation every ``eval_every``.
+``rl`` holds GRPO's own: ``num_generations``, ``temperature``, ``beta``; everything else is TRL's
+default (its loss ``dapo``, rewards scaled per group). The reward is the hard F_BERT of each
+completion's answer (its first line, :func:`prompting.answer`) against the reference.
+
+Shares finetune.py's run (:class:`run.RecipeRun`): the test split scored before and after training
+by the same evaluator (F_BERT, BLEU / chrF or ROUGE, length, CE), ``log.jsonl`` (train lines carry
+the mean ``reward``, ``time`` and ``cpu``), ``dev_outputs/``, ``test_outputs.txt``,
+``results.json`` (with the reward curve), ``curves.png`` and ``reward.png``.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from causal import CausalCollator
-from config import DataConfig
-from evaluation import generate_answers, rouge_scores
-from examples import load_splits
+from config import base_arguments
 from prompting import answer
+from run import RecipeRun
+from transformers import TrainerCallback
 
-from bsloss import BERTScorer, BERTScoreReward
-from bsloss.pretrained import resolve_model
+from bsloss import BERTScoreReward
 from bsloss.reward import completion_text
 
-DATA = {
-    "summarization": {
-        "path": "recipes/data/xsum-sample.jsonl",
-        "source": "document",
-        "target": "summary",
-    },
-    "translation": {
-        "path": "recipes/data/bible-es-en-sample.tsv",
-        "source": "spanish",
-        "target": "english",
-    },
-}
-
-
-@dataclass
-class ScriptArguments:
-    model: str = field(
-        default="gemma-3-270m", metadata={"help": "hub name, folder or offline name"}
-    )
-    task: str = field(default="summarization", metadata={"help": "summarization | translation"})
-    prompt_format: str | None = field(default=None, metadata={"help": "with {source}"})
-    chat_template: str = field(
-        default="auto", metadata={"help": "auto (when the tokenizer has one) | true | false"}
-    )
-    max_source_tokens: int = field(default=128, metadata={"help": "article lead kept, in tokens"})
-    max_train: int | None = None
-    max_test: int = 30
-    scorer: str | None = field(default=None, metadata={"help": "None: the embedded MiniLM"})
-    independent_scorer: str | None = field(
-        default="all-mpnet-base-v2", metadata={"help": "held-out only; 'none' to skip"}
-    )
+# TRL's log keys kept in log.jsonl, under the recipe's names
+LOGGED = {"reward_std": "reward_std", "completions/mean_length": "completion_length",
+          "learning_rate": "lr"}  # fmt: skip
+TIMER_FILE = "recipe_timer.json"  # in each TRL checkpoint: the log's time and cpu so far
 
 
 class FirstLineReward:
@@ -75,14 +52,142 @@ class FirstLineReward:
         return self.reward(completions=texts, **columns)
 
 
-def held_out_scores(model, collator, examples, scorers, max_new_tokens, batch_size=8) -> dict:
-    """Greedy answers to the examples' prompts, scored against their targets."""
-    answers = generate_answers(model, collator, examples, model.device, max_new_tokens, batch_size)
-    references = [e.target for e in examples]
-    scores = {name: float(s.score(answers, references)[2].mean()) for name, s in scorers.items()}
-    rouge_l = rouge_scores(answers, references)["rougeL"]
-    scores["rougeL"] = sum(rouge_l) / len(rouge_l)
-    return {"scores": scores, "answers": answers}
+class RecipeCallback(TrainerCallback):
+    """The recipe's side of TRL's loop: each logged step into ``log.jsonl``, the dev evaluation
+    every ``train.eval_every`` steps, the timer saved with each checkpoint, ``--stop_after``."""
+
+    def __init__(self, run: RecipeRun, start_step: int):
+        self.run, self.start_step = run, start_step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "reward" not in logs:
+            return
+        run, step = self.run, state.global_step
+        entry = {"loss": logs.get("loss"), "reward": logs["reward"]}
+        for key in ("reward_std", "completions/mean_length", "learning_rate"):
+            if key in logs:
+                entry[key.replace("completions/", "completion_").replace("learning_rate", "lr")] = (
+                    logs[key]
+                )
+        run.log.write(kind="train", step=step, time=run.timer(), cpu=run.timer.cpu(), **entry)
+        if run.train.eval_every and step % run.train.eval_every == 0:
+            run.validate(step)
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        timer = {"time": self.run.timer(), "cpu": self.run.timer.cpu()}
+        (folder / TIMER_FILE).write_text(json.dumps(timer))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        stop_after = self.run.args.stop_after
+        if stop_after is not None and state.global_step - self.start_step >= stop_after:
+            control.should_training_stop = True
+
+
+def grpo_settings(run: RecipeRun, checkpoints: Path):
+    """TRL's ``GRPOConfig`` from the recipe config's ``train``, ``rl`` and ``data`` sections."""
+    from trl import GRPOConfig
+
+    train, rl = run.train, run.config.rl
+    if train.batch_size % rl.num_generations:
+        raise ValueError(
+            f"config train.batch_size ({train.batch_size}) must be a multiple of "
+            f"rl.num_generations ({rl.num_generations}): a step's completions are whole groups"
+        )
+    if train.early_stopping_patience:
+        raise ValueError(
+            "config train.early_stopping_patience: grpo.py runs train.steps steps (no early "
+            "stopping); set it to 0 or null"
+        )
+    if run.config.loss.get("weight", 0.0):
+        raise ValueError(
+            "config loss.weight: grpo.py trains on the F_BERT reward alone; loss.weight is "
+            "finetune.py's (set it to 0)"
+        )
+    mixed = run.args.mixed_precision or train.mixed_precision
+    return GRPOConfig(
+        output_dir=str(checkpoints),
+        max_steps=train.steps,
+        per_device_train_batch_size=train.batch_size,
+        gradient_accumulation_steps=train.gradient_accumulation_steps,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_scheduler_type,
+        warmup_steps=train.lr_warmup_steps,
+        weight_decay=train.weight_decay,
+        max_grad_norm=train.max_grad_norm or 0.0,
+        seed=train.seed,
+        data_seed=train.seed,
+        gradient_checkpointing=train.gradient_checkpointing,
+        bf16=mixed == "bf16",
+        fp16=mixed == "fp16",
+        use_cpu=run.args.cpu or not torch.cuda.is_available(),
+        num_generations=rl.num_generations,
+        temperature=rl.temperature,
+        beta=rl.beta,
+        max_completion_length=run.config.data.max_target_length,
+        logging_steps=1,
+        save_strategy="steps" if train.save_every else "no",
+        save_steps=train.save_every or 1,
+        save_total_limit=train.checkpoints_total_limit,
+        report_to="none",
+        disable_tqdm=True,
+        # the recipe's Accelerator (RecipeRun) is TRL's too: without this the arguments would
+        # reset its state, and the recipe's evaluation would lose its device
+        accelerator_config={"use_configured_state": True},
+    )
+
+
+def last_checkpoint(checkpoints: Path) -> Path:
+    saved = sorted(checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not saved:
+        raise FileNotFoundError(f"--resume: no checkpoint under {checkpoints}")
+    return saved[-1]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import datasets
+    from trl import GRPOTrainer
+
+    args = base_arguments(__doc__.splitlines()[0]).parse_args(argv)
+    run = RecipeRun(args, gradient_accumulation=False)
+    if run.config.model.kind == "seq2seq" or getattr(run.model.config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"model.generator {run.config.model.generator!r} is an encoder-decoder; GRPO here "
+            "is for decoder-only LMs"
+        )
+    checkpoints = run.output_dir / "checkpoints"
+    settings = grpo_settings(run, checkpoints)
+    run.log_setup(num_generations=run.config.rl.num_generations)
+    run.unwrapped = run.model  # TRL prepares it; the recipe evaluates the same module
+    start, resume_from = 0, None
+    if args.resume:
+        resume_from = last_checkpoint(checkpoints)
+        start = int(resume_from.name.split("-")[1])
+        run.log.truncate_after(start)
+        timer = json.loads((resume_from / TIMER_FILE).read_text())
+        run.timer.continue_from(timer["time"], timer["cpu"])
+    run.begin(start)
+    train = [
+        {"prompt": run.collator.prompt(e.source), "reference": e.target} for e in run.data["train"]
+    ]
+    trainer = GRPOTrainer(
+        model=run.model,
+        reward_funcs=FirstLineReward(BERTScoreReward(scorer=run.scorer)),
+        args=settings,
+        train_dataset=datasets.Dataset.from_list(train),
+        processing_class=run.tokenizer,
+        callbacks=[RecipeCallback(run, start)],
+    )
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    curve = [
+        {"step": e["step"], "reward": e["reward"], "reward_std": e.get("reward_std")}
+        for e in run.log.entries()
+        if e.get("kind") == "train" and "reward" in e
+    ]
+    results = run.finish(trainer.state.global_step, f"GRPO: {args.config.name}", reward_curve=curve)
+    if curve and "after" in results:
+        plot_reward_curve(curve, run.output_dir / "reward.png", f"GRPO: {args.config.name}")
+    return results
 
 
 def plot_reward_curve(curve: list[dict], path: Path, title: str, window: int = 5) -> Path:
@@ -107,83 +212,6 @@ def plot_reward_curve(curve: list[dict], path: Path, title: str, window: int = 5
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-def main(argv: list[str] | None = None) -> dict:
-    import datasets
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer, TrlParser
-
-    script, config = TrlParser((ScriptArguments, GRPOConfig)).parse_args_into_dataclasses(argv)
-    if script.task not in DATA:
-        raise ValueError(f"--task must be one of {sorted(DATA)}, got {script.task!r}")
-    path = resolve_model(script.model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    if getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError(
-            f"--model {script.model!r} is an encoder-decoder; GRPO here is for causal LMs"
-        )
-    splits = load_splits(
-        DataConfig(**DATA[script.task], max_train=script.max_train, max_test=script.max_test)
-    )
-
-    # the recipes' decoder-only layout: the same prompts, left-padded generation, answers
-    collator = CausalCollator(
-        tokenizer, model, script.task, script.max_source_tokens,
-        config.max_completion_length + 1, script.prompt_format,
-        script.chat_template,
-    )  # fmt: skip
-    train = [{"prompt": collator.prompt(e.source), "reference": e.target} for e in splits["train"]]
-    test = splits["test"]
-    scorer = BERTScorer(script.scorer, device=model.device)
-    scorers = {"f_bert": scorer}
-    if script.independent_scorer and script.independent_scorer.lower() != "none":
-        try:
-            scorers["f_bert_independent"] = BERTScorer(
-                script.independent_scorer, num_layers=12, device=model.device
-            )
-        except ImportError as error:  # its packages are optional; say so in the results
-            print(f"independent scorer skipped: {error}")
-    reward = FirstLineReward(BERTScoreReward(scorer=scorer))
-    before = held_out_scores(model, collator, test, scorers, config.max_completion_length)
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=reward,
-        args=config,
-        train_dataset=datasets.Dataset.from_list(train),
-        processing_class=tokenizer,
-    )
-    trainer.train()
-    after = held_out_scores(trainer.model, collator, test, scorers, config.max_completion_length)
-    curve = [
-        {"step": e["step"], "reward": e["reward"], "reward_std": e.get("reward_std")}
-        for e in trainer.state.log_history
-        if "reward" in e
-    ]
-    results = {
-        "model": script.model,
-        "task": script.task,
-        "before": before["scores"],
-        "after": after["scores"],
-        "reward_curve": curve,
-        "steps": config.max_steps,
-    }
-    out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    (out / "test_outputs.jsonl").write_text(
-        "".join(
-            json.dumps({"reference": r, "before": b, "after": a}) + "\n"
-            for r, b, a in zip(
-                [e.target for e in test], before["answers"], after["answers"], strict=True
-            )
-        )
-    )
-    if curve:
-        plot_reward_curve(curve, out / "reward.png", f"GRPO {script.task}, {script.model}")
-    print(json.dumps({k: results[k] for k in ("before", "after")}, indent=2))
-    return results
 
 
 if __name__ == "__main__":

@@ -10,10 +10,7 @@ Batching and generation are :mod:`causal`'s.
 
 from __future__ import annotations
 
-PROMPT_FORMATS = {
-    "summarization": "Article: {source}\n\nSummary of the article in one sentence:",
-    "translation": "Spanish: {source}\nEnglish:",
-}
+from tasks import get_task
 
 
 def uses_chat_template(tokenizer, setting: bool | str = "auto") -> bool:
@@ -40,11 +37,9 @@ def prompt_text(
     tokenizer, task: str, source: str, template: str | None = None, chat: bool = False
 ) -> str:
     """The prompt for one source text: ``template`` (with ``{source}``), else the task's plain
-    format; as one user message through the chat template when ``chat``."""
+    format (:mod:`tasks`); as one user message through the chat template when ``chat``."""
     if template is None:
-        if task not in PROMPT_FORMATS:
-            raise ValueError(f"task must be one of {sorted(PROMPT_FORMATS)}, got {task!r}")
-        template = PROMPT_FORMATS[task]
+        template = get_task(task).prompt_format
     if "{source}" not in template:
         raise ValueError(f"prompt_format must contain '{{source}}', got {template!r}")
     text = template.format(source=source)

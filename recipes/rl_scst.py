@@ -36,6 +36,7 @@ def sequence_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
 def main(argv: list[str] | None = None) -> dict:
     args = base_arguments(__doc__.splitlines()[0]).parse_args(argv)
     run = RecipeRun(args, gradient_accumulation=False)
+    run.log_setup()
     train_spec, rl_spec = run.train, run.config.rl
     reward = BERTScoreReward(scorer=run.scorer)
     trainable = [p for p in run.model.parameters() if p.requires_grad]  # train.freeze_embeddings

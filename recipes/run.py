@@ -92,17 +92,25 @@ class Progress:
     """The last completed step and the early-stopping state, saved in every checkpoint with the
     model, optimizer, scheduler and RNG states (``accelerator.register_for_checkpointing``)."""
 
-    def __init__(self, early_stopping: EarlyStopping):
+    def __init__(self, early_stopping: EarlyStopping, timer: Timer):
         self.step = 0
         self.early_stopping = early_stopping
+        self.timer = timer
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "early_stopping": self.early_stopping.state_dict()}
+        return {
+            "step": self.step,
+            "early_stopping": self.early_stopping.state_dict(),
+            "time": self.timer(),
+            "cpu": self.timer.cpu(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
         if "early_stopping" in state:  # absent from checkpoints written before it existed
             self.early_stopping.load_state_dict(state["early_stopping"])
+        if "cpu" in state:  # the log's time and cpu go on from the checkpoint's
+            self.timer.continue_from(state["time"], state["cpu"])
 
 
 def resume(accelerator, output_dir: Path, log: RunLog, progress: Progress) -> int:
@@ -253,6 +261,12 @@ class Timer:
     def __init__(self):
         self.start, self.cpu_start = time.perf_counter(), time.process_time()
 
+    def continue_from(self, seconds: float, cpu_seconds: float) -> None:
+        """A resumed run counts on from a checkpoint's totals (the work an interruption lost
+        after its last checkpoint is done again, and counted once)."""
+        self.start = time.perf_counter() - seconds
+        self.cpu_start = time.process_time() - cpu_seconds
+
     def __call__(self) -> float:
         return round(time.perf_counter() - self.start, 2)
 
@@ -296,7 +310,7 @@ class RecipeRun:
             self.train.early_stopping_metric, self.train.early_stopping_patience
         )
         self.stopped_at: int | None = None  # the step early stopping ended the run at
-        self.progress = Progress(self.early_stopping)
+        self.progress = Progress(self.early_stopping, self.timer)
         self.accelerator.register_for_checkpointing(self.progress)
         set_seed(self.train.seed)
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -353,6 +367,23 @@ class RecipeRun:
         self.results_path = self.output_dir / "results.json"
         self.results: dict = {}
 
+    def log_setup(self, **extra) -> None:
+        """The log's first line (a new run's only): the generator, its parameters (all and
+        trainable), the scorer and the number of processes, with the recipe's ``extra``."""
+        if self.args.resume:
+            return
+        parameters = list(self.model.parameters())
+        self.log.write(
+            kind="setup",
+            step=0,
+            generator=type(self.model).__name__,
+            parameters=sum(p.numel() for p in parameters),
+            trainable_parameters=sum(p.numel() for p in parameters if p.requires_grad),
+            scorer=self.encoder.describe(),
+            world_size=self.accelerator.num_processes,
+            **extra,
+        )
+
     def say(self, message: str) -> None:
         """One progress line on the main process, with the time since the start."""
         if self.accelerator.is_main_process:
@@ -382,6 +413,12 @@ class RecipeRun:
         start = 0
         if self.args.resume:
             start = resume(self.accelerator, self.output_dir, self.log, self.progress)
+        self.begin(start)
+        return (*prepared, start)
+
+    def begin(self, start: int) -> None:
+        """Before the first step: the test score before training and the dev metrics at step 0
+        (a run that starts at ``start`` > 0 has them already)."""
         if self.results_path.exists():
             self.results = json.loads(self.results_path.read_text())
         wants_before = self.config.eval.before
@@ -394,7 +431,6 @@ class RecipeRun:
         if start == 0 and self.train.eval_every and self.accelerator.is_main_process:
             # where the held-out curves start (not a candidate for best/: the trained steps are)
             self.validate(0)
-        return (*prepared, start)
 
     def evaluate(self, split: str, what: str = "evaluation") -> tuple[dict, list[str]]:
         """Generate for the ``split``'s examples and score them (a progress line before and
@@ -409,7 +445,9 @@ class RecipeRun:
 
     def validate(self, step: int) -> dict:
         """The dev metrics at ``step`` (:meth:`evaluate_dev`), logged; returned."""
-        metrics = self.evaluate_dev(step)
+        metrics, hypotheses = self.evaluate_dev(step)
+        if hypotheses:  # each evaluation's answers, for rescoring the curve with another scorer
+            self.write_outputs(f"dev_outputs/step_{step}.txt", hypotheses)
         self.log.write(
             kind="eval",
             split="validation",
@@ -420,9 +458,10 @@ class RecipeRun:
         )
         return metrics
 
-    def evaluate_dev(self, step: int) -> dict:
-        """The validation split's metrics: teacher-forced CE alone (``dev_ce``: no generation),
-        or everything :meth:`evaluate` computes (``dev_bertscore_f``)."""
+    def evaluate_dev(self, step: int) -> tuple[dict, list[str]]:
+        """The validation split's metrics: teacher-forced CE alone (``dev_ce``: no generation,
+        no answers), or everything :meth:`evaluate` computes (``dev_bertscore_f``), with the
+        generated answers."""
         what = f"held-out evaluation at step {step}"
         if self.train.early_stopping_metric == "dev_ce":
             examples = self.data["validation"]
@@ -432,8 +471,8 @@ class RecipeRun:
                 ce = self.evaluator.cross_entropy(model, self.collator, examples, self.device)
             model.train(was_training)
             self.say(f"{what}: ce {ce:.4f}")
-            return {"ce": ce, "examples": len(examples)}
-        return self.evaluate("validation", what)[0]
+            return {"ce": ce, "examples": len(examples)}, []
+        return self.evaluate("validation", what)
 
     @property
     def best_dir(self) -> Path:
@@ -507,7 +546,8 @@ class RecipeRun:
         self.stopped_at = None if stopped < 0 else stopped
 
     def write_outputs(self, name: str, hypotheses: list[str]) -> None:
-        """One generated answer per line, in test-set order (for rescoring later)."""
+        """One generated answer per line, in the split's order (for rescoring later)."""
+        (self.output_dir / name).parent.mkdir(parents=True, exist_ok=True)
         (self.output_dir / name).write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
 
     def restore_best(self) -> int:

@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from tasks import Task, get_task
 
 RECIPES = Path(__file__).resolve().parent
 RESULTS = RECIPES / "results"
@@ -74,15 +75,12 @@ class Scores:
     """Per-example scores of output lists against one task's references; corpus BLEU and chrF
     of any subset of examples."""
 
-    def __init__(self, task: str, references: list[str]):
+    def __init__(self, task: Task, references: list[str]):
         self.task, self.references = task, references
         self.scorers = scorers()
         self._cache: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
         self._statistics: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
-        if task != "xsum":
-            from sacrebleu.metrics import BLEU, CHRF
-
-            self._corpus_metrics = {"bleu": BLEU(), "chrf": CHRF()}
+        self._corpus_metrics = task.corpus_metrics()
 
     def per_example(self, outputs: list[str]) -> dict[str, np.ndarray]:
         if len(outputs) != len(self.references):
@@ -91,11 +89,8 @@ class Scores:
             name: scorer.score(outputs, self.references, progress=False)[2].numpy()
             for name, scorer in self.scorers.items()
         }
-        if self.task == "xsum":
-            from evaluation import rouge_scores
-
-            for key, values in rouge_scores(outputs, self.references).items():
-                scores[key] = np.array(values)
+        for key, values in self.task.per_example(outputs, self.references).items():
+            scores[key] = np.array(values)
         scores["words"] = np.array([len(h.split()) for h in outputs], dtype=float)
         return scores
 
@@ -115,7 +110,7 @@ class Scores:
     def corpus(self, outputs: list[str], subset: np.ndarray) -> dict[str, float]:
         """Corpus BLEU and chrF (sacreBLEU defaults) of the examples ``subset``, from per-sentence
         statistics summed over it (as sacreBLEU's own paired bootstrap does)."""
-        if self.task == "xsum":
+        if not self._corpus_metrics:
             return {}
         key = tuple(outputs)
         if key not in self._statistics:
@@ -181,20 +176,21 @@ def column_order(metrics) -> list[str]:
     return [m for m in metrics if m != "words"] + ["words"]
 
 
-def held_out_references(task: str) -> list[str]:
+def held_out(name: str) -> tuple[Task, list[str]]:
+    """The task and the test references of the config behind ``results/<name>/``."""
     from config import load_config
     from examples import load_splits
 
-    config = load_config(RECIPES / "configs" / CONFIGS[task], [])
-    return [e.target for e in load_splits(config.data)["test"]]
+    config = load_config(RECIPES / "configs" / CONFIGS[name], [])
+    return get_task(config.task), [e.target for e in load_splits(config.data)["test"]]
 
 
 def task_tables(task: Path) -> str:
-    references = held_out_references(task.name)
+    kind, references = held_out(task.name)
     runs, zero_shot = load_runs(task)
     if "ce" not in runs:
         return f"(no CE runs under {task})"
-    scores = Scores(task.name, references)
+    scores = Scores(kind, references)
     metrics = column_order(scores.all(runs["ce"][min(runs["ce"])]))
     lines = [
         f"Test examples: {len(references)}.\n",
@@ -231,7 +227,7 @@ def task_tables(task: Path) -> str:
 def grpo_table(folder: Path) -> str:
     """Held-out answers before and after a GRPO run (``test_outputs.jsonl``), re-scored."""
     rows = [json.loads(line) for line in (folder / "test_outputs.jsonl").read_text().splitlines()]
-    task = "xsum" if "xsum" in folder.name else "bible-es-en"
+    task = get_task("summarization" if "xsum" in folder.name else "translation")
     scores = Scores(task, [r["reference"] for r in rows])
     before, after = [r["before"] for r in rows], [r["after"] for r in rows]
     metrics = column_order(scores.all(after))

@@ -1,10 +1,12 @@
 """Run by tests/test_lm_head_integration.py as ``torchrun --nproc_per_node 2`` on the CPU (gloo):
-a DDP-wrapped tiny GPT-2 (tied and untied head), each process scoring its half of a batch with
-``BERTScoreTerm``, once through the fused LM-head path (the forward through DDP inside
-``lm_head_inputs``) and once densely; each writes the all-reduced gradients of both to
+a tiny GPT-2 (tied and untied head) trained across the two processes with DDP or FSDP 2
+(``fully_shard`` on each block, on an untied head as its own unit, then on the model), each
+process scoring its half of a batch with ``BERTScoreTerm``, once through the fused LM-head path
+(the forward inside ``lm_head_inputs``; under FSDP the chunked pass through ``LMHead.run``) and
+once densely; each writes the reduced gradients of both (full tensors) to
 ``RESULT_DIR/rank{r}.pt``.
 
-    torchrun --nproc_per_node 2 tests/_distributed_lm_head.py RESULT_DIR
+    torchrun --nproc_per_node 2 tests/_distributed_lm_head.py RESULT_DIR [ddp|fsdp]
 """
 
 from __future__ import annotations
@@ -45,19 +47,43 @@ def batch(tokenizer, rows: list[int]) -> dict:
     }
 
 
-def gradients(model, ddp, term, inputs, labels, fused: bool) -> dict:
+def gradients(model, wrapped, term, inputs, labels, fused: bool) -> dict:
     model.zero_grad(set_to_none=True)
     if fused:
         with lm_head_inputs(model) as head:
-            outputs = ddp(**inputs)
+            outputs = wrapped(**inputs)
     else:
-        head, outputs = None, ddp(**inputs)
-    term(outputs, labels, head=head).backward()  # DDP averages the gradients over processes
-    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        head, outputs = None, wrapped(**inputs)
+    term(outputs, labels, head=head).backward()  # DDP / FSDP average over the processes
+    return {
+        # FSDP's gradients are shards (DTensors): gathered whole to compare
+        n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+        for n, p in model.named_parameters()
+        if p.grad is not None
+    }
+
+
+def distributed_model(tokenizer, tied: bool, mode: str):
+    """(the model, what runs its forward): DDP's wrapper, or the model itself sharded."""
+    model = tiny_gpt2(tokenizer).eval()  # no dropout: the two passes must see one model
+    if not tied:  # an untied head: a parameter the forward (with the head swapped) never uses
+        model.config.tie_word_embeddings = False
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    if mode == "ddp":
+        return model, DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.transformer.h:
+        fully_shard(block)
+    if not tied:  # its own unit: its weight is gathered only for the chunked pass
+        fully_shard(model.lm_head)
+    fully_shard(model)  # the tied matrix belongs to the root unit with the input embedding
+    return model, model
 
 
 def main() -> None:
     result_dir = Path(sys.argv[1])
+    mode = sys.argv[2] if len(sys.argv) > 2 else "ddp"
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank = dist.get_rank()
     scorer = bsloss.BERTScorer(device="cpu")
@@ -67,14 +93,10 @@ def main() -> None:
     labels = data.pop("labels")
     results = {}
     for tied in (True, False):
-        model = tiny_gpt2(tokenizer).eval()  # no dropout: the two passes must see one model
-        if not tied:  # an untied head: a parameter the forward (with the head swapped) never uses
-            model.config.tie_word_embeddings = False
-            model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-        ddp = DistributedDataParallel(model)
         for fused in (True, False):
+            model, wrapped = distributed_model(tokenizer, tied, mode)  # the same start each time
             key = f"{'tied' if tied else 'untied'}-{'fused' if fused else 'dense'}"
-            results[key] = gradients(model, ddp, term, data, labels, fused)
+            results[key] = gradients(model, wrapped, term, data, labels, fused)
     dist.barrier()
     torch.save(results, result_dir / f"rank{rank}.pt")
     dist.destroy_process_group()

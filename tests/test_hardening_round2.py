@@ -527,21 +527,26 @@ import pickle, sys, torch
 from pathlib import Path
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
-from run import EarlyStopping, Progress, RunLog, resume
+from run import EarlyStopping, Progress, RunLog, Timer, resume
 
 out = Path(sys.argv[1])
 accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(
     project_dir=str(out), automatic_checkpoint_naming=True))
-progress = Progress(EarlyStopping("dev_ce", None))
+timer = Timer()
+progress = Progress(EarlyStopping("dev_ce", None), timer)
 accelerator.register_for_checkpointing(progress)
 model = torch.nn.Linear(2, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model, optimizer = accelerator.prepare(model, optimizer)
 progress.step = 3
+sum(i * i for i in range(3_000_000))  # CPU time before the checkpoint
+saved_cpu = timer.cpu()
 accelerator.save_state()
 log = RunLog(out / "log.jsonl", True)
 progress.step = 0
+timer.continue_from(0.0, 0.0)  # as a fresh process's timer
 print("resumed", resume(accelerator, out, log, progress))
+print("cpu counts on", saved_cpu > 0 and timer.cpu() >= saved_cpu)
 
 
 class RunsCode:
@@ -570,4 +575,5 @@ def test_decision_resume_unpickles_with_weights_only(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed 3" in done.stdout and "refused UnpicklingError" in done.stdout
+    assert "cpu counts on True" in done.stdout  # the log's cpu goes on across a resume
     assert "CODE RAN" not in done.stdout

@@ -3,7 +3,8 @@ SFTTrainer step with the BERTScore term on a model with Gemma 3's real 262,144-t
 never makes [B, L, V] float32 logits (its logits chunks stay under the fused pass's bound of
 4M elements, 16 MB), peaks lower than the dense path by at least their size,
 and gives the dense path's loss and gradients (within 1e-5); causal and encoder-decoder models,
-tied and untied heads, a soft-capped head; FSDP is refused, named."""
+tied and untied heads, a soft-capped head; under DDP and FSDP 2 on two gloo processes; FSDP 1's
+wrapper is refused, named."""
 
 from __future__ import annotations
 
@@ -308,7 +309,7 @@ def test_lm_head_inputs_refuses_what_it_cannot_serve():
     fsdp_like = type("FullyShardedDataParallel", (torch.nn.Module,), {})()
     model.transformer.add_module("wrapped", fsdp_like)
     with (
-        pytest.raises(ValueError, match="sharded with FSDP.*bertscore_fused=False"),
+        pytest.raises(ValueError, match=r"FullyShardedDataParallel \(FSDP 1\).*fully_shard"),
         lm_head_inputs(model),
     ):
         pass
@@ -333,9 +334,11 @@ def test_mixin_refuses_a_non_bool_fused(gemma_tokenizer, gemma_loss, tmp_path):
 
 
 @pytest.mark.slow  # two processes each load the scorer
-def test_ddp_fused_gradients_equal_dense_and_agree_across_processes(tmp_path):
-    """Two CPU processes (gloo), a DDP-wrapped tiny GPT-2 with a tied and an untied head: the
-    fused step's all-reduced gradients equal the dense step's and are the same on both."""
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_distributed_fused_gradients_equal_dense_and_agree_across_processes(tmp_path, mode):
+    """Two CPU processes (gloo), a tiny GPT-2 with a tied and an untied head, under DDP or
+    FSDP 2 (fully_shard; the untied head its own unit, gathered for the chunked pass only): the
+    fused step's reduced gradients equal the dense step's and are the same on both."""
     import os
     import subprocess
     import sys
@@ -348,7 +351,7 @@ def test_ddp_fused_gradients_equal_dense_and_agree_across_processes(tmp_path):
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
         "--master_port", str(free_port()), str(repo / "tests/_distributed_lm_head.py"),
-        str(tmp_path),
+        str(tmp_path), mode,
     ]  # fmt: skip
     done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]

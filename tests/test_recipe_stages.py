@@ -313,8 +313,11 @@ def test_the_stage1_config():
     train = config.train
     assert config.loss["weight"] == 0.0  # CE only
     assert train.early_stopping_metric == "dev_ce" and train.early_stopping_patience >= 1
-    assert train.freeze_embeddings and train.save_every == train.eval_every > 0
+    assert train.lora_rank > 0 and train.save_every == train.eval_every > 0  # a committable start
     assert train.steps >= 10 * train.eval_every  # a cap, not the expected end
+    stage2 = load_config(REPO / "recipes/configs/bible-es-en-gemma-stage2.yaml", []).train
+    assert stage2.lora_rank == train.lora_rank  # stage 2 trains stage 1's adapter
+    assert stage2.learning_rate == pytest.approx(train.learning_rate / 10)
     splits = load_splits(config.data)
     assert [len(splits[s]) for s in SPLITS] == [2000, 100, 200]
     check_dev_split(splits)
@@ -389,12 +392,13 @@ def test_stage2_arms_parse_and_build_their_loss(scorer):
     from arms import overrides as arm_overrides
 
     arms = load_arms(REPO / "recipes/study/arms.yaml")
-    assert {"ce", "berttune", "balanced", "sampled"} <= set(arms)
+    assert {"ce", "berttune", "balanced", "sampled", "grpo"} <= set(arms)
+    assert arms["grpo"]["script"] == "recipes/grpo.py"
     base = REPO / "recipes/configs/bible-es-en-gemma-stage2.yaml"
     for name, overrides in arms.items():
         config = load_config(base, arm_overrides(overrides))
         spec = recipe_loss_settings(config.loss)
-        assert spec["weight"] == overrides["loss.weight"], name
+        assert spec["weight"] == overrides.get("loss.weight", 0.0), name
         options = {k: v for k, v in config.loss.items() if k not in RECIPE_LOSS_KEYS}
         bsloss.BERTScoreLoss(encoder=scorer.encoder, **options)
     assert (
@@ -419,3 +423,61 @@ def test_recipe_loss_keys_refused_named(overrides, message):
     base = REPO / "recipes/configs/bible-es-en-gemma-stage2.yaml"
     with pytest.raises(ValueError, match=message):
         recipe_loss_settings(load_config(base, overrides).loss)
+
+
+# --- LoRA: a converged start small enough to commit ------------------------------------------
+
+
+def test_lora_adapter_saved_reloaded_and_continued(scorer, tmp_path):
+    """train.lora_rank puts adapters on every linear layer but the LM head and freezes the rest;
+    best/ (save_generator) holds the adapter and the base's config, not the base's weights;
+    --init_from that folder rebuilds the configured model with the same adapter (equal logits)
+    and trains on it; a rank that is not the saved one, or no LoRA, is refused by name."""
+    from generators import load_saved_weights, save_generator, with_lora
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    base = tiny_gpt2(tokenizer)
+    base.save_pretrained(tmp_path / "configured")
+    tokenizer.save_pretrained(tmp_path / "configured")
+    model_spec = ModelConfig(generator=str(tmp_path / "configured"))
+    model = with_lora(base, 4, None, None)
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
+    assert not any("lm_head" in name or "wte" in name for name in trainable)
+    assert model.peft_config["default"].lora_alpha == 8  # 2 * rank
+    with torch.no_grad():  # an adapter that changes the output (B starts at zero)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(5, 100, (2, 7), generator=torch.Generator().manual_seed(0))
+    expected = model.eval()(input_ids=ids).logits  # eval: GPT-2's dropout off
+    untrained = type(base).from_pretrained(tmp_path / "configured").eval()
+    assert not torch.allclose(expected, untrained(input_ids=ids).logits, atol=1e-3)
+
+    save_generator(model, tokenizer, tmp_path / "best")
+    saved = {p.name for p in (tmp_path / "best").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "config.json"} <= saved
+    assert not saved & {"model.safetensors", "pytorch_model.bin"}  # no base weights
+    check_init_from(model_spec, tmp_path / "best")  # the base's config: accepted
+
+    loaded, _ = load_generator(model_spec, tmp_path / "best", scorer.encoder)
+    loaded = with_lora(loaded, 4, None, tmp_path / "best").eval()
+    torch.testing.assert_close(loaded(input_ids=ids).logits, expected)
+    assert any(p.requires_grad for name, p in loaded.named_parameters() if "lora_B" in name)
+    # best/ restored into a model that trained on past it
+    with torch.no_grad():
+        for name, p in loaded.named_parameters():
+            if "lora_" in name:
+                p.add_(1.0)
+    assert not torch.allclose(loaded(input_ids=ids).logits, expected, atol=1e-3)
+    load_saved_weights(loaded, tmp_path / "best")
+    torch.testing.assert_close(loaded(input_ids=ids).logits, expected)
+
+    with pytest.raises(ValueError, match=r"train.lora_rank is 8 but --init_from .*best holds a "
+                       r"rank-4 adapter"):  # fmt: skip
+        with_lora(tiny_gpt2(tokenizer), 8, None, tmp_path / "best")
+    with pytest.raises(ValueError, match=r"--init_from .*best holds a LoRA adapter; set "
+                       r"train.lora_rank"):  # fmt: skip
+        with_lora(tiny_gpt2(tokenizer), 0, None, tmp_path / "best")
+    with pytest.raises(ValueError, match="config train: lora_rank must be >= 0"):
+        TrainConfig(steps=1, batch_size=1, learning_rate=1e-3, lora_rank=-1)

@@ -34,12 +34,16 @@ pytest.importorskip("rouge_score")
 pytest.importorskip("sacrebleu")
 
 
-def run_recipe(script: str, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_recipe(
+    script: str, *args: str, timeout: int = 300, expect_failure: bool = False
+) -> subprocess.CompletedProcess:
+    """Run ``recipes/<script>`` in a fresh process; it must succeed (or, with
+    ``expect_failure``, fail)."""
     command = [sys.executable, str(REPO / "recipes" / script), *map(str, args)]
     done = subprocess.run(
         command, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout
     )
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert (done.returncode != 0) == expect_failure, done.stderr[-4000:]
     return done
 
 

@@ -20,9 +20,9 @@ RUNS = sorted(
 
 @pytest.fixture(scope="module")
 def references():
-    from summarize_results import CONFIGS, held_out_references
+    from summarize_results import CONFIGS, held_out
 
-    return {task: held_out_references(task) for task in CONFIGS}
+    return {task: held_out(task)[1] for task in CONFIGS}
 
 
 def test_the_study_has_three_seeds_of_each_run():

@@ -62,6 +62,7 @@ from torch import Tensor, nn
 from bsloss.functional.gumbel_noise import draw_seed, gumbel_scores
 from bsloss.functional.matching.base import check_temperature
 from bsloss.functional.straight_through import one_hot_straight_through
+from bsloss.inputs import position_of_first
 
 __all__ = [
     "FusedHeadOutput",
@@ -386,7 +387,7 @@ def _check(hidden: Tensor, weight: Tensor, bias, table, targets, softcap, temper
         if bad.any():
             raise ValueError(
                 f"target_ids has ids outside [0, {vocab}) (and not {IGNORE_INDEX}) at "
-                f"position {bad.nonzero()[0].item()}"
+                f"target_ids{position_of_first(bad)}"
             )
     if softcap is not None:
         check_temperature(softcap, "softcap")

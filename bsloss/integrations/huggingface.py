@@ -192,15 +192,9 @@ class BERTScoreTerm:
                 prf = self.loss.score(logits=logits[rows].float(), **kept)
                 f1 = f1.index_put((rows,), getattr(prf, self.loss.target).float())
         elif keep.any():
-            prf, ce = self.loss.score_and_cross_entropy(
-                hidden_states=logits[rows],
-                output_embeddings=head,
-                logit_softcap=head.softcap,
-                target_ids=labels[rows],
-                **kept,
-            )
+            f1_kept, ce = head.run(self._fused_scores, logits[rows], labels[rows], kept)
             ce_sum = ce.sum()
-            f1 = f1.index_put((rows,), getattr(prf, self.loss.target).float())
+            f1 = f1.index_put((rows,), f1_kept.float())
         else:  # no target token at all: a zero on the graph of the hidden states
             ce_sum = logits.sum() * 0.0
         bertscore_sum = ((1 - f1) * tokens * keep).sum()
@@ -215,6 +209,20 @@ class BERTScoreTerm:
         if not isinstance(self.weight, Fixed):  # a step-by-step weight is logged
             metrics["bertscore_weight"].append(float(weight))
         return self.ce_weight * ce_mean + weight * term_mean
+
+    def _fused_scores(
+        self, head: LMHead, hidden_states: Tensor, target_ids: Tensor, kept: dict
+    ) -> tuple[Tensor, Tensor]:
+        """(the target score per row, the CE per token) from one chunked pass over ``head``
+        (called through :meth:`LMHead.run`: under FSDP 2, inside the head's unit)."""
+        prf, ce = self.loss.score_and_cross_entropy(
+            hidden_states=hidden_states,
+            output_embeddings=head,
+            logit_softcap=head.softcap,
+            target_ids=target_ids,
+            **kept,
+        )
+        return getattr(prf, self.loss.target), ce
 
     def pop_metrics(self, training: bool = True) -> dict[str, float]:
         """Mean ``ce`` (per completion token) and ``bertscore_f`` of the training batches
@@ -260,7 +268,9 @@ class BERTScoreTrainerMixin:
         bertscore_fused: the training step's CE and BERTScore from one chunked pass over the
             LM head (:mod:`bsloss.integrations.lm_head`): the model's forward stops before its
             head and no ``[B, L, V]`` logits exist. ``None`` (default): on when the model has
-            an output embedding. Off under FSDP (refused there, named). Evaluation
+            an output embedding. Under FSDP 2 (``fully_shard``) the head's weight is gathered
+            for the chunked pass by its unit (:meth:`~bsloss.integrations.lm_head.LMHead.run`);
+            FSDP 1's wrapper is refused, named. Evaluation
             (``prediction_step``, which hands the logits to ``compute_metrics``) runs the
             model's full forward either way.
 

@@ -12,9 +12,14 @@ output-embedding module is a pass-through (so ``outputs.logits`` are the head's 
 are off, and the block yields the head (:class:`LMHead`: weight, bias, soft-cap) to give
 :class:`~bsloss.BERTScoreLoss` as ``output_embeddings=``. It works for causal and
 encoder-decoder models, tied or untied heads, under DDP (the head's weight is a parameter of the
-model; its gradient arrives in the same backward pass). It does not work under FSDP, whose
-sharded head weight is gathered only inside the head module's own forward: use the dense path
-there (``BERTScoreTrainerMixin(bertscore_fused=False)``).
+model; its gradient arrives in the same backward pass) and under FSDP 2 (``fully_shard``): there
+the head's weight is sharded outside its unit's forward, so the chunked computation runs through
+:meth:`LMHead.run`, which calls it as a forward method of that unit
+(``torch.distributed.fsdp.register_fsdp_forward_method``): FSDP gathers the weight before,
+re-shards it after, gathers it again for the backward pass and reduce-scatters its gradient.
+The first FSDP (the ``FullyShardedDataParallel`` wrapper) is refused, named: it gathers only
+inside its wrapper's ``forward``; use ``fully_shard`` or the dense path
+(``BERTScoreTrainerMixin(bertscore_fused=False)``).
 
 :func:`token_cross_entropy` is the package's one cross-entropy of target tokens, from dense
 logits or chunked from :math:`h` and the head.
@@ -23,7 +28,8 @@ logits or chunked from :math:`h` and the head.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -37,11 +43,61 @@ class LMHead(nn.Module):
     """The LM head's weight ``[V, d]`` and bias (references to the model's parameters, not
     copies) and the model's final logit soft-cap (``None`` for most models), as
     :class:`~bsloss.BERTScoreLoss` takes them (``output_embeddings=head,
-    logit_softcap=head.softcap``)."""
+    logit_softcap=head.softcap``).
 
-    def __init__(self, weight: Tensor, bias: Tensor | None, softcap: float | None):
+    Under FSDP 2 the weight is usable only inside :meth:`run`; elsewhere it is a shard."""
+
+    def __init__(
+        self,
+        weight: Tensor,
+        bias: Tensor | None,
+        softcap: float | None,
+        *,
+        module: nn.Module | None = None,
+        extra_bias: Tensor | None = None,
+        owner: nn.Module | None = None,
+    ):
         super().__init__()
         self.weight, self.bias, self.softcap = weight, bias, softcap
+        # FSDP 2: the head module (its weight read afresh inside the owner's forward), BART's
+        # final_logits_bias, and the fully_shard unit whose forward gathers the weight
+        self._module, self._extra_bias, self._owner = module, extra_bias, owner
+
+    def run(self, compute: Callable[..., Any], *args: Any) -> Any:
+        """``compute(head, *args)``: the chunked computation over the head's weight. Under FSDP 2
+        it runs as a forward method of the unit that owns the weight (gathered for it, and for
+        its backward pass); ``compute``'s output must be a tensor or a tuple / list / dict of
+        tensors (FSDP hooks the backward pass on them)."""
+        if self._owner is None:
+            return compute(self, *args)
+        return self._owner._bsloss_head_forward(self._gathered_call, compute, *args)
+
+    def _gathered_call(self, compute: Callable[..., Any], *args: Any) -> Any:
+        module = self._module
+        bias = module.bias
+        if self._extra_bias is not None:
+            bias = self._extra_bias[0] if bias is None else bias + self._extra_bias[0]
+        return compute(LMHead(module.weight, bias, self.softcap), *args)
+
+
+def _head_forward(call: Callable[..., Any], *args: Any) -> Any:
+    return call(*args)
+
+
+def _fsdp2_owner(model: nn.Module, head: nn.Module) -> nn.Module | None:
+    """The ``fully_shard`` unit that manages the head's weight (the head itself or its nearest
+    sharded ancestor), prepared for :meth:`LMHead.run`; None when nothing is sharded."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+    except ImportError:  # a torch without FSDP 2
+        return None
+    path = next(name for name, module in model.named_modules() if module is head).split(".")
+    chain = [model.get_submodule(".".join(path[:depth])) for depth in range(len(path) + 1)]
+    owner = next((m for m in reversed(chain) if isinstance(m, FSDPModule)), None)
+    if owner is not None and not hasattr(owner, "_bsloss_head_forward"):
+        owner._bsloss_head_forward = _head_forward
+        register_fsdp_forward_method(owner, "_bsloss_head_forward")
+    return owner
 
 
 class _PassThrough(nn.Module):
@@ -49,14 +105,13 @@ class _PassThrough(nn.Module):
         return hidden
 
 
-def _refuse_fsdp(model: nn.Module) -> None:
+def _refuse_fsdp1(model: nn.Module) -> None:
     for module in model.modules():
-        if type(module).__name__ in ("FullyShardedDataParallel", "FSDPModule") or any(
-            cls.__name__ == "FSDPModule" for cls in type(module).__mro__
-        ):
+        if type(module).__name__ == "FullyShardedDataParallel":
             raise ValueError(
-                "lm_head_inputs: the model is sharded with FSDP, whose LM-head weight is gathered "
-                "only inside the head's own forward; use the dense path (bertscore_fused=False)"
+                "lm_head_inputs: the model is wrapped in FullyShardedDataParallel (FSDP 1), whose "
+                "LM-head weight is gathered only inside the wrapper's forward; shard it with "
+                "fully_shard (FSDP 2) or use the dense path (bertscore_fused=False)"
             )
 
 
@@ -71,7 +126,8 @@ def lm_head_inputs(model: nn.Module) -> Iterator[LMHead]:
             run the forward).
 
     Raises:
-        ValueError: the model has no output embedding, or is sharded with FSDP.
+        ValueError: the model has no output embedding, or is wrapped in FSDP 1's
+            ``FullyShardedDataParallel``.
 
     >>> import torch, transformers
     >>> config = transformers.GPT2Config(
@@ -90,7 +146,7 @@ def lm_head_inputs(model: nn.Module) -> Iterator[LMHead]:
             f"lm_head_inputs: {type(model).__name__} has no output embedding (LM head) with a "
             "weight; pass the model itself, not a wrapper (accelerator.unwrap_model(model))"
         )
-    _refuse_fsdp(model)
+    _refuse_fsdp1(model)
     parent, name = next(
         (module, child_name)
         for module in model.modules()
@@ -107,9 +163,17 @@ def lm_head_inputs(model: nn.Module) -> Iterator[LMHead]:
     softcap = getattr(config, "final_logit_softcapping", None)
     if softcap is not None:
         config.final_logit_softcapping = None
+    owner = _fsdp2_owner(model, head)
     setattr(parent, name, _PassThrough())
     try:
-        yield LMHead(head.weight, bias, softcap)
+        yield LMHead(
+            head.weight,
+            bias,
+            softcap,
+            module=head,
+            extra_bias=extra if isinstance(extra, Tensor) else None,
+            owner=owner,
+        )
     finally:
         setattr(parent, name, head)
         if softcap is not None:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stage 2 of the efficacy study (issue 25): every arm of recipes/study/arms.yaml from the same
-# stage-1 checkpoint (runs/study/stage1-seed<N>/best, see stage1.sh), with the same seed (so the
+# stage-1 checkpoint (START/stage1-seed<N>/best, see stage1.sh; START defaults to OUT, and
+# START=recipes/results/study takes the committed LoRA adapters), with the same seed (so the
 # same examples in the same order) and the same number of steps; each run into
 # runs/study/stage2-seed<N>/<arm>/. Settings: recipes/configs/bible-es-en-gemma-stage2.yaml, the
 # arm's --set overrides on top (EXTRA="--set k=v ..." adds more to every arm). Resumable and one
@@ -15,11 +16,12 @@ source recipes/study/lib.sh
 SEEDS=${SEEDS:-"0 1 2"}
 CONFIG=${CONFIG:-recipes/configs/bible-es-en-gemma-stage2.yaml}
 OUT=${OUT:-runs/study}
+START=${START:-$OUT}
 ARMS_FILE=${ARMS_FILE:-recipes/study/arms.yaml}
 ARMS=${ARMS:-$(python recipes/study/arms.py names "$ARMS_FILE")}
 JOBS=()
 for seed in $SEEDS; do
-    start=$OUT/stage1-seed$seed/best
+    start=$START/stage1-seed$seed/best
     if [ ! -f "$start/config.json" ]; then
         echo "seed $seed: no stage-1 checkpoint at $start (run recipes/study/stage1.sh)" >&2
         exit 1

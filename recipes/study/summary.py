@@ -1,0 +1,286 @@
+"""The efficacy study's tables and curves (issue 25), from its synced outputs.
+
+    python recipes/study/summary.py [recipes/results/study] > recipes/results/study/tables.md
+
+Reads ``stage1-seed<N>/`` (the converged start, scored on the test split with its ``best/``) and
+``stage2-seed<N>/<arm>/`` (``test_outputs.txt``, ``log.jsonl``, ``dev_outputs/step_<K>.txt``), as
+``recipes/study/sync.sh`` copies them. Every output is re-scored here, example by example
+(:class:`summarize_results.Scores`): hard F_BERT under the training scorer (MiniLM) and under the
+independent all-mpnet-base-v2 (never trained against), corpus BLEU and chrF (sacreBLEU), and
+length in words. Writes, to stdout:
+
+- each arm's mean ± standard deviation over seeds, the stage-1 start as the first row;
+- each arm minus ``ce`` (continued CE, same start, seed, examples and steps): the mean over
+  seeds, a paired bootstrap 95% interval over the test verses and the seeds with a positive
+  difference (:func:`summarize_results.paired_difference`);
+- each arm's cost: CPU-seconds per training step (the median step, evaluations excluded) and
+  core-hours in all (the runs' ``cpu`` totals, evaluations included), and the study's total;
+- the issue's goal, checked for each arm from those numbers.
+
+and plots the dev F_BERT (independent scorer) of every arm against the step and against the
+CPU-seconds (``dev_curves.png`` beside the outputs).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+RECIPES = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(RECIPES))
+
+from summarize_results import (  # noqa: E402
+    DIFFERENCE_HEADER,
+    DIGITS,
+    NAMES,
+    RESAMPLES,
+    Scores,
+    column_order,
+    difference_rows,
+    paired_difference,
+)
+from tasks import get_task  # noqa: E402
+
+STUDY = RECIPES / "results" / "study"
+CONFIG = RECIPES / "configs" / "bible-es-en-gemma-stage2.yaml"
+CONTROL = "ce"
+GOAL_METRIC = "f_bert_mpnet"  # the independent scorer: the goal is stated on it
+
+
+@dataclass
+class Run:
+    """One stage-2 run's outputs: the test answers, the log, the dev answers by step."""
+
+    test: list[str]
+    log: list[dict]
+    dev: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def cpu_total(self) -> float:
+        """Core-seconds of the whole run (training and evaluations), its log's last ``cpu``."""
+        return max((e["cpu"] for e in self.log if "cpu" in e), default=float("nan"))
+
+    @property
+    def cpu_per_step(self) -> float:
+        """The median CPU-seconds between consecutive training steps with no evaluation
+        between them (an evaluation's cost is not a step's)."""
+        lines = [e for e in self.log if e.get("kind") in ("train", "eval")]
+        steps = [
+            b["cpu"] - a["cpu"]
+            for a, b in zip(lines, lines[1:], strict=False)
+            if a.get("kind") == b.get("kind") == "train" and b["step"] == a["step"] + 1
+        ]
+        return float(np.median(steps)) if steps else float("nan")
+
+    def dev_cpu(self, step: int) -> float:
+        """The CPU-seconds when the dev evaluation of ``step`` was logged."""
+        return next(
+            e["cpu"]
+            for e in self.log
+            if e.get("kind") == "eval" and e.get("split") == "validation" and e["step"] == step
+        )
+
+
+@dataclass
+class Study:
+    start: dict[int, list[str]]  # stage 1's test answers, by seed
+    arms: dict[str, dict[int, Run]]  # stage 2: arm -> seed -> run
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+def load_study(folder: Path) -> Study:
+    """The finished runs under ``folder`` (a run is finished when its ``test_outputs.txt``
+    exists); ``ce`` first, then the arms in name order."""
+    start = {
+        int(p.parent.name.removeprefix("stage1-seed")): _lines(p)
+        for p in folder.glob("stage1-seed*/test_outputs.txt")
+    }
+    arms: dict[str, dict[int, Run]] = {}
+    for test in sorted(folder.glob("stage2-seed*/*/test_outputs.txt")):
+        run_folder = test.parent
+        seed = int(run_folder.parent.name.removeprefix("stage2-seed"))
+        log = [json.loads(line) for line in _lines(run_folder / "log.jsonl")]
+        dev = {
+            int(p.stem.removeprefix("step_")): _lines(p)
+            for p in (run_folder / "dev_outputs").glob("step_*.txt")
+        }
+        arms.setdefault(run_folder.name, {})[seed] = Run(_lines(test), log, dev)
+    order = sorted(arms, key=lambda name: (name != CONTROL, name))
+    return Study(start, {name: arms[name] for name in order})
+
+
+def references(config: Path = CONFIG) -> dict[str, list[str]]:
+    """The test and dev references of the study's config (its data section)."""
+    from config import load_config
+    from examples import load_splits
+
+    splits = load_splits(load_config(config, []).data)
+    return {split: [e.target for e in splits[split]] for split in ("test", "validation")}
+
+
+def mean_table(study: Study, scores: Scores, metrics: list[str]) -> list[str]:
+    lines = [
+        "| run | seeds | " + " | ".join(NAMES[m] for m in metrics) + " |",
+        "|---|---:|" + "---:|" * len(metrics),
+    ]
+    rows = {"stage-1 start": study.start} | {
+        arm: {s: r.test for s, r in runs.items()} for arm, runs in study.arms.items()
+    }
+    for name, by_seed in rows.items():
+        if not by_seed:
+            continue
+        cells = []
+        for m in metrics:
+            values = [scores.all(outputs)[m] for outputs in by_seed.values()]
+            spread = np.std(values, ddof=1) if len(values) > 1 else 0.0
+            d = DIGITS.get(m, 4)
+            cells.append(f"{np.mean(values):.{d}f} ± {spread:.{d}f}")
+        lines.append(f"| {name} | {len(by_seed)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def pairs_against(study: Study, arm: str, control: str = CONTROL) -> list[tuple]:
+    """(arm's answers, control's answers) for each seed both finished."""
+    seeds = sorted(set(study.arms[arm]) & set(study.arms.get(control, {})))
+    return [(study.arms[arm][s].test, study.arms[control][s].test) for s in seeds]
+
+
+def cost_table(study: Study) -> tuple[list[str], float]:
+    lines = [
+        "| arm | runs | CPU-s per step (median) | core-hours per run (training + evaluations) |",
+        "|---|---:|---:|---:|",
+    ]
+    total = 0.0
+    for arm, runs in study.arms.items():
+        per_step = np.mean([r.cpu_per_step for r in runs.values()])
+        hours = [r.cpu_total / 3600 for r in runs.values()]
+        total += sum(hours)
+        lines.append(f"| {arm} | {len(runs)} | {per_step:.1f} | {np.mean(hours):.2f} |")
+    return lines, total
+
+
+def goal_lines(study: Study, scores: Scores, samples: np.ndarray) -> list[str]:
+    """The issue's goal for each differentiable arm: beats ``ce`` on the independent scorer
+    (interval above 0, positive in every seed, at least 3 seeds), BLEU and chrF not significantly
+    lower (interval reaching 0 or above), and GRPO's gain on that scorer at no more than a third
+    of GRPO's core-seconds."""
+    grpo = study.arms.get("grpo")
+    grpo_gain = grpo_cpu = None
+    if grpo and pairs_against(study, "grpo"):
+        grpo_gain = paired_difference(scores, GOAL_METRIC, pairs_against(study, "grpo"), samples)[0]
+        grpo_cpu = np.mean([r.cpu_total for r in grpo.values()])
+    lines = [
+        "| arm | Δ mpnet > 0 (interval) | seeds + | BLEU, chrF not lower "
+        "| ≥ GRPO's gain at ≤ 1/3 its compute | goal |",
+        "|---|---|---|---|---|---|",
+    ]
+    for arm in study.arms:
+        pairs = pairs_against(study, arm)
+        if arm in (CONTROL, "grpo") or not pairs:
+            continue
+        delta, low, _, positive = paired_difference(scores, GOAL_METRIC, pairs, samples)
+        beats = low > 0
+        all_seeds = positive == len(pairs) >= 3
+        not_lower = all(
+            paired_difference(scores, m, pairs, samples)[2] >= 0 for m in ("bleu", "chrf")
+        )
+        if grpo_gain is None:
+            cheap, cheap_text = False, "no GRPO run"
+        else:
+            cpu = np.mean([r.cpu_total for r in study.arms[arm].values()])
+            cheap = delta >= grpo_gain and cpu <= grpo_cpu / 3
+            cheap_text = f"Δ {delta:+.4f} vs {grpo_gain:+.4f}, {cpu / grpo_cpu:.2f}× its CPU"
+        met = beats and all_seeds and not_lower and cheap
+        lines.append(
+            f"| {arm} | {'yes' if beats else 'no'} (low {low:+.4f}) | {positive}/{len(pairs)} | "
+            f"{'yes' if not_lower else 'no'} | {cheap_text} | {'met' if met else 'not met'} |"
+        )
+    return lines
+
+
+def dev_curves(study: Study, dev_references: list[str]) -> dict[str, dict[int, list]]:
+    """arm -> seed -> [(step, cpu, mean dev F_BERT under the independent scorer)]."""
+    scores = Scores(get_task("translation"), dev_references)
+    curves: dict[str, dict[int, list]] = {}
+    for arm, runs in study.arms.items():
+        for seed, run in runs.items():
+            points = []
+            for step in sorted(run.dev):
+                if len(run.dev[step]) != len(dev_references):
+                    continue
+                value = float(scores.cached(run.dev[step])[GOAL_METRIC].mean())
+                points.append((step, run.dev_cpu(step), value))
+            curves.setdefault(arm, {})[seed] = points
+    return curves
+
+
+def plot_dev_curves(curves: dict[str, dict[int, list]], path: Path) -> Path:
+    """Dev F_BERT (independent scorer) against the step and against the CPU-seconds: one colour
+    per arm, a thin line per seed, the mean over seeds bold (against the step)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (by_step, by_cpu) = plt.subplots(1, 2, figsize=(11, 4))
+    for index, (arm, by_seed) in enumerate(curves.items()):
+        colour = f"C{index}"
+        for points in by_seed.values():
+            if points:
+                steps, cpu, values = zip(*points, strict=True)
+                by_step.plot(steps, values, color=colour, lw=0.7, alpha=0.4)
+                by_cpu.plot(np.array(cpu) / 3600, values, color=colour, lw=1, label=None)
+        shared = sorted(set.intersection(*[{p[0] for p in pts} for pts in by_seed.values()]))
+        if shared:
+            means = [
+                np.mean([v for pts in by_seed.values() for s, _, v in pts if s == step])
+                for step in shared
+            ]
+            by_step.plot(shared, means, color=colour, lw=2.2, marker="o", ms=3, label=arm)
+    by_step.set(xlabel="stage-2 step", ylabel="dev F_BERT (all-mpnet-base-v2)")
+    by_step.set_title("against the step (bold: mean over seeds)")
+    by_cpu.set(xlabel="core-hours of the run (training + evaluations)")
+    by_cpu.set_title("against compute (one line per seed)")
+    by_step.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def main(argv: list[str]) -> None:
+    folder = Path(argv[0]) if argv else STUDY
+    study = load_study(folder)
+    if CONTROL not in study.arms:
+        raise SystemExit(f"no finished {CONTROL!r} run under {folder}: nothing to compare with")
+    refs = references()
+    scores = Scores(get_task("translation"), refs["test"])
+    first = next(iter(study.arms[CONTROL].values())).test
+    metrics = column_order(scores.all(first))
+    samples = np.random.default_rng(0).integers(0, len(refs["test"]), (RESAMPLES, len(first)))
+    print(f"Test verses: {len(refs['test'])}; dev verses: {len(refs['validation'])}.\n")
+    print("\n".join(mean_table(study, scores, metrics)) + "\n")
+    lines = list(DIFFERENCE_HEADER)
+    for arm in study.arms:
+        if arm != CONTROL and pairs_against(study, arm):
+            lines += difference_rows(scores, f"{arm} − ce", pairs_against(study, arm), metrics,
+                                     samples)  # fmt: skip
+    print("\n".join(lines) + "\n")
+    costs, total = cost_table(study)
+    print("\n".join(costs))
+    print(f"\nStage 2 in all: {total:.1f} core-hours.\n")
+    print("\n".join(goal_lines(study, scores, samples)) + "\n")
+    curves = dev_curves(study, refs["validation"])
+    plot = plot_dev_curves(curves, folder / "dev_curves.png")
+    print(f"Dev curves: {plot.relative_to(folder)}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,98 @@
+"""The efficacy study's summary (recipes/study/summary.py): finished runs found by folder, costs
+read from the logs, and the issue's goal decided from re-scored outputs, on a small made-up
+study whose answer is known."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "recipes/study"))
+
+import summary  # noqa: E402
+from summarize_results import Scores  # noqa: E402
+from tasks import get_task  # noqa: E402
+
+REFERENCES = [
+    "In the beginning God created the heaven and the earth.",
+    "And the earth was without form, and void.",
+    "And God said, Let there be light: and there was light.",
+    "And God saw the light, that it was good.",
+    "And God called the light Day, and the darkness he called Night.",
+    "And God made the firmament, and divided the waters.",
+    "And God called the firmament Heaven.",
+    "And the evening and the morning were the third day.",
+]
+POOR = ["the the the", "a thing", "nothing at all", "and and", "words", "is was", "of", "a b"]
+
+
+def _write_run(folder: Path, outputs: list[str], cpu_per_step: float, dev: list[str]) -> None:
+    folder.mkdir(parents=True)
+    (folder / "test_outputs.txt").write_text("\n".join(outputs) + "\n")
+    (folder / "dev_outputs").mkdir()
+    log, cpu = [], 0.0
+    for step in range(1, 5):
+        cpu += cpu_per_step
+        log.append({"kind": "train", "step": step, "cpu": cpu})
+        if step % 2 == 0:
+            cpu += 100.0  # an evaluation: not a step's cost
+            log.append({"kind": "eval", "split": "validation", "step": step, "cpu": cpu})
+            (folder / f"dev_outputs/step_{step}.txt").write_text("\n".join(dev) + "\n")
+    (folder / "log.jsonl").write_text("".join(json.dumps(e) + "\n" for e in log))
+
+
+@pytest.fixture(scope="module")
+def made_up_study(tmp_path_factory) -> Path:
+    """ce answers poorly; `good` answers with the references in every seed at a tenth of GRPO's
+    compute; `grpo` half-way (references for half the verses); `same` is ce again."""
+    root = tmp_path_factory.mktemp("study")
+    half = REFERENCES[:4] + POOR[4:]
+    for seed in range(3):
+        _write_run(root / f"stage2-seed{seed}/ce", POOR, 10.0, POOR)
+        _write_run(root / f"stage2-seed{seed}/good", REFERENCES, 12.0, REFERENCES)
+        _write_run(root / f"stage2-seed{seed}/grpo", half, 200.0, half)
+        _write_run(root / f"stage2-seed{seed}/same", POOR, 10.0, POOR)
+    (root / "stage2-seed0/unfinished").mkdir()  # no test_outputs.txt: not a finished run
+    return root
+
+
+def test_runs_and_costs_are_read_from_the_folders(made_up_study):
+    study = summary.load_study(made_up_study)
+    assert list(study.arms) == ["ce", "good", "grpo", "same"]  # the control first
+    assert all(sorted(runs) == [0, 1, 2] for runs in study.arms.values())
+    run = study.arms["grpo"][0]
+    assert run.cpu_per_step == pytest.approx(200.0)  # evaluations left out
+    assert run.cpu_total == pytest.approx(4 * 200.0 + 2 * 100.0)
+    assert sorted(run.dev) == [2, 4] and run.dev_cpu(4) == pytest.approx(1000.0)
+    lines, total = summary.cost_table(study)
+    assert total == pytest.approx(3 * (240 + 248 + 1000 + 240) / 3600)
+    assert any(line.startswith("| grpo | 3 | 200.0 |") for line in lines)
+
+
+def test_the_goal_is_decided_from_the_scores(made_up_study):
+    study = summary.load_study(made_up_study)
+    scores = Scores(get_task("translation"), REFERENCES)
+    samples = np.random.default_rng(0).integers(0, len(REFERENCES), (200, len(REFERENCES)))
+    rows = {line.split(" | ")[0].strip("| "): line for line in
+            summary.goal_lines(study, scores, samples)[2:]}  # fmt: skip
+    assert set(rows) == {"good", "same"}  # neither the control nor GRPO is judged
+    assert rows["good"].endswith("| met |") and "| 3/3 |" in rows["good"]
+    assert rows["same"].endswith("| not met |") and "| 0/3 |" in rows["same"]
+    # without a GRPO run the compute half of the goal cannot be met
+    del study.arms["grpo"]
+    rows = summary.goal_lines(study, scores, samples)[2:]
+    assert all(row.endswith("| not met |") and "no GRPO run" in row for row in rows)
+
+
+def test_dev_curves_are_plotted(made_up_study, tmp_path):
+    study = summary.load_study(made_up_study)
+    curves = summary.dev_curves(study, REFERENCES)
+    assert [step for step, _, _ in curves["good"][0]] == [2, 4]
+    assert curves["good"][0][0][2] > 0.99 > curves["ce"][0][0][2]
+    path = summary.plot_dev_curves(curves, tmp_path / "dev.png")
+    assert path.stat().st_size > 10_000
