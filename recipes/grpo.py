@@ -64,11 +64,7 @@ class RecipeCallback(TrainerCallback):
             return
         run, step = self.run, state.global_step
         entry = {"loss": logs.get("loss"), "reward": logs["reward"]}
-        for key in ("reward_std", "completions/mean_length", "learning_rate"):
-            if key in logs:
-                entry[key.replace("completions/", "completion_").replace("learning_rate", "lr")] = (
-                    logs[key]
-                )
+        entry |= {ours: logs[theirs] for theirs, ours in LOGGED.items() if theirs in logs}
         run.log.write(kind="train", step=step, time=run.timer(), cpu=run.timer.cpu(), **entry)
         if run.train.eval_every and step % run.train.eval_every == 0:
             run.validate(step)

@@ -182,7 +182,7 @@ def test_grpo_on_the_recipe_stack_resumes_and_refuses_bad_settings(tiny_gemma_fo
     assert setup["generator"] == "PeftModelForCausalLM"
     train = [e for e in log if e["kind"] == "train"]
     assert [e["step"] for e in train] == [1, 2, 3]
-    assert all(0.0 <= e["reward"] <= 1.0 for e in train)
+    assert all(0.0 <= e["reward"] <= 1.0 and e["completion_length"] > 0 for e in train)
     assert train[2]["cpu"] > train[1]["cpu"]  # counted on from the step-2 checkpoint
     dev = [e["step"] for e in log if e["kind"] == "eval" and e["split"] == "validation"]
     assert dev == [0, 1, 2, 3]
