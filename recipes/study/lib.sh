@@ -2,6 +2,11 @@
 # A job is "OUT ARGS...": recipes/finetune.py (or the script in $SCRIPT_<n>) writing OUT. Jobs
 # are dealt to the cores in order (job i on core CORES[i mod #cores], one thread), the jobs of a
 # core one after another, so the first jobs of the list finish first.
+# Sourcing it moves to the repository root and sets what both drivers share.
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+SEEDS=${SEEDS:-"0 1 2"}
+OUT=${OUT:-runs/study}
 
 # run_job OUT CORE SCRIPT ARGS...: skip a finished run (results.json has the test score after
 # training), continue one with checkpoints (--resume), else start it; output to OUT/stdout.log;

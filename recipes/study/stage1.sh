@@ -11,12 +11,8 @@
 #   bash recipes/study/stage1.sh                      # seeds 0 1 2 on cores 0 and 1
 #   SEEDS="0" CORES="1" bash recipes/study/stage1.sh  # one seed on core 1
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-source recipes/study/lib.sh
-SEEDS=${SEEDS:-"0 1 2"}
+source "$(dirname "$0")/lib.sh"  # at the repository root, one thread a process, SEEDS and OUT
 CONFIG=${CONFIG:-recipes/configs/bible-es-en-gemma-stage1.yaml}
-OUT=${OUT:-runs/study}
 JOBS=()
 before=true  # the pretrained model's test score is the same for every seed (greedy): once
 for seed in $SEEDS; do

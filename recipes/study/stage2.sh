@@ -10,12 +10,8 @@
 #   bash recipes/study/stage2.sh                                  # all arms, seeds 0 1 2
 #   SEEDS="0" ARMS="ce berttune" CORES="1" bash recipes/study/stage2.sh
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-source recipes/study/lib.sh
-SEEDS=${SEEDS:-"0 1 2"}
+source "$(dirname "$0")/lib.sh"  # at the repository root, one thread a process, SEEDS and OUT
 CONFIG=${CONFIG:-recipes/configs/bible-es-en-gemma-stage2.yaml}
-OUT=${OUT:-runs/study}
 START=${START:-$OUT}
 ARMS_FILE=${ARMS_FILE:-recipes/study/arms.yaml}
 ARMS=${ARMS:-$(python recipes/study/arms.py names "$ARMS_FILE")}
