@@ -5,7 +5,10 @@
 
 The generator is an encoder-decoder (``xsum-bert2bert.yaml``) or a decoder-only LM prompted with
 the source (``xsum-gemma.yaml``: Gemma 3 270M, see :mod:`causal`); CE and the BERTScore term are
-over the target (completion) tokens only.
+over the target (completion) tokens only. The step's loss is the library's training term
+(:class:`bsloss.integrations.huggingface.BERTScoreTerm`, the one a ``Trainer`` uses): CE and
+the term from one chunked pass over the LM head, the term the token-weighted mean of each
+target's ``1 - F``, its weight fixed or balanced (``loss.weighting``).
 
 The task, data, generator, scorer, loss and schedule come from the YAML config (see
 ``recipes/configs/``); ``--set key=value`` overrides an entry. Candidate distributions are the
@@ -30,6 +33,7 @@ from config import (
 from run import RecipeRun, linear_warmup
 
 from bsloss import BERTScoreLoss
+from bsloss.integrations.huggingface import BERTScoreTerm
 from bsloss.integrations.lm_head import lm_head_inputs, token_cross_entropy
 from bsloss.scorer.encoder import ScorerEncoder
 
@@ -83,6 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
     with run.phase("building the loss (the vocabulary bridge when the vocabularies differ)"):
         loss_fn = build_loss(config, run.encoder, run.tokenizer)
     run.log_setup(bridge=None if loss_fn.bridge is None else loss_fn.bridge.fidelity())
+    # the library's training term (its weight set each step: loss.warmup_steps); completion
+    # logits come aligned with their labels from the collator, hence causal=False
+    term = BERTScoreTerm(loss_fn, run.tokenizer, ce_weight=loss_spec["ce_weight"], causal=False)
     optimizer, scheduler = build_optimizer(run.model, train_spec, run.accelerator.num_processes)
     model, optimizer, scheduler, start_step = run.prepare(optimizer, scheduler)
 
@@ -102,6 +109,8 @@ def main(argv: list[str] | None = None) -> dict:
     model.train()
     for step in range(start_step + 1, stop + 1):
         weight = linear_warmup(loss_spec["weight"], loss_spec["warmup_steps"], step)
+        if weight > 0:
+            term.weight = TERM_WEIGHTS[loss_spec["weighting"]](weight)
         totals = {"loss": 0.0, "ce": 0.0}
         if weight > 0:
             totals.update(bertscore_loss=0.0, term_weight=0.0)
@@ -117,36 +126,27 @@ def main(argv: list[str] | None = None) -> dict:
                         )
                     )
                 if weight > 0:
-                    # The LM head's input and weight instead of [B, L, V] logits: the BERTScore
-                    # term and the CE come from one chunked pass over the vocabulary.
+                    # The LM head's input and weight instead of [B, L, V] logits: the library's
+                    # term takes the CE and the BERTScore term from one chunked pass over them.
                     with lm_head_inputs(run.unwrapped) as head:
                         hidden = collator.teacher_forced_logits(model, batch, label_sets)
-                    own = len(label_sets) == 1  # teacher forcing: CE and BERTScore share a pass
-                    out = loss_fn(
-                        hidden_states=hidden[-1],
-                        output_embeddings=head,
-                        logit_softcap=head.softcap,
-                        candidate_mask=collator.content_mask(label_sets[-1]),
-                        references=[e.target for e in examples],
-                        target_ids=batch["labels"] if own else None,
-                    )
-                    if own:
-                        bertscore_loss, ce = out
-                    else:  # the CE is on the reference labels, the score on the model's own
-                        bertscore_loss = out
-                        labels = batch["labels"]
-                        ce = token_cross_entropy(labels, hidden_states=hidden[0], head=head)
-                    term_weight = TERM_WEIGHTS[loss_spec["weighting"]](weight)(ce, bertscore_loss)
-                    loss = loss_spec["ce_weight"] * ce + term_weight * bertscore_loss
+                    own = {}
+                    if len(label_sets) > 1:  # the model's own outputs are the candidates
+                        own = {"candidate_outputs": {"logits": hidden[1]},
+                               "candidate_labels": label_sets[1]}  # fmt: skip
+                    references = [e.target for e in examples]
+                    loss = term({"logits": hidden[0]}, batch["labels"], None, references,
+                                training=True, head=head, **own)  # fmt: skip
+                    logged = term.pop_metrics()
                     parts = {
-                        "ce": ce.detach(),
-                        "bertscore_loss": bertscore_loss.detach(),
-                        "term_weight": term_weight.detach(),
+                        "ce": logged["ce"],
+                        "bertscore_loss": logged["bertscore_loss"],
+                        "term_weight": logged.get("bertscore_weight", weight),
                     }
                 else:
                     logits = collator.teacher_forced_logits(model, batch, label_sets)
                     loss = token_cross_entropy(batch["labels"], logits=logits[0])
-                    parts = {"ce": loss.detach()}
+                    parts = {"ce": loss.item()}
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and train_spec.max_grad_norm:
                     accelerator.clip_grad_norm_(model.parameters(), train_spec.max_grad_norm)
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
                 optimizer.zero_grad()
             totals["loss"] += loss.item() / accumulation
             for key, value in parts.items():
-                totals[key] += value.item() / accumulation
+                totals[key] += value / accumulation
         progress.update(1)
         progress.set_postfix(loss=f"{totals['loss']:.3f}")
         if run.end_of_step(step, weight=weight, lr=scheduler.get_last_lr()[0], **totals):

@@ -366,3 +366,55 @@ def test_distributed_fused_gradients_equal_dense_and_agree_across_processes(tmp_
             torch.testing.assert_close(
                 ranks[1][f"{head}-fused"][name], fused[name], rtol=0, atol=0, msg=name
             )
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_own_output_candidates_fused_equal_dense_and_the_formula(gemma_tokenizer, gemma_loss, tied):
+    """BERTScoreTerm with the model's own outputs as candidates (candidate_outputs /
+    candidate_labels, the study's `sampled` arm): CE on the reference labels plus the
+    candidates' token-weighted 1 - F over their own token count; the fused pass (one forward,
+    hidden states, LMHead.run) gives the dense value and gradients within 1e-5."""
+    from bsloss.integrations.huggingface import BERTScoreTerm
+    from bsloss.integrations.lm_head import lm_head_inputs, token_cross_entropy
+
+    model = tiny_gemma(gemma_tokenizer, tied=tied)
+    batch = collate(gemma_tokenizer)(causal_rows(gemma_tokenizer))
+    labels = batch.pop("labels")
+    # "own outputs": the references' tokens shuffled within each completion, one row shortened
+    generator = torch.Generator().manual_seed(0)
+    own = labels.clone()
+    for row in own:
+        positions = (row != -100).nonzero().squeeze(1)
+        row[positions] = row[positions][torch.randperm(len(positions), generator=generator)]
+    own[0, (own[0] != -100).nonzero().squeeze(1)[-2:]] = -100
+    term = BERTScoreTerm(gemma_loss, gemma_tokenizer, weight=2.0)
+
+    def step(fused: bool):
+        model.zero_grad(set_to_none=True)
+        if fused:
+            with lm_head_inputs(model) as head:
+                outputs = model(**batch)
+        else:
+            head, outputs = None, model(**batch)
+        value = term(outputs, labels, references=REFERENCES, head=head,
+                     candidate_outputs=outputs, candidate_labels=own)  # fmt: skip
+        value.backward()
+        return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    dense_value, dense_grads = step(False)
+    fused_value, fused_grads = step(True)
+    torch.testing.assert_close(fused_value, dense_value, rtol=0, atol=1e-5)
+    for name, grad in dense_grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=0, atol=1e-5, msg=name)
+    # the formula, by hand on the dense logits
+    with torch.no_grad():
+        logits = model(**batch).logits[:, :-1]
+        targets, candidates = labels[:, 1:], own[:, 1:]
+        ce = token_cross_entropy(targets, logits=logits)
+        f = gemma_loss.score(logits=logits, candidate_mask=candidates != -100,
+                             references=REFERENCES).f1  # fmt: skip
+        tokens = (candidates != -100).sum(1).float()
+        expected = ce + 2.0 * ((1 - f) * tokens).sum() / tokens.sum()
+    torch.testing.assert_close(dense_value, expected, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="candidate_outputs and candidate_labels go together"):
+        term(outputs=model(**batch), labels=labels, candidate_labels=own)

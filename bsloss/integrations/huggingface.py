@@ -21,7 +21,7 @@ Three pieces:
   decoded once and cached.
 - :class:`BERTScoreTrainerMixin`: put it in front of any trainer class
   (``class T(BERTScoreTrainerMixin, SFTTrainer)``): the same loss, CE and F logged as separate
-  metrics (``ce``, ``bertscore_f``), and references from a dataset column
+  metrics (``ce``, ``bertscore_f``, ``bertscore_loss``), and references from a dataset column
   (``bertscore_reference_column="reference"``) instead of the labels.
 - :func:`bertscore_compute_metrics`: a ``compute_metrics`` for ``evaluate()`` / ``predict()``
   that scores the decoded predictions against the decoded labels with :class:`~bsloss.BERTScorer`.
@@ -84,7 +84,7 @@ class BERTScoreTerm:
     >>> logits = torch.randn(1, labels.shape[1], 30522, requires_grad=True)
     >>> value = term({"logits": logits}, labels)
     >>> value.backward(); sorted(term.pop_metrics())
-    ['bertscore_f', 'ce']
+    ['bertscore_f', 'bertscore_loss', 'ce']
     """
 
     def __init__(
@@ -140,6 +140,8 @@ class BERTScoreTerm:
         *,
         training: bool | None = None,
         head: LMHead | None = None,
+        candidate_outputs: Any = None,
+        candidate_labels: Tensor | None = None,
     ) -> Tensor:
         """The loss of one micro-batch (see the module docstring); records CE and mean F.
 
@@ -157,40 +159,63 @@ class BERTScoreTerm:
             head: the :class:`~bsloss.integrations.lm_head.LMHead` that ``lm_head_inputs``
                 yielded: CE and BERTScore then come from one chunked pass over the vocabulary
                 (:meth:`~bsloss.BERTScoreLoss.score_and_cross_entropy`), no ``[B, L, V]``.
+            candidate_outputs, candidate_labels: the model's own outputs (greedy or sampled,
+                one per row) as the candidates, scored under teacher forcing: their forward
+                outputs (as ``outputs``) and their token ids (as ``labels``). The CE stays on
+                ``labels``; the BERTScore term is the candidates' token-weighted ``1 - F``
+                against the references (divided by the candidates' own token count).
+                Default: the teacher-forced distributions of ``labels`` are the candidates.
 
         Raises:
-            ValueError: ``labels`` missing or of the wrong shape, or ``references`` of the
-                wrong length.
+            ValueError: ``labels`` missing or of the wrong shape, ``references`` of the wrong
+                length, or only one of ``candidate_outputs`` / ``candidate_labels``.
         """
         if labels is None:
             raise ValueError("BERTScoreTerm needs labels (-100 outside the completion)")
-        logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
-        if self.causal:
-            logits, labels = logits[:, :-1], labels[:, 1:]
-        if logits.shape[:2] != labels.shape:
-            raise ValueError(
-                f"labels {list(labels.shape)} do not match the logits {list(logits.shape[:2])}"
+        if (candidate_outputs is None) != (candidate_labels is None):
+            raise ValueError("candidate_outputs and candidate_labels go together: pass both")
+        logits, labels = self._aligned(outputs, labels, "labels")
+        own = candidate_outputs is not None
+        if own:
+            candidate_logits, candidate_labels = self._aligned(
+                candidate_outputs, candidate_labels, "candidate_labels"
             )
+            if candidate_labels.shape[0] != labels.shape[0]:
+                raise ValueError(
+                    f"candidate_labels has {candidate_labels.shape[0]} rows for a batch of "
+                    f"{labels.shape[0]}"
+                )
+        else:
+            candidate_logits, candidate_labels = logits, labels
         mask = labels != IGNORE_INDEX
-        tokens = mask.sum(dim=1)
         total = mask.sum() if num_items_in_batch is None else num_items_in_batch
         total = torch.as_tensor(total, device=logits.device).clamp(min=1)
         if references is None:
             references = self.references_from_labels(labels)
         if len(references) != labels.shape[0]:
             raise ValueError(f"{len(references)} references for a batch of {labels.shape[0]}")
-        keep = tokens > 0  # a row without completion tokens has nothing to score
+        candidate_mask = candidate_labels != IGNORE_INDEX
+        tokens = candidate_mask.sum(dim=1)
+        # own candidates: the term is their token-weighted mean (their count, not the CE's)
+        term_total = candidate_mask.sum().clamp(min=1) if own else total
+        keep = tokens > 0  # a row without candidate tokens has nothing to score
         f1 = torch.zeros(labels.shape[0], device=logits.device)
         rows = keep.nonzero().squeeze(1)
         kept = {
-            "candidate_mask": mask[rows],
+            "candidate_mask": candidate_mask[rows],
             "references": [references[i] for i in rows.tolist()],
         }
         if head is None:
             ce_sum = token_cross_entropy(labels, logits=logits, reduction="sum")
             if keep.any():
-                prf = self.loss.score(logits=logits[rows].float(), **kept)
+                prf = self.loss.score(logits=candidate_logits[rows].float(), **kept)
                 f1 = f1.index_put((rows,), getattr(prf, self.loss.target).float())
+        elif own:
+            ce_sum, f1_kept = head.run(
+                self._fused_own_scores, logits, labels, candidate_logits[rows], kept
+            )
+            if keep.any():
+                f1 = f1.index_put((rows,), f1_kept.float())
         elif keep.any():
             f1_kept, ce = head.run(self._fused_scores, logits[rows], labels[rows], kept)
             ce_sum = ce.sum()
@@ -204,11 +229,40 @@ class BERTScoreTerm:
         metrics["ce"].append((ce_sum / mask.sum().clamp(min=1)).item())
         if keep.any():
             metrics["bertscore_f"].append(f1[keep].mean().item())
-        ce_mean, term_mean = ce_sum / total, bertscore_sum / total
+        ce_mean, term_mean = ce_sum / total, bertscore_sum / term_total
+        metrics["bertscore_loss"].append(term_mean.item())
         weight = self.weight(ce_mean, term_mean)
         if not isinstance(self.weight, Fixed):  # a step-by-step weight is logged
             metrics["bertscore_weight"].append(float(weight))
         return self.ce_weight * ce_mean + weight * term_mean
+
+    def _aligned(self, outputs: Any, labels: Tensor, name: str) -> tuple[Tensor, Tensor]:
+        """(logits or hidden states, labels), position t against label t (a causal model's
+        shifted by one), their shapes checked."""
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
+        if self.causal:
+            logits, labels = logits[:, :-1], labels[:, 1:]
+        if logits.shape[:2] != labels.shape:
+            raise ValueError(
+                f"{name} {list(labels.shape)} do not match the logits {list(logits.shape[:2])}"
+            )
+        return logits, labels
+
+    def _fused_own_scores(
+        self, head: LMHead, hidden: Tensor, labels: Tensor, candidate_hidden: Tensor, kept: dict
+    ) -> tuple[Tensor, Tensor]:
+        """(the CE summed over ``labels``' tokens, the candidates' target score per kept row),
+        each chunked over ``head`` (called through :meth:`LMHead.run`)."""
+        ce_sum = token_cross_entropy(labels, hidden_states=hidden, head=head, reduction="sum")
+        if not kept["references"]:
+            return ce_sum, ce_sum.new_zeros(0)
+        prf = self.loss.score(
+            hidden_states=candidate_hidden,
+            output_embeddings=head,
+            logit_softcap=head.softcap,
+            **kept,
+        )
+        return ce_sum, getattr(prf, self.loss.target)
 
     def _fused_scores(
         self, head: LMHead, hidden_states: Tensor, target_ids: Tensor, kept: dict
@@ -225,7 +279,8 @@ class BERTScoreTerm:
         return getattr(prf, self.loss.target), ce
 
     def pop_metrics(self, training: bool = True) -> dict[str, float]:
-        """Mean ``ce`` (per completion token) and ``bertscore_f`` of the training batches
+        """Mean ``ce`` (per completion token), ``bertscore_f`` and ``bertscore_loss`` (the
+        term's token-weighted ``1 - F`` before its weight) of the training batches
         (``training=False``: the evaluation batches) since the last call, and
         ``bertscore_weight``, the term's mean weight, when it changes step by step."""
         metrics = self._metrics["train" if training else "eval"]
