@@ -64,6 +64,11 @@ from bsloss._warnings import warn_user
 
 __all__ = [
     "VocabularyBridge",
+    "BridgeMode",
+    "SharedVocabulary",
+    "AverageBridge",
+    "RetokenizeBridge",
+    "resolve_bridge_mode",
     "Retokenizer",
     "RetokenizedBatch",
     "special_token_ids",
@@ -73,7 +78,6 @@ __all__ = [
 
 # v4: piece lists built without the scorer tokenizer's leftover padding (v3 may hold padded ones)
 _CACHE_FORMAT = "v4-csr"
-BRIDGE_MODES = ("retokenize", "average")
 
 
 def token_convention(tokenizer, vocab: dict[str, int] | None = None) -> str:
@@ -567,3 +571,122 @@ class Retokenizer:
             )
         device = token_ids.device
         return RetokenizedBatch(texts, ids.to(device), piece_mask.to(device))
+
+
+# --------------------------------------------------------------------------- modes
+class BridgeMode:
+    """How a loss's candidates reach its scorer: chosen once per loss
+    (:func:`resolve_bridge_mode`), asked by the loss wherever the modes differ.
+
+    A subclass states the generator-token table the expectations are taken over
+    (:meth:`tables`), which ids of a token-id candidate are content (:meth:`content_ids`), and
+    whether the value is the score of the decoded text (``decodes``: the loss then also encodes
+    the argmax tokens through :meth:`retokenize`).
+
+    Args:
+        bridge: the :class:`VocabularyBridge` (``None``: the scorer's own vocabulary).
+    """
+
+    name: str | None = None  # the ``bridge_mode`` string (None: no bridge in between)
+    decodes = False
+    # what happens to a candidate with more tokens than the scorer takes (a warning says it)
+    truncation = "only their first tokens are scored, the rest get no score and no gradient"
+
+    def __init__(self, bridge: VocabularyBridge | None = None):
+        self.bridge = bridge
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def vocab_size(self, scorer_vocab_size: int) -> int:
+        """The number of generator tokens a candidate distribution must cover."""
+        return scorer_vocab_size if self.bridge is None else self.bridge.generator_vocab_size
+
+    def tables(self, scorer_table: Tensor, scorer_weights: Tensor) -> tuple[Tensor, Tensor]:
+        """``[V_gen, d]`` input embeddings and ``[V_gen]`` weights of the generator's tokens."""
+        if self.bridge is None:
+            return scorer_table, scorer_weights
+        return self.bridge.embedding_table(scorer_table), self.bridge.weight_table(scorer_weights)
+
+    def content_ids(self, ids: Tensor, mask: Tensor, scorer_special: Tensor) -> Tensor:
+        """The mask of a token-id candidate's positions that are scored as content."""
+        return mask
+
+    def vocabulary_error(self, name: str, size: int, expected: int) -> str:
+        """The message for a candidate ``name`` over ``size`` tokens instead of ``expected``."""
+        if self.bridge is None:
+            where, hint = "the scorer", "; pass generator_tokenizer=... to build a bridge"
+        else:
+            where, hint = "the vocabulary bridge", ""
+        return f"{name} has a vocabulary of {size} entries but {where} expects {expected}{hint}"
+
+
+class SharedVocabulary(BridgeMode):
+    """The generator's vocabulary is the scorer's (no bridge, or an identity one): a candidate
+    token is its scorer piece. Token-id candidates may hold the scorer's own special tokens
+    (``tokenizer(texts)`` adds them), which are skipped: the loss wraps each candidate itself."""
+
+    def content_ids(self, ids: Tensor, mask: Tensor, scorer_special: Tensor) -> Tensor:
+        return mask & ~torch.isin(ids, scorer_special)
+
+
+class AverageBridge(BridgeMode):
+    """``bridge_mode="average"``: one scorer position per generator position, the expected bridge
+    embedding :math:`e_t = \\sum_v p_t(v) T[v]` (see the module's docstring)."""
+
+    name = "average"
+
+
+class RetokenizeBridge(BridgeMode):
+    """``bridge_mode="retokenize"`` (exact): the value is the score of the decoded text, the
+    gradient the average mode's (see the module's docstring).
+
+    Args:
+        bridge: the :class:`VocabularyBridge`.
+        generator_tokenizer, encoder: as in :class:`Retokenizer`.
+    """
+
+    name = "retokenize"
+    decodes = True
+    truncation = "their decoded text is scored whole, but only their first tokens give a gradient"
+
+    def __init__(self, bridge: VocabularyBridge, generator_tokenizer, encoder):
+        super().__init__(bridge)
+        self.retokenizer = Retokenizer(generator_tokenizer, encoder)
+
+    def retokenize(self, tokens: Tensor, mask: Tensor) -> RetokenizedBatch:
+        """The scorer's pieces of the decoded ``tokens`` ``[B, L]`` (``mask``: real ones)."""
+        return self.retokenizer(tokens, mask)
+
+
+BRIDGE_MODES = ("retokenize", "average")
+
+
+def check_bridge_mode(mode: object) -> None:
+    """Refuse a ``bridge_mode`` that is not one of :data:`BRIDGE_MODES` or ``None``."""
+    if mode is not None and mode not in BRIDGE_MODES:
+        raise ValueError(f"bridge_mode must be one of {BRIDGE_MODES} or None, got {mode!r}")
+
+
+def resolve_bridge_mode(
+    bridge: VocabularyBridge | None, mode: str | None, generator_tokenizer, encoder
+) -> BridgeMode:
+    """The :class:`BridgeMode` of a loss: ``mode`` (``"retokenize"``, ``"average"`` or ``None``:
+    retokenize when ``generator_tokenizer`` is given, else average) when the vocabularies
+    differ; :class:`SharedVocabulary` when there is no bridge or an identity one.
+
+    Raises:
+        ValueError: an unknown ``mode``, or ``"retokenize"`` without ``generator_tokenizer``.
+    """
+    check_bridge_mode(mode)
+    if bridge is None or bridge.identity:
+        return SharedVocabulary(bridge)
+    if mode is None:
+        mode = "average" if generator_tokenizer is None else "retokenize"
+    if mode == "average":
+        return AverageBridge(bridge)
+    if generator_tokenizer is None:
+        raise ValueError(
+            "bridge_mode='retokenize' decodes the candidates: pass generator_tokenizer=..."
+        )
+    return RetokenizeBridge(bridge, generator_tokenizer, encoder)

@@ -18,7 +18,13 @@ from torch import Tensor, nn
 
 from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline
-from bsloss.bridge import BRIDGE_MODES, Retokenizer, VocabularyBridge
+from bsloss.bridge import (
+    BridgeMode,
+    Retokenizer,
+    VocabularyBridge,
+    check_bridge_mode,
+    resolve_bridge_mode,
+)
 from bsloss.candidate_transforms import CandidateTransform, resolve_candidate_transforms
 from bsloss.distributions import (
     augment_table,
@@ -101,6 +107,11 @@ def _check_tensor(value: object, name: str, kind: str) -> Tensor:
         wanted = {"float": "a floating", "integer": "an integer", "mask": "a bool or integer"}
         raise TypeError(f"{name} must have {wanted[kind]} dtype, got {value.dtype}")
     return value
+
+
+def _arguments(frame_locals: dict) -> dict:
+    """A public method's keyword arguments (its ``locals()`` on entry), passed on whole."""
+    return {name: value for name, value in frame_locals.items() if name != "self"}
 
 
 _SCORER = "encoder."
@@ -251,10 +262,7 @@ class BERTScoreLoss(nn.Module):
         self.matching = matching
         self.target, self.center, self.reduction = target, center, reduction
         self.candidates = candidates
-        if bridge_mode is not None and bridge_mode not in BRIDGE_MODES:
-            raise ValueError(
-                f"bridge_mode must be one of {BRIDGE_MODES} or None, got {bridge_mode!r}"
-            )
+        check_bridge_mode(bridge_mode)  # before building a bridge
         if generator_tokenizer is not None and not all(
             callable(getattr(generator_tokenizer, method, None))
             for method in ("get_vocab", "convert_ids_to_tokens", "batch_decode")
@@ -269,7 +277,10 @@ class BERTScoreLoss(nn.Module):
                 generator_tokenizer, self.encoder, cache_dir=bridge_cache_dir
             )
         self.bridge = bridge
-        self.bridge_mode, self.retokenizer = self._bridge_mode(bridge_mode, generator_tokenizer)
+        # how the candidates reach the scorer; the modes' differences live in bsloss.bridge
+        self.bridging: BridgeMode = resolve_bridge_mode(
+            bridge, bridge_mode, generator_tokenizer, self.encoder
+        )
         self.last_texts: list[str] = []  # the decoded candidates of the last retokenize call
         if idf is True:
             raise ValueError(
@@ -308,25 +319,20 @@ class BERTScoreLoss(nn.Module):
         self._references.cache.clear()
         self._generator_tables.clear()
 
-    def _bridge_mode(self, mode: str | None, generator_tokenizer) -> tuple[str | None, object]:
-        if self.bridge is None or self.bridge.identity:
-            return None, None
-        if mode is None:
-            mode = "average" if generator_tokenizer is None else "retokenize"
-        if mode == "average":
-            return mode, None
-        if generator_tokenizer is None:
-            raise ValueError(
-                "bridge_mode='retokenize' decodes the candidates: pass generator_tokenizer=..."
-            )
-        return mode, Retokenizer(generator_tokenizer, self.encoder)
-
     # ------------------------------------------------------------------ candidates
     @property
+    def bridge_mode(self) -> str | None:
+        """``"retokenize"``, ``"average"``, or ``None`` (the scorer's own vocabulary)."""
+        return self.bridging.name
+
+    @property
+    def retokenizer(self) -> Retokenizer | None:
+        """The decoder of ``bridge_mode="retokenize"`` (``None`` in the other modes)."""
+        return getattr(self.bridging, "retokenizer", None)
+
+    @property
     def generator_vocab_size(self) -> int:
-        if self.bridge is not None:
-            return self.bridge.generator_vocab_size
-        return self.encoder.input_embeddings.num_embeddings
+        return self.bridging.vocab_size(self.encoder.input_embeddings.num_embeddings)
 
     def _generator_table(self) -> Tensor:
         """``[V_gen, d + 1]``: input embeddings and importance weights of the generator's tokens
@@ -339,26 +345,13 @@ class BERTScoreLoss(nn.Module):
             # a plain tensor even when first built under torch.inference_mode(): a later
             # training call saves it for backward
             with torch.inference_mode(False), torch.no_grad():
-                table = table.detach()
-                if self.bridge is not None:
-                    table, weights = (
-                        self.bridge.embedding_table(table),
-                        self.bridge.weight_table(weights),
-                    )
+                table, weights = self.bridging.tables(table.detach(), weights)
                 self._generator_tables = {key: augment_table(table, weights)}
         return self._generator_tables[key]
 
     def _check_vocab(self, size: int, name: str) -> None:
-        if size == self.generator_vocab_size:
-            return
-        if self.bridge is None:
-            where, hint = "the scorer", "; pass generator_tokenizer=... to build a bridge"
-        else:
-            where, hint = "the vocabulary bridge", ""
-        raise ValueError(
-            f"{name} has a vocabulary of {size} entries but {where} expects "
-            f"{self.generator_vocab_size}{hint}"
-        )
+        if size != self.generator_vocab_size:
+            raise ValueError(self.bridging.vocabulary_error(name, size, self.generator_vocab_size))
 
     def _check_candidates(
         self, logits, probs, candidate_ids, embeddings, hidden_states, candidate_mask
@@ -414,10 +407,7 @@ class BERTScoreLoss(nn.Module):
         if not rows:
             return mask
         shown = ", ".join(f"{name}[{i}]" for i in rows[:10]) + (", ..." if len(rows) > 10 else "")
-        if self.retokenizer is not None:
-            fate = "their decoded text is scored whole, but only their first tokens give a gradient"
-        else:
-            fate = "only their first tokens are scored, the rest get no score and no gradient"
+        fate = self.bridging.truncation
         warn_user(
             f"{len(rows)} of {mask.shape[0]} candidates have more than {limit} real tokens, "
             f"the most {self.encoder.name} takes between its special tokens ({shown}); {fate}"
@@ -450,18 +440,20 @@ class BERTScoreLoss(nn.Module):
         generator_temperature: float | None = None,
         candidate_mask: Tensor | None = None,
     ) -> _Encoded:
+        """The candidates, whichever their source (validated here, once), encoded by the
+        scorer: one method per source below."""
         name, source, candidate_mask = self._check_candidates(
             logits, probs, candidate_ids, embeddings, hidden_states, candidate_mask
         )
+        head = {
+            "output_embeddings": output_embeddings,
+            "target_ids": target_ids,
+            "logit_softcap": logit_softcap,
+            "generator_temperature": generator_temperature,
+        }
         if hidden_states is None:
             # the options of the fused LM-head pass: another input has no logits to apply them to
-            fused_only = {
-                "output_embeddings": output_embeddings,
-                "target_ids": target_ids,
-                "logit_softcap": logit_softcap,
-                "generator_temperature": generator_temperature,
-            }
-            given = [key for key, value in fused_only.items() if value is not None]
+            given = [key for key, value in head.items() if value is not None]
             if given:
                 raise ValueError(
                     f"the fused LM-head pass's options go with hidden_states, not with {name}: "
@@ -470,50 +462,71 @@ class BERTScoreLoss(nn.Module):
                 )
         else:
             if logit_softcap is not None:
-                logit_softcap = check_temperature(logit_softcap, "logit_softcap")
-            generator_temperature = check_temperature(
+                head["logit_softcap"] = check_temperature(logit_softcap, "logit_softcap")
+            head["generator_temperature"] = check_temperature(
                 1.0 if generator_temperature is None else generator_temperature,
                 "generator_temperature",
             )
         if source.shape[0] == 0:
-            # an empty batch: nothing to encode (kept on the graph of the input)
-            nothing = source.reshape(-1)[:0].float()
-            empty_mask = torch.zeros(0, 0, dtype=torch.bool, device=source.device)
-            hidden = nothing.reshape(0, 0, self.encoder.hidden_size)
-            log_likelihood = None if target_ids is None else nothing.reshape(0, 0)
-            encoded = (hidden, empty_mask, nothing.reshape(0, 0))
-            # retokenize scores distributions twice (the gradient's encoding and the text's)
-            twice = self.retokenizer is not None and candidate_ids is None and embeddings is None
-            return _Encoded(*encoded, log_likelihood, encoded if twice else None)
-        if embeddings is not None:
-            if embeddings.shape[-1] != self.encoder.hidden_size:
-                raise ValueError(
-                    f"embeddings must be [B, L, {self.encoder.hidden_size}] scorer "
-                    f"hidden states, got {list(embeddings.shape)}"
-                )
-            check_finite_tensor(embeddings, "embeddings")
-            weights = candidate_mask.to(torch.float32)
-            return _Encoded(embeddings, candidate_mask, weights)
+            return self._encode_nothing(source, name, target_ids)
+        if name == "embeddings":
+            return self._encode_embeddings(source, candidate_mask)
+        if name == "candidate_ids":
+            return self._encode_ids(source, candidate_mask, name)
+        return self._encode_distributions(name, logits, probs, hidden_states, candidate_mask, head)
+
+    def _encode_nothing(self, source: Tensor, name: str, target_ids: Tensor | None) -> _Encoded:
+        """An empty batch: nothing to encode (kept on the graph of the input)."""
+        nothing = source.reshape(-1)[:0].float()
+        empty_mask = torch.zeros(0, 0, dtype=torch.bool, device=source.device)
+        hidden = nothing.reshape(0, 0, self.encoder.hidden_size)
+        log_likelihood = None if target_ids is None else nothing.reshape(0, 0)
+        encoded = (hidden, empty_mask, nothing.reshape(0, 0))
+        # a decoding bridge scores distributions twice (the gradient's encoding and the text's)
+        twice = self.bridging.decodes and name not in ("candidate_ids", "embeddings")
+        return _Encoded(*encoded, log_likelihood, encoded if twice else None)
+
+    def _encode_embeddings(self, embeddings: Tensor, candidate_mask: Tensor) -> _Encoded:
+        """Scorer hidden states given as the candidates: taken as they are."""
+        if embeddings.shape[-1] != self.encoder.hidden_size:
+            raise ValueError(
+                f"embeddings must be [B, L, {self.encoder.hidden_size}] scorer "
+                f"hidden states, got {list(embeddings.shape)}"
+            )
+        check_finite_tensor(embeddings, "embeddings")
+        return _Encoded(embeddings, candidate_mask, candidate_mask.to(torch.float32))
+
+    def _encode_ids(self, candidate_ids: Tensor, candidate_mask: Tensor, name: str) -> _Encoded:
+        """Token ids: their rows of the generator table, or (a decoding bridge) their text."""
         table = self._generator_table()
-        if candidate_ids is not None:
-            bad = (candidate_ids < 0) | (candidate_ids >= table.shape[0])
-            if (bad & candidate_mask).any():
-                raise ValueError(
-                    f"candidate_ids has ids outside [0, {table.shape[0]}) at "
-                    f"candidate_ids{position_of_first(bad & candidate_mask)}"
-                )
-            if self.bridge is None or self.bridge.identity:
-                # the scorer's own ids: its special tokens ([CLS]/[SEP], [PAD]) are skipped, as
-                # the loss adds its own around the candidate (ids from tokenizer(texts) have them)
-                candidate_mask = candidate_mask & ~torch.isin(
-                    candidate_ids, self._scorer_special_ids(candidate_ids.device)
-                )
-            ids = candidate_ids.clamp(0, table.shape[0] - 1)
-            if self.retokenizer is not None:  # the decoded text, whole: the scorer's own limit
-                return _Encoded(*self._retokenized(ids, candidate_mask))
-            candidate_mask = self._fit_candidates(candidate_mask, name)
-            rows = table[ids]
-            return _Encoded(*self._encode_inputs(rows[..., :-1], rows[..., -1], candidate_mask))
+        bad = (candidate_ids < 0) | (candidate_ids >= table.shape[0])
+        if (bad & candidate_mask).any():
+            raise ValueError(
+                f"candidate_ids has ids outside [0, {table.shape[0]}) at "
+                f"candidate_ids{position_of_first(bad & candidate_mask)}"
+            )
+        special = self._scorer_special_ids(candidate_ids.device)
+        candidate_mask = self.bridging.content_ids(candidate_ids, candidate_mask, special)
+        ids = candidate_ids.clamp(0, table.shape[0] - 1)
+        if self.bridging.decodes:  # the decoded text, whole: the scorer's own limit
+            return _Encoded(*self._retokenized(ids, candidate_mask))
+        candidate_mask = self._fit_candidates(candidate_mask, name)
+        rows = table[ids]
+        return _Encoded(*self._encode_inputs(rows[..., :-1], rows[..., -1], candidate_mask))
+
+    def _encode_distributions(
+        self,
+        name: str,
+        logits: Tensor | None,
+        probs: Tensor | None,
+        hidden_states: Tensor | None,
+        candidate_mask: Tensor,
+        head: dict,
+    ) -> _Encoded:
+        """Distributions (``[B, L, V]`` logits or probabilities, or the LM head's input): their
+        expected embeddings and weights under the candidate transforms; with a decoding bridge
+        also the decoded argmax text's encoding (``exact``, no gradient)."""
+        table = self._generator_table()
         # in retokenize mode the decoded text is scored whole (the scorer's limit applies to its
         # pieces); the one-position-per-token encoding that gives the gradient is cut
         whole_mask = candidate_mask
@@ -526,25 +539,25 @@ class BERTScoreLoss(nn.Module):
             inputs, weights, log_likelihood, tokens = self._fused_inputs(
                 seed,
                 hidden_states,
-                output_embeddings,
-                target_ids,
+                head["output_embeddings"],
+                head["target_ids"],
                 candidate_mask,
                 table,
-                logit_softcap,
-                generator_temperature,
+                head["logit_softcap"],
+                head["generator_temperature"],
             )
         else:
-            self._check_vocab(source.shape[-1], name)
+            self._check_vocab((logits if probs is None else probs).shape[-1], name)
             distribution = token_distribution(
                 logits, probs, **asdict(self.candidates), gumbel_seed=seed
             )
             inputs, weights = expected_inputs(distribution, table)
             # float64 logits give float64 expectations; the scorer runs in its own dtype
             inputs = inputs.to(table.dtype)
-            tokens = most_probable_tokens(distribution) if self.retokenizer is not None else None
+            tokens = most_probable_tokens(distribution) if self.bridging.decodes else None
         encoded = self._encode_inputs(inputs, weights, candidate_mask)
         exact = None
-        if self.retokenizer is not None:
+        if self.bridging.decodes:
             with torch.no_grad():
                 exact = self._retokenized(tokens, whole_mask)
         return _Encoded(*encoded, log_likelihood, exact)
@@ -557,7 +570,7 @@ class BERTScoreLoss(nn.Module):
     def _retokenized(self, tokens: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The scorer's encoding of the decoded ``tokens``, tokenised as the metric tokenises
         text (:mod:`bsloss.bridge`); ``self.last_texts`` keeps the decoded texts."""
-        batch = self.retokenizer(tokens, mask)
+        batch = self.bridging.retokenize(tokens, mask)
         self.last_texts = batch.texts
         inputs = self.encoder.input_embeddings.weight.detach()[batch.piece_ids]
         weights = self.scorer_weights[batch.piece_ids].to(inputs.dtype)
@@ -625,7 +638,7 @@ class BERTScoreLoss(nn.Module):
                 # the noise is addressed by the position in [B, L], as on the dense path
                 row_ids=selected.flatten().nonzero().squeeze(1),
                 # the retokenizer needs the argmax tokens, which the chunked pass tracks
-                use_sdpa=self.retokenizer is None,
+                use_sdpa=not self.bridging.decodes,
             )
         except NonFiniteLogitsError as error:
             where = selected.nonzero()[error.row].tolist()  # the pass's row -> its [b, t]
@@ -768,20 +781,7 @@ class BERTScoreLoss(nn.Module):
         >>> loss = BERTScoreLoss()  # doctest: +SKIP
         >>> loss.score(logits=logits, references=["A cat sat."]).f1  # doctest: +SKIP
         """
-        prf, _ = self._score(
-            logits=logits,
-            probs=probs,
-            candidate_ids=candidate_ids,
-            embeddings=embeddings,
-            hidden_states=hidden_states,
-            output_embeddings=output_embeddings,
-            logit_softcap=logit_softcap,
-            generator_temperature=generator_temperature,
-            candidate_mask=candidate_mask,
-            references=references,
-            reference_ids=reference_ids,
-            reference_mask=reference_mask,
-        )
+        prf, _ = self._score(**_arguments(locals()))
         return prf
 
     def score_and_cross_entropy(
@@ -805,8 +805,7 @@ class BERTScoreLoss(nn.Module):
         Raises:
             TypeError, ValueError: bad input, with the argument and position named.
         """
-        arguments = {name: value for name, value in locals().items() if name != "self"}
-        prf, log_likelihood = self._score(**arguments)
+        prf, log_likelihood = self._score(**_arguments(locals()))
         return prf, -log_likelihood
 
     def _score(
@@ -902,18 +901,34 @@ class BERTScoreLoss(nn.Module):
             return prf
         return PRF(*(best_over_references(x, index, batch) for x in prf))
 
-    def forward(self, **inputs) -> Tensor | LossAndCrossEntropy:
-        """``1 - score`` (the ``target``), reduced by ``reduction``; inputs as in :meth:`score`.
+    def forward(
+        self,
+        *,
+        logits: Tensor | None = None,
+        probs: Tensor | None = None,
+        candidate_ids: Tensor | None = None,
+        embeddings: Tensor | None = None,
+        hidden_states: Tensor | None = None,
+        output_embeddings: Tensor | nn.Module | None = None,
+        target_ids: Tensor | None = None,
+        logit_softcap: float | None = None,
+        generator_temperature: float | None = None,
+        candidate_mask: Tensor | None = None,
+        references: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        reference_ids: Tensor | None = None,
+        reference_mask: Tensor | None = None,
+    ) -> Tensor | LossAndCrossEntropy:
+        """``1 - score`` (the ``target``), reduced by ``reduction``; arguments as in
+        :meth:`score`.
 
         With ``hidden_states`` and ``target_ids`` ``[B, L]`` (``-100`` ignored), a
         :class:`LossAndCrossEntropy` ``(loss, cross_entropy)`` instead: the CE of the targets
         under the LM head's logits (soft-capped, temperature 1) comes from the same chunked
         pass, so a training step needs no ``[B, L, V]`` logits at all."""
-        prf, log_likelihood = self._score(**inputs)
+        prf, log_likelihood = self._score(**_arguments(locals()))
         loss = self._reduce(1 - getattr(prf, self.target))
         if log_likelihood is None:
             return loss
-        target_ids = inputs["target_ids"]
         if self.reduction == "mean":
             count = (target_ids != IGNORE_INDEX).sum().clamp_min(1)
             return LossAndCrossEntropy(loss, -log_likelihood.sum() / count)
