@@ -27,10 +27,8 @@ from bsloss.integrations.lm_head import IGNORE_INDEX, token_cross_entropy
 def sequence_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean log-probability per token of ``labels`` (eos included, padding excluded) ``[B]``."""
     mask = labels != IGNORE_INDEX
-    token_log_probs = torch.log_softmax(logits.float(), dim=-1).gather(
-        -1, labels.clamp_min(0)[..., None]
-    )[..., 0]
-    return (token_log_probs * mask).sum(1) / mask.sum(1).clamp_min(1)
+    token_log_probs = -token_cross_entropy(labels, logits=logits, reduction="none")
+    return token_log_probs.sum(1) / mask.sum(1).clamp_min(1)
 
 
 def main(argv: list[str] | None = None) -> dict:

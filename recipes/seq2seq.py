@@ -40,7 +40,9 @@ class Collator:
         if tokenizer.padding_side != "right":  # the collator pads labels on the tokenizer's side
             tokenizer = copy.deepcopy(tokenizer)
             tokenizer.padding_side = "right"
-        self.padding = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+        self.padding = DataCollatorForSeq2Seq(
+            tokenizer, model=model, label_pad_token_id=IGNORE_INDEX
+        )
 
     def _ids(self, texts: list[str], side: str) -> list[list[int]]:
         cache = self._cache[side]

@@ -219,3 +219,15 @@ def test_causal_collator_pads_prompts_left_and_labels_right(has_pad, scorer):
     assert batch["prompt_mask"].tolist() == mask
     assert batch["labels"].tolist() == [c + [-100] * (span - len(c)) for c in completions]
     assert {t.dtype for t in batch.values()} == {torch.int64}
+
+
+def test_scst_sequence_log_prob_is_the_mean_token_log_probability():
+    """rl_scst.py's sequence score: the mean log-probability of each row's labels (``-100``
+    excluded), from the package's one cross-entropy."""
+    from rl_scst import sequence_log_prob
+
+    logits = torch.randn(2, 4, 11, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([[1, 2, 3, -100], [4, -100, -100, -100]])
+    log_probs = torch.log_softmax(logits, dim=-1)
+    want = torch.stack([log_probs[0, [0, 1, 2], [1, 2, 3]].mean(), log_probs[1, 0, 4]])
+    torch.testing.assert_close(sequence_log_prob(logits, labels), want)
