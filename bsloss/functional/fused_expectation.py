@@ -201,8 +201,9 @@ class _FusedHead(torch.autograd.Function):
                 if want_ll:
                     t = targets[r0:r1]
                     inside = (t >= v0) & (t < v1)
-                    rows = inside.nonzero().squeeze(1)
-                    target_logit[r0 + rows] = z[rows, t[rows] - v0]
+                    # not `rows`: that name holds the positions that address the Gumbel noise
+                    hit = inside.nonzero().squeeze(1)
+                    target_logit[r0 + hit] = z[hit, t[hit] - v0]
                 if o.top_k is not None:
                     values, idx = s.topk(min(o.top_k, v1 - v0), dim=1)
                     values = torch.cat([top_values[r0:r1], values], dim=1)
@@ -301,8 +302,8 @@ class _FusedHead(torch.autograd.Function):
                     if use_ll:  # before the softmax below overwrites z (at T = 1)
                         dz = (z - lz1[r0:r1, None]).exp_().mul_(-gl[r0:r1, None])
                         t = targets[r0:r1]
-                        rows = ((t >= v0) & (t < v1)).nonzero().squeeze(1)
-                        dz[rows, t[rows] - v0] += gl[r0:r1][rows]
+                        hit = ((t >= v0) & (t < v1)).nonzero().squeeze(1)
+                        dz[hit, t[hit] - v0] += gl[r0:r1][hit]
                     if use_e:
                         p = s.sub_(log_z[r0:r1, None]).exp_()
                         ds = (g[r0:r1] @ e.T).sub_(g_dot_e[r0:r1, None]).mul_(p)
@@ -575,8 +576,9 @@ def _top_k_expectation(
     """Renormalised softmax over the k selected scores, recomputed from k gathered rows of the
     head (differentiable in ``h`` and ``W``; the same Gumbel noise at the k tokens), times k
     gathered rows of the table."""
-    rows = weight[indices]  # [N, k, d]
-    z = torch.einsum("nd,nkd->nk", hidden.to(o.matmul_dtype), rows.to(o.matmul_dtype)).to(o.dtype)
+    head_rows = weight[indices]  # [N, k, d]
+    z = torch.einsum("nd,nkd->nk", hidden.to(o.matmul_dtype), head_rows.to(o.matmul_dtype))
+    z = z.to(o.dtype)
     if bias is not None:
         z = z + bias[indices].to(o.dtype)
     if o.softcap is not None:
