@@ -78,15 +78,19 @@ def test_stage2_runs_every_arm_from_its_seeds_checkpoint_and_skips_finished(tmp_
         (mix,) = _argv(root / f"runs/study/stage2-seed{seed}/mix")
         assert mix[mix.index("--config") + 1] == "other.yaml"  # the arm's own config wins
         assert "loss.weight=0.5" in mix
-    # finished runs are skipped; a run with a checkpoint and no result resumes
+    # finished runs are skipped; a run with a checkpoint and no result resumes, whether
+    # finetune.py's (accelerate: checkpoint_<step>) or grpo.py's (TRL: checkpoint-<step>)
     (root / "runs/study/stage2-seed1/mix/results.json").unlink()
     (root / "runs/study/stage2-seed1/mix/checkpoints/checkpoint_0").mkdir(parents=True)
+    (root / "runs/study/stage2-seed1/ce/results.json").unlink()
+    (root / "runs/study/stage2-seed1/ce/checkpoints/checkpoint-25").mkdir(parents=True)
     again = _run(root, "stage2.sh", SEEDS="0 1", ARMS_FILE="arms.yaml", CONFIG="base.yaml")
     assert again.returncode == 0, again.stderr
     assert len(_argv(root / "runs/study/stage2-seed0/ce")) == 1
-    first, second = _argv(root / "runs/study/stage2-seed1/mix")
-    assert "--resume" not in first and second[-1] == "--resume"
-    assert not (root / "runs/study/stage2-seed1/mix/checkpoints").exists()  # finished: removed
+    for arm in ("mix", "ce"):
+        first, second = _argv(root / f"runs/study/stage2-seed1/{arm}")
+        assert "--resume" not in first and second[-1] == "--resume", arm
+        assert not (root / f"runs/study/stage2-seed1/{arm}/checkpoints").exists()  # removed
 
 
 def test_stage2_refuses_a_seed_without_its_stage1_checkpoint(tmp_path):

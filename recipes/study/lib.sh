@@ -19,7 +19,8 @@ run_job() {
         return
     fi
     local resume=()
-    compgen -G "$out/checkpoints/checkpoint_*" > /dev/null && resume=(--resume)
+    # finetune.py saves checkpoint_<step> (accelerate), grpo.py checkpoint-<step> (TRL)
+    compgen -G "$out/checkpoints/checkpoint[_-]*" > /dev/null && resume=(--resume)
     mkdir -p "$out"
     echo "$out: core $core ${resume[*]:-(new)}"
     taskset -c "$core" python "$script" --output_dir "$out" "$@" "${resume[@]}" \
