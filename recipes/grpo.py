@@ -174,13 +174,21 @@ def main(argv: list[str] | None = None) -> dict:
         processing_class=run.tokenizer,
         callbacks=[RecipeCallback(run, start)],
     )
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    if resume_from is not None and start >= settings.max_steps:
+        # stopped after its last checkpoint, before the final evaluation: transformers' Trainer,
+        # resumed at max_steps, would still take one more optimizer step (it checks the step
+        # count only after a step), so the checkpoint's weights go straight to the evaluation
+        trainer._load_from_checkpoint(str(resume_from))
+        last_step = start
+    else:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        last_step = trainer.state.global_step
     curve = [
         {"step": e["step"], "reward": e["reward"], "reward_std": e.get("reward_std")}
         for e in run.log.entries()
         if e.get("kind") == "train" and "reward" in e
     ]
-    results = run.finish(trainer.state.global_step, f"GRPO: {args.config.name}", reward_curve=curve)
+    results = run.finish(last_step, f"GRPO: {args.config.name}", reward_curve=curve)
     if curve and "after" in results:
         plot_reward_curve(curve, run.output_dir / "reward.png", f"GRPO: {args.config.name}")
     return results

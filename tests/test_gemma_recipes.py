@@ -194,6 +194,23 @@ def test_grpo_on_the_recipe_stack_resumes_and_refuses_bad_settings(tiny_gemma_fo
     assert len((out / "test_outputs.txt").read_text().splitlines()) == 2
     assert (out / "reward.png").exists()
 
+    # a run stopped after its last checkpoint but before the final evaluation (a session's end)
+    # resumes into that evaluation with the checkpoint's weights, not one more optimizer step
+    answers = (out / "test_outputs.txt").read_text()
+    (out / "results.json").write_text(json.dumps({"before": results["before"]}))
+    (out / "test_outputs.txt").unlink()
+    lines = (out / "log.jsonl").read_text().splitlines()
+    (out / "log.jsonl").write_text(
+        "".join(line + "\n" for line in lines if json.loads(line).get("split") != "test"
+                or json.loads(line)["step"] == 0)
+    )  # fmt: skip
+    run_recipe("grpo.py", "--config", config, "--output_dir", out, *common, "--resume",
+               timeout=900)  # fmt: skip
+    assert [e["step"] for e in read_log(out) if e["kind"] == "train"] == [1, 2, 3]
+    again = json.loads((out / "results.json").read_text())
+    assert again["after"]["f_bert"] == pytest.approx(results["after"]["f_bert"], abs=1e-6)
+    assert (out / "test_outputs.txt").read_text() == answers
+
     for override, message in (
         ("train.batch_size=3", r"train.batch_size \(3\) must be a multiple of rl.num_generations"),
         ("loss.weight=1.0", "config loss.weight: grpo.py trains on the F_BERT reward alone"),
