@@ -101,7 +101,12 @@ def main() -> None:
         for worker in workers.values():
             worker.close()
     header = ["path", "old s", "new s", "new / old", "per-round range", "same value", "≤ 1.05"]
-    lines = [*harness.header_lines(env), f"- old: `{args.old}`; new: `{args.new}`", ""]
+    lines = [
+        *harness.header_lines(env),
+        # header_lines reports this process's threads; the timed work runs in the workers
+        f"- old: `{args.old}`; new: `{args.new}`; each worker {args.threads} torch thread(s)",
+        "",
+    ]
     lines.append(harness.markdown_table(header, rows, "lrrrrll"))
     harness.write_outputs("\n".join(lines), args.out, args.json, payload)
 
