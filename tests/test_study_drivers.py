@@ -127,3 +127,41 @@ def test_arms_file_refuses_a_value_with_a_space_and_a_non_mapping(tmp_path):
     bad.write_text(yaml.safe_dump({"y": ["loss.weight=1"]}))
     with pytest.raises(ValueError, match="arm 'y' must be a mapping"):
         study_arms.load_arms(bad)
+
+
+def test_sync_copies_logs_outputs_dev_answers_and_adapters_but_no_checkpoints(tmp_path):
+    root = tmp_path / "repo"
+    (root / "recipes/study").mkdir(parents=True)
+    shutil.copy(REPO / "recipes/study/sync.sh", root / "recipes/study/sync.sh")
+    runs = tmp_path / "runs"
+    arm = runs / "stage2-seed0/ce"
+    (arm / "dev_outputs").mkdir(parents=True)
+    (arm / "checkpoints/checkpoint_50").mkdir(parents=True)
+    for name in ("log.jsonl", "results.json", "test_outputs.txt", "curves.png", "stdout.log"):
+        (arm / name).write_text(name)
+    (arm / "dev_outputs/step_25.txt").write_text("dev answers\n")
+    (arm / "checkpoints/checkpoint_50/model.safetensors").write_text("weights")
+    start = runs / "stage1-seed0"
+    (start / "best").mkdir(parents=True)
+    (start / "log.jsonl").write_text("{}")
+    for name in ("adapter_config.json", "adapter_model.safetensors", "config.json", "best.json",
+                 "tokenizer.json"):  # fmt: skip
+        (start / "best" / name).write_text(name)
+    (runs / "stage2-seed0/unstarted").mkdir()  # no log.jsonl: nothing to copy
+    done = subprocess.run(["bash", "recipes/study/sync.sh", str(runs)], cwd=root,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    copied = root / "recipes/results/study"
+    files = sorted(str(p.relative_to(copied)) for p in copied.rglob("*") if p.is_file())
+    assert files == [
+        "stage1-seed0/best/adapter_config.json",
+        "stage1-seed0/best/adapter_model.safetensors",
+        "stage1-seed0/best/best.json",
+        "stage1-seed0/best/config.json",
+        "stage1-seed0/log.jsonl",
+        "stage2-seed0/ce/curves.png",
+        "stage2-seed0/ce/dev_outputs/step_25.txt",
+        "stage2-seed0/ce/log.jsonl",
+        "stage2-seed0/ce/results.json",
+        "stage2-seed0/ce/test_outputs.txt",
+    ]

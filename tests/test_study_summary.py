@@ -96,3 +96,14 @@ def test_dev_curves_are_plotted(made_up_study, tmp_path):
     assert curves["good"][0][0][2] > 0.99 > curves["ce"][0][0][2]
     path = summary.plot_dev_curves(curves, tmp_path / "dev.png")
     assert path.stat().st_size > 10_000
+
+
+def test_dev_curves_without_dev_outputs_are_refused_not_drawn_empty(made_up_study, tmp_path):
+    study = summary.load_study(made_up_study)
+    for runs in study.arms.values():
+        for run in runs.values():
+            run.dev.clear()  # as when the dev answers were not copied beside the logs
+    curves = summary.dev_curves(study, REFERENCES)
+    with pytest.raises(ValueError, match="no run has dev outputs"):
+        summary.plot_dev_curves(curves, tmp_path / "dev.png")
+    assert not (tmp_path / "dev.png").exists()

@@ -229,6 +229,12 @@ def plot_dev_curves(curves: dict[str, dict[int, list]], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if not any(points for by_seed in curves.values() for points in by_seed.values()):
+        # an empty figure reads as "no curves measured"; the cause is missing inputs
+        raise ValueError(
+            "plot_dev_curves: no run has dev outputs (dev_outputs/step_<K>.txt beside its "
+            "log.jsonl, as recipes/study/sync.sh copies them): nothing to plot"
+        )
     figure, (by_step, by_cpu) = plt.subplots(1, 2, figsize=(11, 4))
     for index, (arm, by_seed) in enumerate(curves.items()):
         colour = f"C{index}"

@@ -13,6 +13,11 @@ for run in "$FROM"/stage1-seed* "$FROM"/stage2-seed*/*; do
     mkdir -p "recipes/results/study/$rel"
     find "$run" -maxdepth 1 -type f \( -name '*.jsonl' -o -name '*.json' -o -name '*.txt' \
         -o -name '*.png' \) -exec cp {} "recipes/results/study/$rel/" \;
+    # the dev answers at each evaluation (a few KB): summary.py's dev curves re-score them
+    if [ -d "$run/dev_outputs" ]; then
+        mkdir -p "recipes/results/study/$rel/dev_outputs"
+        cp "$run"/dev_outputs/step_*.txt "recipes/results/study/$rel/dev_outputs/"
+    fi
     if [ -f "$run/best/adapter_config.json" ]; then
         mkdir -p "recipes/results/study/$rel/best"
         cp "$run"/best/{adapter_config.json,adapter_model.safetensors,config.json,best.json} \
