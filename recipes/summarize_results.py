@@ -185,6 +185,17 @@ def held_out(name: str) -> tuple[Task, list[str]]:
     return get_task(config.task), [e.target for e in load_splits(config.data)["test"]]
 
 
+def task_of(folder: Path) -> Task:
+    """The task of ``results/<name>/`` or of a GRPO run's ``results/grpo-<name>/``: the
+    config's ``task`` (nothing here switches on a dataset's name)."""
+    from config import load_config
+
+    name = folder.name.removeprefix("grpo-")
+    if name not in CONFIGS:
+        raise ValueError(f"{folder}: no config known for {name!r} (CONFIGS: {sorted(CONFIGS)})")
+    return get_task(load_config(RECIPES / "configs" / CONFIGS[name], []).task)
+
+
 def task_tables(task: Path) -> str:
     kind, references = held_out(task.name)
     runs, zero_shot = load_runs(task)
@@ -227,8 +238,7 @@ def task_tables(task: Path) -> str:
 def grpo_table(folder: Path) -> str:
     """Held-out answers before and after a GRPO run (``test_outputs.jsonl``), re-scored."""
     rows = [json.loads(line) for line in (folder / "test_outputs.jsonl").read_text().splitlines()]
-    task = get_task("summarization" if "xsum" in folder.name else "translation")
-    scores = Scores(task, [r["reference"] for r in rows])
+    scores = Scores(task_of(folder), [r["reference"] for r in rows])
     before, after = [r["before"] for r in rows], [r["after"] for r in rows]
     metrics = column_order(scores.all(after))
     samples = np.random.default_rng(0).integers(0, len(rows), size=(RESAMPLES, len(rows)))

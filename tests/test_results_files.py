@@ -35,6 +35,17 @@ def references():
     return {task: held_out(task)[1] for task in CONFIGS}
 
 
+def test_every_results_folder_has_its_task_from_its_config():
+    # the tables' task (ROUGE or BLEU/chrF) comes from the config's `task`, not the folder's name
+    from summarize_results import task_of
+
+    folders = [p for p in RESULTS.iterdir() if p.is_dir() and p.name != "study"]
+    assert {task_of(p).name for p in folders} == {"summarization", "translation"}
+    assert task_of(RESULTS / "grpo-bible-es-en").name == "translation"
+    with pytest.raises(ValueError, match="no config known for 'wmt'"):
+        task_of(RESULTS / "grpo-wmt")
+
+
 def test_the_study_has_three_seeds_of_each_run():
     assert RUNS, "no committed study runs"
     names = {(p.parent.name, p.name.rpartition("-s")[0]) for p in RUNS}
