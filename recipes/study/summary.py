@@ -43,7 +43,7 @@ from summarize_results import (  # noqa: E402
     difference_rows,
     paired_difference,
 )
-from tasks import get_task  # noqa: E402
+from tasks import Task, get_task  # noqa: E402
 
 STUDY = RECIPES / "results" / "study"
 CONFIG = RECIPES / "configs" / "bible-es-en-gemma-stage2.yaml"
@@ -114,6 +114,13 @@ def load_study(folder: Path) -> Study:
         arms.setdefault(run_folder.name, {})[seed] = Run(_lines(test), log, dev)
     order = sorted(arms, key=lambda name: (name != CONTROL, name))
     return Study(start, {name: arms[name] for name in order})
+
+
+def study_task(config: Path = CONFIG) -> Task:
+    """The task of the study's config (its ``task``: translation for the Bible es->en study)."""
+    from config import load_config
+
+    return get_task(load_config(config, []).task)
 
 
 def references(config: Path = CONFIG) -> dict[str, list[str]]:
@@ -207,7 +214,7 @@ def goal_lines(study: Study, scores: Scores, samples: np.ndarray) -> list[str]:
 
 def dev_curves(study: Study, dev_references: list[str]) -> dict[str, dict[int, list]]:
     """arm -> seed -> [(step, cpu, mean dev F_BERT under the independent scorer)]."""
-    scores = Scores(get_task("translation"), dev_references)
+    scores = Scores(study_task(), dev_references)
     curves: dict[str, dict[int, list]] = {}
     for arm, runs in study.arms.items():
         for seed, run in runs.items():
@@ -267,7 +274,7 @@ def main(argv: list[str]) -> None:
     if CONTROL not in study.arms:
         raise SystemExit(f"no finished {CONTROL!r} run under {folder}: nothing to compare with")
     refs = references()
-    scores = Scores(get_task("translation"), refs["test"])
+    scores = Scores(study_task(), refs["test"])
     first = next(iter(study.arms[CONTROL].values())).test
     metrics = column_order(scores.all(first))
     samples = np.random.default_rng(0).integers(0, len(refs["test"]), (RESAMPLES, len(first)))
