@@ -7,11 +7,15 @@
 # same examples in the same order), for summarization (XSum sample) and es->en translation (Bible
 # sample). Candidates are teacher-forced; the BERTScore term goes through the vocabulary bridge.
 # A run whose results.json exists is skipped, so the script resumes where it stopped.
-# Runs under runs/results/<task>/<run>-s<seed>/ (hard and soft runs at another WEIGHT than 1.0
-# are named hard-w<WEIGHT>, soft-w<WEIGHT>); their results, logs and test outputs are copied to
-# recipes/results/<task>/. Then: python recipes/summarize_results.py
+# Runs under $RUNS_DIR/<task>/<run>-s<seed>/ (RUNS_DIR: runs/results; hard and soft runs at
+# another WEIGHT than 1.0 are named hard-w<WEIGHT>, soft-w<WEIGHT>); their results, logs and
+# test outputs are copied to $KEEP/<task>/ (KEEP: recipes/results). Then:
+#   python recipes/summarize_results.py [$KEEP]
 # The runs of RESULTS.md:  bash recipes/run_results.sh
 #                          TASKS=xsum RUNS="hard soft" WEIGHT=10 bash recipes/run_results.sh
+# Their re-run with the fixed training signal (RESULTS.md), beside them, not over them:
+#   RUNS_DIR=runs/fixed-gradient KEEP=recipes/results/fixed-gradient bash recipes/run_results.sh
+#   (then the same with RUNS="hard soft" WEIGHT=10)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
@@ -19,6 +23,8 @@ SEEDS=${SEEDS:-"0 1 2"}
 WEIGHT=${WEIGHT:-1.0}
 TEMPERATURE=${TEMPERATURE:-0.05}
 TASKS=${TASKS:-"xsum bible-es-en"}
+RUNS_DIR=${RUNS_DIR:-runs/results}
+KEEP=${KEEP:-recipes/results}
 RUNS=${RUNS:-"ce hard soft"}
 suffix=""
 [ "$WEIGHT" != "1.0" ] && suffix="-w$WEIGHT"
@@ -29,7 +35,7 @@ for task in $TASKS; do
         for run in $RUNS; do
             name=$run
             [ "$run" != ce ] && name=$run$suffix
-            out=runs/results/$task/$name-s$seed
+            out=$RUNS_DIR/$task/$name-s$seed
             [ -f "$out/results.json" ] && continue
             case $run in
                 ce) loss=(--set loss.weight=0.0) ;;
@@ -47,7 +53,7 @@ for task in $TASKS; do
                 --set train.lr_warmup_steps=3 --set train.eval_every=0 --set train.save_every=0 \
                 --set train.save_model=false --set eval.before="$before" "${loss[@]}" \
                 > "$out/stdout.log" 2>&1
-            keep=recipes/results/$task/$name-s$seed
+            keep=$KEEP/$task/$name-s$seed
             mkdir -p "$keep"
             cp "$out"/log.jsonl "$out"/results.json "$out"/test_outputs*.txt "$keep/"
         done

@@ -1,6 +1,7 @@
 """The tables of recipes/RESULTS.md, from the study's outputs (``recipes/run_results.sh``).
 
     python recipes/summarize_results.py > recipes/results/tables.md
+    python recipes/summarize_results.py recipes/results/fixed-gradient  # the re-run (RESULTS.md)
 
 For each task, every run's test outputs (``recipes/results/<task>/<run>-s<seed>/test_outputs.txt``)
 and the zero-shot outputs are re-scored here, example by example, with
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -258,17 +260,22 @@ def grpo_table(folder: Path) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
+    """The tables of the runs under ``argv[0]`` (default ``recipes/results``; the re-run with the
+    fixed training signal: ``recipes/results/fixed-gradient``), one folder a task."""
+    results = Path(argv[0]) if argv else RESULTS
+    if not results.is_dir():
+        raise SystemExit(f"summarize_results: no folder {results}")
     for name in CONFIGS:
-        task = RESULTS / name
+        task = results / name
         if task.is_dir():
             print(f"### {name} (test split)\n\n{task_tables(task)}\n")
-    for folder in sorted(RESULTS.glob("grpo-*")):
+    for folder in sorted(results.glob("grpo-*")):
         print(f"### {folder.name}\n\n{grpo_table(folder)}\n")
     costs = [
         json.loads(p.read_text()).get("train_seconds")
         for name in CONFIGS
-        for p in RESULTS.glob(f"{name}/*/results.json")
+        for p in results.glob(f"{name}/*/results.json")
     ]
     costs = [c for c in costs if c]
     if costs:
@@ -276,4 +283,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -11,9 +11,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "recipes" / "results"
-# the short-budget study's runs (<task>/<run>-s<seed>)
+# the short-budget study's runs (<task>/<run>-s<seed>), and their re-run with the fixed training
+# signal (fixed-gradient/<task>/<run>-s<seed>)
+RERUN = RESULTS / "fixed-gradient"
 RUNS = sorted(
-    p for p in RESULTS.glob("*/*-s*") if p.parent.name != "study" and (p / "results.json").exists()
+    p
+    for p in [*RESULTS.glob("*/*-s*"), *RERUN.glob("*/*-s*")]
+    if p.parent.name != "study" and (p / "results.json").exists()
 )
 # the efficacy study's finished runs (issue 25; recipes/study/sync.sh copies them as they
 # arrive): stage1-seed<N> (the converged start) and stage2-seed<N>/<arm>
@@ -39,7 +43,7 @@ def test_every_results_folder_has_its_task_from_its_config():
     # the tables' task (ROUGE or BLEU/chrF) comes from the config's `task`, not the folder's name
     from summarize_results import task_of
 
-    folders = [p for p in RESULTS.iterdir() if p.is_dir() and p.name != "study"]
+    folders = [p for p in RESULTS.iterdir() if p.is_dir() and p not in (STUDY, RERUN)]
     assert {task_of(p).name for p in folders} == {"summarization", "translation"}
     assert task_of(RESULTS / "grpo-bible-es-en").name == "translation"
     with pytest.raises(ValueError, match="no config known for 'wmt'"):
@@ -48,15 +52,16 @@ def test_every_results_folder_has_its_task_from_its_config():
 
 def test_the_study_has_three_seeds_of_each_run():
     assert RUNS, "no committed study runs"
-    names = {(p.parent.name, p.name.rpartition("-s")[0]) for p in RUNS}
+    names = {(p.parent, p.name.rpartition("-s")[0]) for p in RUNS}
     for task, run in names:
-        seeds = [p for p in RUNS if p.parent.name == task and p.name.rpartition("-s")[0] == run]
+        seeds = [p for p in RUNS if p.parent == task and p.name.rpartition("-s")[0] == run]
         assert len(seeds) >= 3, (task, run)
+    names = {(task.name, run) for task, run in names if task.parent == RESULTS}
     assert {("xsum", "ce"), ("xsum", "hard"), ("xsum", "soft")} <= names
     assert {("bible-es-en", "ce"), ("bible-es-en", "hard"), ("bible-es-en", "soft")} <= names
 
 
-@pytest.mark.parametrize("run", RUNS, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("run", RUNS, ids=lambda p: str(p.relative_to(RESULTS)))
 def test_committed_outputs_score_what_results_json_says(run, references, scorer):
     result = json.loads((run / "results.json").read_text())
     outputs = (run / "test_outputs.txt").read_text(encoding="utf-8").split("\n")[:-1]

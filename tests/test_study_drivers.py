@@ -165,3 +165,60 @@ def test_sync_copies_logs_outputs_dev_answers_and_adapters_but_no_checkpoints(tm
         "stage2-seed0/ce/results.json",
         "stage2-seed0/ce/test_outputs.txt",
     ]
+
+
+FAKE_FINETUNE = """#!/usr/bin/env bash
+# stands in for `python recipes/finetune.py ...`: records the arguments, writes what a run writes
+args=("$@")
+for i in "${!args[@]}"; do [ "${args[$i]}" = --output_dir ] && out=${args[$((i + 1))]}; done
+printf '%s\\n' "$*" >> "$out/argv.txt"
+echo '{"after": {"f_bert": 0.5}}' > "$out/results.json"
+echo '{}' > "$out/log.jsonl"
+echo answer > "$out/test_outputs.txt"
+"""
+
+
+def test_run_results_reruns_beside_the_kept_runs_and_skips_finished_ones(tmp_path):
+    # the short-budget study's re-run with the fixed training signal writes RUNS_DIR and KEEP,
+    # never the committed runs of recipes/results/<task>/
+    root = tmp_path / "repo"
+    (root / "recipes").mkdir(parents=True)
+    shutil.copy(REPO / "recipes/run_results.sh", root / "recipes/run_results.sh")
+    kept = root / "recipes/results/bible-es-en/soft-s0"
+    kept.mkdir(parents=True)
+    (kept / "results.json").write_text("old")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(FAKE_FINETUNE)
+    (bin_dir / "python").chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "RUNS_DIR": "runs/fixed-gradient",
+        "KEEP": "recipes/results/fixed-gradient",
+        "TASKS": "bible-es-en",
+        "SEEDS": "0 1",
+        "RUNS": "ce soft",
+        "WEIGHT": "10",
+    }
+    run = subprocess.run(["bash", "recipes/run_results.sh"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    rerun = root / "recipes/results/fixed-gradient/bible-es-en"
+    assert sorted(p.name for p in rerun.iterdir()) == [
+        "ce-s0",
+        "ce-s1",
+        "soft-w10-s0",
+        "soft-w10-s1",
+    ]
+    assert (kept / "results.json").read_text() == "old"
+    argv = (root / "runs/fixed-gradient/bible-es-en/soft-w10-s1/argv.txt").read_text()
+    assert "--set loss.weight=10 --set loss.matching=softmax" in argv
+    assert "--set train.seed=1" in argv and "--set eval.before=false" in argv
+    first = (root / "runs/fixed-gradient/bible-es-en/ce-s0/argv.txt").read_text()
+    assert "--set eval.before=true" in first  # the zero-shot outputs: once, the first CE run
+    # a second call finds every run finished and starts none
+    again = subprocess.run(["bash", "recipes/run_results.sh"], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert (root / "runs/fixed-gradient/bible-es-en/ce-s0/argv.txt").read_text().count("\n") == 1
