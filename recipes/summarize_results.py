@@ -17,7 +17,9 @@ difference is positive.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -73,12 +75,23 @@ def scorers() -> dict:
     }
 
 
+# A stored score is keyed by everything it depends on (the texts, the task, the scorers and
+# bsloss's version); bump this when Scores.per_example changes what it computes.
+STORE_FORMAT = 1
+
+
+def default_store() -> Path:
+    """Where the summaries keep per-example scores between runs (``BSLOSS_SCORES_CACHE``)."""
+    return Path(os.environ.get("BSLOSS_SCORES_CACHE", Path.home() / ".cache/bsloss/scores"))
+
+
 class Scores:
     """Per-example scores of output lists against one task's references; corpus BLEU and chrF
-    of any subset of examples."""
+    of any subset of examples. With ``store`` (a folder), per-example scores are also kept on
+    disk, so that a summary re-run as a study's runs arrive re-scores only the new outputs."""
 
-    def __init__(self, task: Task, references: list[str]):
-        self.task, self.references = task, references
+    def __init__(self, task: Task, references: list[str], store: Path | None = None):
+        self.task, self.references, self.store = task, references, store
         self.scorers = scorers()
         self._cache: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
         self._statistics: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
@@ -100,8 +113,24 @@ class Scores:
         """:meth:`per_example`, computed once per list of outputs."""
         key = tuple(outputs)
         if key not in self._cache:
-            self._cache[key] = self.per_example(outputs)
+            self._cache[key] = self._stored(outputs) if self.store else self.per_example(outputs)
         return self._cache[key]
+
+    def _stored(self, outputs: list[str]) -> dict[str, np.ndarray]:
+        import bsloss
+
+        identity = [STORE_FORMAT, bsloss.__version__, self.task.name, sorted(self.scorers)]
+        digest = hashlib.sha256(json.dumps([identity, outputs, self.references]).encode())
+        path = self.store / f"{digest.hexdigest()}.npz"
+        if path.exists():
+            with np.load(path) as stored:
+                return {name: stored[name] for name in stored.files}
+        scores = self.per_example(outputs)
+        self.store.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp.npz")
+        np.savez(partial, **scores)
+        partial.replace(path)  # atomic: a killed summary leaves no half-written file
+        return scores
 
     def all(self, outputs: list[str]) -> dict[str, float]:
         """Test-set scores: per-example means and corpus scores."""
@@ -198,12 +227,12 @@ def task_of(folder: Path) -> Task:
     return get_task(load_config(RECIPES / "configs" / CONFIGS[name], []).task)
 
 
-def task_tables(task: Path) -> str:
+def task_tables(task: Path, store: Path | None = None) -> str:
     kind, references = held_out(task.name)
     runs, zero_shot = load_runs(task)
     if "ce" not in runs:
         return f"(no CE runs under {task})"
-    scores = Scores(kind, references)
+    scores = Scores(kind, references, store)
     metrics = column_order(scores.all(runs["ce"][min(runs["ce"])]))
     lines = [
         f"Test examples: {len(references)}.\n",
@@ -237,10 +266,10 @@ def task_tables(task: Path) -> str:
     return "\n".join(lines)
 
 
-def grpo_table(folder: Path) -> str:
+def grpo_table(folder: Path, store: Path | None = None) -> str:
     """Held-out answers before and after a GRPO run (``test_outputs.jsonl``), re-scored."""
     rows = [json.loads(line) for line in (folder / "test_outputs.jsonl").read_text().splitlines()]
-    scores = Scores(task_of(folder), [r["reference"] for r in rows])
+    scores = Scores(task_of(folder), [r["reference"] for r in rows], store)
     before, after = [r["before"] for r in rows], [r["after"] for r in rows]
     metrics = column_order(scores.all(after))
     samples = np.random.default_rng(0).integers(0, len(rows), size=(RESAMPLES, len(rows)))
@@ -269,9 +298,9 @@ def main(argv: list[str]) -> None:
     for name in CONFIGS:
         task = results / name
         if task.is_dir():
-            print(f"### {name} (test split)\n\n{task_tables(task)}\n")
+            print(f"### {name} (test split)\n\n{task_tables(task, default_store())}\n")
     for folder in sorted(results.glob("grpo-*")):
-        print(f"### {folder.name}\n\n{grpo_table(folder)}\n")
+        print(f"### {folder.name}\n\n{grpo_table(folder, default_store())}\n")
     costs = [
         json.loads(p.read_text()).get("train_seconds")
         for name in CONFIGS

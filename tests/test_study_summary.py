@@ -107,3 +107,23 @@ def test_dev_curves_without_dev_outputs_are_refused_not_drawn_empty(made_up_stud
     with pytest.raises(ValueError, match="no run has dev outputs"):
         summary.plot_dev_curves(curves, tmp_path / "dev.png")
     assert not (tmp_path / "dev.png").exists()
+
+
+def test_stored_scores_are_the_computed_ones_and_are_not_recomputed(tmp_path, monkeypatch):
+    # the summaries keep per-example scores on disk: a second summary re-scores nothing it has
+    # seen, and gives the very numbers the scorers gave; other outputs or references are new
+    task = get_task("translation")
+    first = Scores(task, REFERENCES, store=tmp_path)
+    computed = first.cached(POOR)
+    assert len(list(tmp_path.glob("*.npz"))) == 1
+    second = Scores(task, REFERENCES, store=tmp_path)
+    monkeypatch.setattr(Scores, "per_example", lambda self, outputs: pytest.fail("re-scored"))
+    stored = second.cached(POOR)
+    assert stored.keys() == computed.keys()
+    for name in computed:
+        np.testing.assert_array_equal(stored[name], computed[name])
+    monkeypatch.undo()
+    Scores(task, REFERENCES, store=tmp_path).cached(REFERENCES)  # other outputs
+    Scores(task, POOR, store=tmp_path).cached(REFERENCES)  # other references
+    assert len(list(tmp_path.glob("*.npz"))) == 3
+    assert not list(tmp_path.glob("*.tmp*"))

@@ -40,6 +40,7 @@ from summarize_results import (  # noqa: E402
     RESAMPLES,
     Scores,
     column_order,
+    default_store,
     difference_rows,
     paired_difference,
 )
@@ -212,9 +213,11 @@ def goal_lines(study: Study, scores: Scores, samples: np.ndarray) -> list[str]:
     return lines
 
 
-def dev_curves(study: Study, dev_references: list[str]) -> dict[str, dict[int, list]]:
+def dev_curves(
+    study: Study, dev_references: list[str], store: Path | None = None
+) -> dict[str, dict[int, list]]:
     """arm -> seed -> [(step, cpu, mean dev F_BERT under the independent scorer)]."""
-    scores = Scores(study_task(), dev_references)
+    scores = Scores(study_task(), dev_references, store)
     curves: dict[str, dict[int, list]] = {}
     for arm, runs in study.arms.items():
         for seed, run in runs.items():
@@ -274,7 +277,7 @@ def main(argv: list[str]) -> None:
     if CONTROL not in study.arms:
         raise SystemExit(f"no finished {CONTROL!r} run under {folder}: nothing to compare with")
     refs = references()
-    scores = Scores(study_task(), refs["test"])
+    scores = Scores(study_task(), refs["test"], default_store())
     first = next(iter(study.arms[CONTROL].values())).test
     metrics = column_order(scores.all(first))
     samples = np.random.default_rng(0).integers(0, len(refs["test"]), (RESAMPLES, len(first)))
@@ -290,7 +293,7 @@ def main(argv: list[str]) -> None:
     print("\n".join(costs))
     print(f"\nStage 2 in all: {total:.1f} core-hours.\n")
     print("\n".join(goal_lines(study, scores, samples)) + "\n")
-    curves = dev_curves(study, refs["validation"])
+    curves = dev_curves(study, refs["validation"], default_store())
     plot = plot_dev_curves(curves, folder / "dev_curves.png")
     print(f"Dev curves: {plot.relative_to(folder)}")
 
