@@ -216,15 +216,20 @@ def held_out(name: str) -> tuple[Task, list[str]]:
     return get_task(config.task), [e.target for e in load_splits(config.data)["test"]]
 
 
+def config_task(config: Path) -> Task:
+    """The task a recipe config names (its ``task``)."""
+    from config import load_config
+
+    return get_task(load_config(config, []).task)
+
+
 def task_of(folder: Path) -> Task:
     """The task of ``results/<name>/`` or of a GRPO run's ``results/grpo-<name>/``: the
     config's ``task`` (nothing here switches on a dataset's name)."""
-    from config import load_config
-
     name = folder.name.removeprefix("grpo-")
     if name not in CONFIGS:
         raise ValueError(f"{folder}: no config known for {name!r} (CONFIGS: {sorted(CONFIGS)})")
-    return get_task(load_config(RECIPES / "configs" / CONFIGS[name], []).task)
+    return config_task(RECIPES / "configs" / CONFIGS[name])
 
 
 def task_tables(task: Path, store: Path | None = None) -> str:

@@ -40,11 +40,12 @@ from summarize_results import (  # noqa: E402
     RESAMPLES,
     Scores,
     column_order,
+    config_task,
     default_store,
     difference_rows,
     paired_difference,
 )
-from tasks import Task, get_task  # noqa: E402
+from tasks import Task  # noqa: E402
 
 STUDY = RECIPES / "results" / "study"
 CONFIG = RECIPES / "configs" / "bible-es-en-gemma-stage2.yaml"
@@ -119,9 +120,7 @@ def load_study(folder: Path) -> Study:
 
 def study_task(config: Path = CONFIG) -> Task:
     """The task of the study's config (its ``task``: translation for the Bible es->en study)."""
-    from config import load_config
-
-    return get_task(load_config(config, []).task)
+    return config_task(config)
 
 
 def references(config: Path = CONFIG) -> dict[str, list[str]]:
