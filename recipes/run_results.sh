@@ -6,7 +6,9 @@
 # each with every seed of SEEDS (a seed fixes the batches, so the three runs of a seed see the
 # same examples in the same order), for summarization (XSum sample) and es->en translation (Bible
 # sample). Candidates are teacher-forced; the BERTScore term goes through the vocabulary bridge.
-# A run whose results.json exists is skipped, so the script resumes where it stopped.
+# A run whose results.json exists is skipped, so the script resumes where it stopped; a run
+# folder without one (a run cut off: these short runs save no checkpoint) is run again from the
+# start (--overwrite).
 # Runs under $RUNS_DIR/<task>/<run>-s<seed>/ (RUNS_DIR: runs/results; hard and soft runs at
 # another WEIGHT than 1.0 are named hard-w<WEIGHT>, soft-w<WEIGHT>); their results, logs and
 # test outputs are copied to $KEEP/<task>/ (KEEP: recipes/results). Then:
@@ -51,7 +53,7 @@ for task in $TASKS; do
             python recipes/finetune.py --config "recipes/configs/$task-gemma.yaml" \
                 --output_dir "$out" --set train.seed="$seed" --set train.steps="${STEPS[$task]}" \
                 --set train.lr_warmup_steps=3 --set train.eval_every=0 --set train.save_every=0 \
-                --set train.save_model=false --set eval.before="$before" "${loss[@]}" \
+                --set train.save_model=false --set eval.before="$before" "${loss[@]}" --overwrite \
                 > "$out/stdout.log" 2>&1
             keep=$KEEP/$task/$name-s$seed
             mkdir -p "$keep"

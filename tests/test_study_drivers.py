@@ -171,6 +171,10 @@ FAKE_FINETUNE = """#!/usr/bin/env bash
 # stands in for `python recipes/finetune.py ...`: records the arguments, writes what a run writes
 args=("$@")
 for i in "${!args[@]}"; do [ "${args[$i]}" = --output_dir ] && out=${args[$((i + 1))]}; done
+# as recipes/run.py's check_fresh_output: a folder holding a run needs --resume or --overwrite
+if [ -f "$out/log.jsonl" ] && [[ " $* " != *" --overwrite "* && " $* " != *" --resume "* ]]; then
+    echo "already holds a run" >&2; exit 1
+fi
 printf '%s\\n' "$*" >> "$out/argv.txt"
 echo '{"after": {"f_bert": 0.5}}' > "$out/results.json"
 echo '{}' > "$out/log.jsonl"
@@ -187,6 +191,10 @@ def test_run_results_reruns_beside_the_kept_runs_and_skips_finished_ones(tmp_pat
     kept = root / "recipes/results/bible-es-en/soft-s0"
     kept.mkdir(parents=True)
     (kept / "results.json").write_text("old")
+    # a run cut off by the end of a session: its log, no results.json (no checkpoint either)
+    cut = root / "runs/fixed-gradient/bible-es-en/ce-s1"
+    cut.mkdir(parents=True)
+    (cut / "log.jsonl").write_text('{"step": 7}')
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "python").write_text(FAKE_FINETUNE)
@@ -217,6 +225,7 @@ def test_run_results_reruns_beside_the_kept_runs_and_skips_finished_ones(tmp_pat
     assert "--set train.seed=1" in argv and "--set eval.before=false" in argv
     first = (root / "runs/fixed-gradient/bible-es-en/ce-s0/argv.txt").read_text()
     assert "--set eval.before=true" in first  # the zero-shot outputs: once, the first CE run
+    assert (cut / "results.json").exists()  # the cut-off run was run again from the start
     # a second call finds every run finished and starts none
     again = subprocess.run(["bash", "recipes/run_results.sh"], cwd=root, env=env,
                            capture_output=True, text=True, timeout=60)  # fmt: skip
