@@ -1,8 +1,9 @@
 """Validation of user input at the public boundary: clear errors that name the argument and the
 position, so that the code inside can trust what it is given.
 
-Texts (a list, not a string; each a string of valid Unicode), reference groups, and numbers
-(integers, finite floats) are checked here once, by every public entry point.
+Texts (a list, not a string; each a string of valid Unicode), reference groups, numbers
+(integers, finite floats) and tensors (their dtype kind) are checked here once, by every public
+entry point.
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
+import torch
+
 __all__ = [
     "position_of_first",
     "check_text",
     "check_texts",
     "check_reference_groups",
     "check_int",
+    "check_tensor",
     "validate_pairs",
     "flatten_groups",
 ]
@@ -89,6 +93,31 @@ def check_int(value: object, name: str, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def check_tensor(value: object, name: str, kind: str) -> torch.Tensor:
+    """``value`` itself if it is a tensor of ``kind`` ``"float"`` or ``"integer"`` dtype
+    (``"mask"``: bool or integer).
+
+    Raises:
+        TypeError: not a tensor, or another dtype (both named).
+
+    >>> check_tensor(torch.ones(2), "x", "integer")
+    Traceback (most recent call last):
+    TypeError: x must have an integer dtype, got torch.float32
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    floating, complex_ = value.is_floating_point(), value.is_complex()
+    ok = {
+        "float": floating,
+        "integer": not floating and not complex_ and value.dtype != torch.bool,
+        "mask": not floating and not complex_,
+    }[kind]
+    if not ok:
+        wanted = {"float": "a floating", "integer": "an integer", "mask": "a bool or integer"}
+        raise TypeError(f"{name} must have {wanted[kind]} dtype, got {value.dtype}")
+    return value
 
 
 def validate_pairs(cands: object, refs: object) -> tuple[list[str], list[list[str]]]:

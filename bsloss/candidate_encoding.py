@@ -1,0 +1,436 @@
+r"""The candidates, whichever their source, as the scorer's hidden states: the first half of
+:class:`~bsloss.BERTScoreLoss` (the second, :func:`~bsloss.functional.bert_score`, matches them
+to the references).
+
+A candidate comes as one of five sources, validated here once:
+
+- ``logits`` or ``probs`` ``[B, L, V]``: the generator's distributions :math:`p_t`, whose expected
+  embeddings :math:`e_t = \sum_v p_t(v) E[v]` (after the candidate transforms of
+  :mod:`bsloss.candidate_transforms`) the scorer reads (:mod:`bsloss.distributions`);
+- ``hidden_states`` ``[B, L, d_model]`` with the LM head: the same expectation computed chunk by
+  chunk over the vocabulary, never materialising the logits
+  (:mod:`bsloss.functional.fused_expectation`), with the targets' log-likelihood from that pass;
+- ``candidate_ids`` ``[B, L]``: the rows of the embedding table of the generator's tokens;
+- ``embeddings`` ``[B, L, d]``: scorer input embeddings, taken as they are.
+
+When the generator's vocabulary is not the scorer's, the table :math:`E` is the bridge's
+(:mod:`bsloss.bridge`, whose mode object decides what is encoded): in ``"retokenize"`` mode the
+decoded text is also encoded with the scorer's own tokenisation (no gradient), and its score
+is the loss's value while the expected embeddings give the gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from bsloss._warnings import warn_user
+from bsloss.bridge import BridgeMode
+from bsloss.candidate_transforms import CandidateOptions
+from bsloss.distributions import (
+    augment_table,
+    check_finite_tensor,
+    expected_inputs,
+    most_probable_tokens,
+    token_distribution,
+)
+from bsloss.functional.fused_expectation import (
+    IGNORE_INDEX,
+    NonFiniteLogitsError,
+    fused_expected_inputs,
+)
+from bsloss.functional.gumbel_noise import draw_seed
+from bsloss.functional.matching.base import check_temperature
+from bsloss.inputs import check_tensor, position_of_first
+from bsloss.scorer.encoder import ScorerEncoder
+from bsloss.special_tokens import splice_special_tokens
+
+__all__ = ["CandidateEncoder", "EncodedCandidates"]
+
+
+class EncodedCandidates(NamedTuple):
+    """Candidates through the scorer: hidden states ``[B, L', d]``, mask and importance
+    weights; the ``[B, L]`` log-likelihood of ``target_ids`` (fused path); and, in
+    ``bridge_mode="retokenize"``, the decoded texts' own encoding (no gradient), whose score is
+    the loss's value while ``hidden`` gives its gradient (:mod:`bsloss.bridge`)."""
+
+    hidden: Tensor
+    mask: Tensor
+    weights: Tensor
+    log_likelihood: Tensor | None = None
+    exact: tuple[Tensor, Tensor, Tensor] | None = None
+
+
+class CandidateEncoder:
+    """Encodes candidates of any source with the frozen scorer, through the bridge mode and
+    under the candidate transforms chosen when the loss was built.
+
+    Args:
+        encoder: the scorer.
+        bridging: the bridge mode (:func:`bsloss.bridge.resolve_bridge_mode`).
+        candidates: the resolved candidate transforms.
+
+    The importance weights of the scorer's tokens are passed to each call (they are the loss's
+    buffer, which follows the loss to its device). After a call that decodes (retokenize mode),
+    ``last_texts`` holds the decoded candidates that were scored.
+    """
+
+    def __init__(self, encoder: ScorerEncoder, bridging: BridgeMode, candidates: CandidateOptions):
+        self.encoder, self.bridging, self.candidates = encoder, bridging, candidates
+        self.last_texts: list[str] = []
+        self._tables: dict[tuple, Tensor] = {}  # the generator table per (device, dtype)
+
+    @property
+    def generator_vocab_size(self) -> int:
+        return self.bridging.vocab_size(self.encoder.input_embeddings.num_embeddings)
+
+    def clear_cache(self) -> None:
+        """Forget the generator embedding tables (built again on the next call)."""
+        self._tables.clear()
+
+    def generator_table(self, scorer_weights: Tensor) -> Tensor:
+        """``[V_gen, d + 1]``: input embeddings and importance weights of the generator's tokens
+        (through the bridge when vocabularies differ). The scorer is frozen, so it is built once
+        per device and dtype."""
+        table = self.encoder.input_embeddings.weight
+        key = (table.device, table.dtype)
+        if key not in self._tables:
+            # a plain tensor even when first built under torch.inference_mode(): a later
+            # training call saves it for backward
+            with torch.inference_mode(False), torch.no_grad():
+                table, weights = self.bridging.tables(table.detach(), scorer_weights)
+                self._tables = {key: augment_table(table, weights)}
+        return self._tables[key]
+
+    def check_vocab(self, size: int, name: str) -> None:
+        if size != self.generator_vocab_size:
+            raise ValueError(self.bridging.vocabulary_error(name, size, self.generator_vocab_size))
+
+    def _check_candidates(
+        self, logits, probs, candidate_ids, embeddings, hidden_states, candidate_mask
+    ):
+        """The one candidate input and its ``[B, L]`` bool mask, validated."""
+        named = {
+            "logits": logits,
+            "probs": probs,
+            "candidate_ids": candidate_ids,
+            "embeddings": embeddings,
+            "hidden_states": hidden_states,
+        }
+        given = [name for name, x in named.items() if x is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "pass exactly one of logits, probs, candidate_ids, embeddings or hidden_states"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        name = given[0]
+        source = check_tensor(named[name], name, "integer" if name == "candidate_ids" else "float")
+        rank = 2 if name == "candidate_ids" else 3
+        if source.dim() != rank:
+            shape = {
+                "candidate_ids": "[B, L]",
+                "embeddings": "[B, L, d]",
+                "hidden_states": "[B, L, d_model]",
+            }.get(name, "[B, L, V]")
+            raise ValueError(f"{name} must be {shape}, got shape {list(source.shape)}")
+        if source.device.type != self.encoder.device.type:
+            raise ValueError(
+                f"{name} is on {source.device} but the scorer is on {self.encoder.device}; "
+                "move the loss with .to(device)"
+            )
+        if candidate_mask is None:
+            candidate_mask = torch.ones(source.shape[:2], dtype=torch.bool, device=source.device)
+        check_tensor(candidate_mask, "candidate_mask", "mask")
+        if tuple(candidate_mask.shape) != tuple(source.shape[:2]):
+            raise ValueError(
+                f"candidate_mask must have shape {list(source.shape[:2])} "
+                f"([B, L] of the candidates), got {list(candidate_mask.shape)}"
+            )
+        return name, source, candidate_mask.to(source.device).bool()
+
+    def _fit_candidates(self, mask: Tensor, name: str) -> Tensor:
+        """Keep at most as many real tokens per row as the scorer takes between its special
+        tokens; warn naming the rows cut (their later tokens get no score and no gradient)."""
+        limit = self.encoder.tokenization.content_length
+        if mask.shape[1] <= limit:
+            return mask
+        rank = torch.cumsum(mask.long(), dim=1)
+        cut = mask & (rank > limit)
+        rows = cut.any(dim=1).nonzero().flatten().tolist()
+        if not rows:
+            return mask
+        shown = ", ".join(f"{name}[{i}]" for i in rows[:10]) + (", ..." if len(rows) > 10 else "")
+        fate = self.bridging.truncation
+        warn_user(
+            f"{len(rows)} of {mask.shape[0]} candidates have more than {limit} real tokens, "
+            f"the most {self.encoder.name} takes between its special tokens ({shown}); {fate}"
+        )
+        return mask & ~cut
+
+    def encode(
+        self,
+        scorer_weights: Tensor,
+        *,
+        logits: Tensor | None = None,
+        probs: Tensor | None = None,
+        candidate_ids: Tensor | None = None,
+        embeddings: Tensor | None = None,
+        hidden_states: Tensor | None = None,
+        output_embeddings: Tensor | nn.Module | None = None,
+        target_ids: Tensor | None = None,
+        logit_softcap: float | None = None,
+        generator_temperature: float | None = None,
+        candidate_mask: Tensor | None = None,
+    ) -> EncodedCandidates:
+        """The candidates, whichever their source (validated here, once), encoded by the
+        scorer: one method per source below.
+
+        Args:
+            scorer_weights: ``[V_scorer]`` importance weights of the scorer's tokens.
+            logits, probs, candidate_ids, embeddings, hidden_states: exactly one, as in
+                :meth:`bsloss.BERTScoreLoss.score`; with ``hidden_states``, the LM head
+                ``output_embeddings`` and optional ``target_ids``, ``logit_softcap``,
+                ``generator_temperature``.
+            candidate_mask: ``[B, L]``, true on real candidate tokens (default: all).
+
+        Returns:
+            :class:`EncodedCandidates`.
+
+        Raises:
+            TypeError, ValueError: not exactly one candidate input, a non-tensor, a wrong dtype,
+                shape or device, NaN/Inf, ids outside the vocabulary, options of the fused pass
+                with another input (all named).
+        """
+        name, source, candidate_mask = self._check_candidates(
+            logits, probs, candidate_ids, embeddings, hidden_states, candidate_mask
+        )
+        head = {
+            "output_embeddings": output_embeddings,
+            "target_ids": target_ids,
+            "logit_softcap": logit_softcap,
+            "generator_temperature": generator_temperature,
+        }
+        if hidden_states is None:
+            # the options of the fused LM-head pass: another input has no logits to apply them to
+            given = [key for key, value in head.items() if value is not None]
+            if given:
+                raise ValueError(
+                    f"the fused LM-head pass's options go with hidden_states, not with {name}: "
+                    f"got {', '.join(given)} (apply a temperature or soft-cap to the logits "
+                    "before passing them)"
+                )
+        else:
+            if logit_softcap is not None:
+                head["logit_softcap"] = check_temperature(logit_softcap, "logit_softcap")
+            head["generator_temperature"] = check_temperature(
+                1.0 if generator_temperature is None else generator_temperature,
+                "generator_temperature",
+            )
+        if source.shape[0] == 0:
+            return self._encode_nothing(source, name, target_ids)
+        if name == "embeddings":
+            return self._encode_embeddings(source, candidate_mask)
+        if name == "candidate_ids":
+            return self._encode_ids(source, candidate_mask, name, scorer_weights)
+        return self._encode_distributions(
+            name, logits, probs, hidden_states, candidate_mask, head, scorer_weights
+        )
+
+    def _encode_nothing(
+        self, source: Tensor, name: str, target_ids: Tensor | None
+    ) -> EncodedCandidates:
+        """An empty batch: nothing to encode (kept on the graph of the input)."""
+        nothing = source.reshape(-1)[:0].float()
+        empty_mask = torch.zeros(0, 0, dtype=torch.bool, device=source.device)
+        hidden = nothing.reshape(0, 0, self.encoder.hidden_size)
+        log_likelihood = None if target_ids is None else nothing.reshape(0, 0)
+        encoded = (hidden, empty_mask, nothing.reshape(0, 0))
+        # a decoding bridge scores distributions twice (the gradient's encoding and the text's)
+        twice = self.bridging.decodes and name not in ("candidate_ids", "embeddings")
+        return EncodedCandidates(*encoded, log_likelihood, encoded if twice else None)
+
+    def _encode_embeddings(self, embeddings: Tensor, candidate_mask: Tensor) -> EncodedCandidates:
+        """Scorer hidden states given as the candidates: taken as they are."""
+        if embeddings.shape[-1] != self.encoder.hidden_size:
+            raise ValueError(
+                f"embeddings must be [B, L, {self.encoder.hidden_size}] scorer "
+                f"hidden states, got {list(embeddings.shape)}"
+            )
+        check_finite_tensor(embeddings, "embeddings")
+        return EncodedCandidates(embeddings, candidate_mask, candidate_mask.to(torch.float32))
+
+    def _encode_ids(
+        self, candidate_ids: Tensor, candidate_mask: Tensor, name: str, scorer_weights: Tensor
+    ) -> EncodedCandidates:
+        """Token ids: their rows of the generator table, or (a decoding bridge) their text."""
+        table = self.generator_table(scorer_weights)
+        bad = (candidate_ids < 0) | (candidate_ids >= table.shape[0])
+        if (bad & candidate_mask).any():
+            raise ValueError(
+                f"candidate_ids has ids outside [0, {table.shape[0]}) at "
+                f"candidate_ids{position_of_first(bad & candidate_mask)}"
+            )
+        special = self._scorer_special_ids(candidate_ids.device)
+        candidate_mask = self.bridging.content_ids(candidate_ids, candidate_mask, special)
+        ids = candidate_ids.clamp(0, table.shape[0] - 1)
+        if self.bridging.decodes:  # the decoded text, whole: the scorer's own limit
+            return EncodedCandidates(*self._retokenized(ids, candidate_mask, scorer_weights))
+        candidate_mask = self._fit_candidates(candidate_mask, name)
+        rows = table[ids]
+        return EncodedCandidates(
+            *self._encode_inputs(rows[..., :-1], rows[..., -1], candidate_mask)
+        )
+
+    def _encode_distributions(
+        self,
+        name: str,
+        logits: Tensor | None,
+        probs: Tensor | None,
+        hidden_states: Tensor | None,
+        candidate_mask: Tensor,
+        head: dict,
+        scorer_weights: Tensor,
+    ) -> EncodedCandidates:
+        """Distributions (``[B, L, V]`` logits or probabilities, or the LM head's input): their
+        expected embeddings and weights under the candidate transforms; with a decoding bridge
+        also the decoded argmax text's encoding (``exact``, no gradient)."""
+        table = self.generator_table(scorer_weights)
+        # in retokenize mode the decoded text is scored whole (the scorer's limit applies to its
+        # pieces); the one-position-per-token encoding that gives the gradient is cut
+        whole_mask = candidate_mask
+        candidate_mask = self._fit_candidates(candidate_mask, name)
+        log_likelihood = None
+        # one seed per call: the dense and the fused path draw the same Gumbel noise from it
+        seed = None if self.candidates.gumbel_temperature is None else draw_seed()
+        if hidden_states is not None:
+            check_finite_tensor(hidden_states, "hidden_states")
+            inputs, weights, log_likelihood, tokens = self._fused_inputs(
+                seed,
+                hidden_states,
+                head["output_embeddings"],
+                head["target_ids"],
+                candidate_mask,
+                table,
+                head["logit_softcap"],
+                head["generator_temperature"],
+            )
+        else:
+            self.check_vocab((logits if probs is None else probs).shape[-1], name)
+            distribution = token_distribution(
+                logits, probs, **asdict(self.candidates), gumbel_seed=seed
+            )
+            inputs, weights = expected_inputs(distribution, table)
+            # float64 logits give float64 expectations; the scorer runs in its own dtype
+            inputs = inputs.to(table.dtype)
+            tokens = most_probable_tokens(distribution) if self.bridging.decodes else None
+        encoded = self._encode_inputs(inputs, weights, candidate_mask)
+        exact = None
+        if self.bridging.decodes:
+            with torch.no_grad():
+                exact = self._retokenized(tokens, whole_mask, scorer_weights)
+        return EncodedCandidates(*encoded, log_likelihood, exact)
+
+    def _scorer_special_ids(self, device: torch.device) -> Tensor:
+        pad = self.encoder.tokenizer.pad_token_id
+        ids = {*self.encoder.tokenization.special_token_ids, pad} - {None}
+        return torch.tensor(sorted(ids), dtype=torch.long, device=device)
+
+    def _retokenized(
+        self, tokens: Tensor, mask: Tensor, scorer_weights: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The scorer's encoding of the decoded ``tokens``, tokenised as the metric tokenises
+        text (:mod:`bsloss.bridge`); ``self.last_texts`` keeps the decoded texts."""
+        batch = self.bridging.retokenize(tokens, mask)
+        self.last_texts = batch.texts
+        inputs = self.encoder.input_embeddings.weight.detach()[batch.piece_ids]
+        weights = scorer_weights[batch.piece_ids].to(inputs.dtype)
+        return self._encode_inputs(inputs, weights, batch.piece_mask)
+
+    def _encode_inputs(self, inputs: Tensor, weights: Tensor, candidate_mask: Tensor):
+        tokens = self.encoder.tokenization
+        inputs, attention, special = splice_special_tokens(
+            inputs,
+            candidate_mask,
+            self.encoder.input_embeddings.weight,
+            tokens.prefix_ids,
+            tokens.suffix_ids,
+            tokens.max_length,
+        )
+        hidden = self.encoder(inputs_embeds=inputs, attention_mask=attention.long())
+        # Weights follow the tokens to their packed slots; special tokens weigh 0.
+        packed = torch.zeros(attention.shape, dtype=weights.dtype, device=hidden.device)
+        real = attention & ~special
+        packed[real] = weights[candidate_mask]
+        return hidden, attention, packed
+
+    def _fused_inputs(
+        self,
+        seed: int | None,
+        hidden_states: Tensor,
+        output_embeddings: Tensor | nn.Module | None,
+        target_ids: Tensor | None,
+        candidate_mask: Tensor,
+        table: Tensor,
+        softcap: float | None,
+        temperature: float,
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+        """Expected inputs and weights ``[B, L, d]``, ``[B, L]`` from the LM head's input and
+        weight, chunked (:mod:`bsloss.functional.fused_expectation`), the targets'
+        log-likelihood ``[B, L]`` from the same pass, and the most probable tokens ``[B, L]``
+        (what ``bridge_mode="retokenize"`` decodes)."""
+        if output_embeddings is None:
+            raise ValueError("hidden_states needs output_embeddings (the LM head or its weight)")
+        weight = getattr(output_embeddings, "weight", output_embeddings)
+        if isinstance(weight, Tensor) and weight.dim() == 2:
+            self.check_vocab(weight.shape[0], "output_embeddings")
+        # Only the positions that are scored or have a target go through the head.
+        selected = candidate_mask
+        if target_ids is not None:
+            check_tensor(target_ids, "target_ids", "integer")
+            if tuple(target_ids.shape) != tuple(hidden_states.shape[:2]):
+                raise ValueError(
+                    f"target_ids must have shape {list(hidden_states.shape[:2])} ([B, L] of "
+                    f"hidden_states), got {list(target_ids.shape)}"
+                )
+            selected = candidate_mask | (target_ids != IGNORE_INDEX)
+        try:
+            out = fused_expected_inputs(
+                hidden_states[selected],
+                output_embeddings,
+                table,
+                target_ids=None if target_ids is None else target_ids[selected],
+                softcap=softcap,
+                temperature=temperature,
+                top_k=self.candidates.top_k,
+                straight_through=self.candidates.straight_through,
+                gumbel_temperature=self.candidates.gumbel_temperature,
+                gumbel_seed=seed,
+                # the noise is addressed by the position in [B, L], as on the dense path
+                row_ids=selected.flatten().nonzero().squeeze(1),
+                # the retokenizer needs the argmax tokens, which the chunked pass tracks
+                use_sdpa=not self.bridging.decodes,
+            )
+        except NonFiniteLogitsError as error:
+            where = selected.nonzero()[error.row].tolist()  # the pass's row -> its [b, t]
+            raise ValueError(
+                f"the logits of hidden_states{where} under output_embeddings are NaN or Inf (NaN "
+                "or Inf in hidden_states or the LM head's weight, a float16 overflow of h W^T, "
+                f"or logit_softcap={softcap} / generator_temperature={temperature} making them "
+                "overflow)"
+            ) from None
+        batch, length = selected.shape
+        # float64 hidden states give float64 expectations; the scorer runs in its own dtype
+        expected = out.expected.to(table.dtype)
+        full = expected.new_zeros(batch, length, expected.shape[-1])
+        full = full.masked_scatter(selected[..., None], expected)
+        tokens = torch.zeros(batch, length, dtype=torch.long, device=hidden_states.device)
+        if out.tokens is not None:
+            tokens = tokens.masked_scatter(selected, out.tokens)
+        log_likelihood = None
+        if out.log_likelihood is not None:
+            log_likelihood = out.log_likelihood.new_zeros(batch, length)
+            log_likelihood = log_likelihood.masked_scatter(selected, out.log_likelihood)
+        return full[..., :-1], full[..., -1], log_likelihood, tokens
