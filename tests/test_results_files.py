@@ -20,11 +20,16 @@ RUNS = sorted(
     if p.parent.name != "study" and (p / "results.json").exists()
 )
 # the efficacy study's finished runs (issue 25; recipes/study/sync.sh copies them as they
-# arrive): stage1-seed<N> (the converged start) and stage2-seed<N>/<arm>
+# arrive): stage1-seed<N> (the converged start), stage2-seed<N>/<arm>, and equal-compute/<run>
+# (continued CE given the compute of a costlier arm)
 STUDY = RESULTS / "study"
 STUDY_RUNS = sorted(
     p
-    for p in [*STUDY.glob("stage1-seed*"), *STUDY.glob("stage2-seed*/*")]
+    for p in [
+        *STUDY.glob("stage1-seed*"),
+        *STUDY.glob("stage2-seed*/*"),
+        *STUDY.glob("equal-compute/*"),
+    ]
     if (p / "results.json").exists()
 )
 STAGE2_STEPS = 100  # recipes/configs/bible-es-en-gemma-stage2.yaml's train.max_steps
