@@ -14,9 +14,9 @@ The collator has the seq2seq :class:`seq2seq.Collator`'s interface (``teacher_fo
 from __future__ import annotations
 
 import torch
-from generators import generate_ids, generated_labels, pad_labels
 from prompting import answer, lead, prompt_text, uses_chat_template
 
+from bsloss.integrations.candidates import generate_ids, generated_labels, pad_labels
 from bsloss.integrations.lm_head import IGNORE_INDEX
 
 

@@ -14,8 +14,6 @@ import torch
 from config import ModelConfig
 from examples import repository_path
 
-from bsloss.integrations.lm_head import IGNORE_INDEX
-
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # before any tokenizer is loaded
 
 
@@ -250,52 +248,6 @@ def freeze_embeddings(model) -> int:
     for weight in frozen.values():
         weight.requires_grad_(False)
     return sum(weight.numel() for weight in frozen.values())
-
-
-def pad_labels(label_sets: list[torch.Tensor]) -> list[torch.Tensor]:
-    width = max(labels.shape[1] for labels in label_sets)
-    return [
-        torch.nn.functional.pad(x, (0, width - x.shape[1]), value=IGNORE_INDEX) for x in label_sets
-    ]
-
-
-def generated_labels(sequences: torch.Tensor, pad: int, eos: int) -> torch.Tensor:
-    """``generate()`` output (decoder start first) -> labels-style ids: padding and everything
-    after the first eos are ``-100``."""
-    labels = sequences[:, 1:].clone()
-    ended = (labels == eos).long().cumsum(1)
-    after_eos = (ended - (labels == eos).long()) > 0
-    labels[after_eos | (labels == pad)] = IGNORE_INDEX
-    return labels
-
-
-@torch.no_grad()
-def generate_ids(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    max_new_tokens: int,
-    *,
-    sample: bool = False,
-    top_k: int = 0,
-    num_beams: int = 1,
-    **special_ids,
-) -> torch.Tensor:
-    """``model.generate`` in eval mode (the training mode restored after), greedy or sampled."""
-    was_training = model.training
-    model.eval()
-    try:
-        return model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            do_sample=sample,
-            top_k=top_k if sample else None,
-            num_beams=num_beams,
-            max_new_tokens=max_new_tokens,
-            **special_ids,
-        )
-    finally:
-        model.train(was_training)
 
 
 def decode_texts(tokenizer, sequences: torch.Tensor) -> list[str]:

@@ -9,8 +9,9 @@ import copy
 
 import torch
 from examples import Example
-from generators import decode_texts, generate_ids, generated_labels, pad_labels
+from generators import decode_texts
 
+from bsloss.integrations.candidates import generate_ids, generated_labels, pad_labels
 from bsloss.integrations.lm_head import IGNORE_INDEX
 
 

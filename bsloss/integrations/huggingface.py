@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bsloss.integrations.candidates import CandidateSource, resolve_candidates
 from bsloss.integrations.lm_head import IGNORE_INDEX, LMHead, lm_head_inputs, token_cross_entropy
 from bsloss.integrations.term_weights import (
     Fixed,
@@ -328,6 +329,14 @@ class BERTScoreTrainerMixin:
             FSDP 1's wrapper is refused, named. Evaluation
             (``prediction_step``, which hands the logits to ``compute_metrics``) runs the
             model's full forward either way.
+        bertscore_candidates: where the term's candidates come from
+            (:mod:`bsloss.integrations.candidates`): ``"teacher_forced"`` (default, the labels'
+            next-token distributions), ``"sample"`` / ``"greedy"`` (the model's own answers to
+            the batch's prompts, generated without gradient in each training step and scored
+            under teacher forcing; the CE stays on the labels), or a source object such as
+            ``SampledAnswers(top_k=50, max_new_tokens=64)``. Sampled answers with
+            ``bertscore_weight=Balanced(1.0)`` are the setting that beat continued CE in the
+            efficacy study (``recipes/RESULTS.md``). Evaluation scores the labels.
 
     ``ce`` and ``bertscore_f`` are logged with the trainer's loss (``eval_``-prefixed in
     evaluation). The loss is normalised by ``num_items_in_batch`` as the trainer's own loss is.
@@ -350,9 +359,11 @@ class BERTScoreTrainerMixin:
         bertscore_weight: float | TermWeight = 1.0,
         bertscore_reference_column: str | None = None,
         bertscore_fused: bool | None = None,
+        bertscore_candidates: str | CandidateSource = "teacher_forced",
         **kwargs,
     ):
         self.bertscore_reference_column = bertscore_reference_column
+        self.bertscore_candidates = resolve_candidates(bertscore_candidates, "bertscore_candidates")
         if bertscore_fused not in (None, True, False):
             raise TypeError(f"bertscore_fused must be None or a bool, got {bertscore_fused!r}")
         if "processing_class" in kwargs:
@@ -381,6 +392,8 @@ class BERTScoreTrainerMixin:
             bertscore_fused = isinstance(getattr(head, "weight", None), torch.Tensor)
         self.bertscore_fused = bertscore_fused
         self.bertscore_term = BERTScoreTerm(bertscore_loss, tokenizer, bertscore_weight, causal)
+        if self.bertscore_candidates.generates:
+            self._answer_tokens = _answer_tokens(self.model, tokenizer)
         # a compute_loss_func makes the trainer count num_items_in_batch and leave gradient
         # accumulation to the loss; compute_loss below calls the term itself
         self.compute_loss_func = self.bertscore_term
@@ -401,12 +414,21 @@ class BERTScoreTrainerMixin:
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The model's forward pass without labels (stopping before the LM head when
-        ``bertscore_fused``), then :class:`BERTScoreTerm`."""
+        ``bertscore_fused``), then :class:`BERTScoreTerm`; in a training step with generated
+        candidates the model's answers join the batch as extra rows of that one pass."""
         references = inputs.pop(REFERENCES_KEY, None)
         labels = inputs.pop("labels", None)
         inputs = {k: v for k, v in inputs.items() if k != "completion_mask"}
         unwrapped = self.accelerator.unwrap_model(model)
-        if "decoder_input_ids" not in inputs and hasattr(
+        joint = None
+        if self.bertscore_candidates.generates and model.training and not return_outputs:
+            pad, ends = self._answer_tokens
+            joint = self.bertscore_candidates.answer(
+                unwrapped, inputs, labels, causal=self.bertscore_term.causal,
+                pad_token_id=pad, eos_token_ids=ends,
+            )  # fmt: skip
+            inputs = joint.inputs
+        elif "decoder_input_ids" not in inputs and hasattr(
             unwrapped, "prepare_decoder_input_ids_from_labels"
         ):
             # an encoder-decoder model builds its decoder inputs from the labels it no longer gets
@@ -419,9 +441,16 @@ class BERTScoreTrainerMixin:
                 outputs = model(**inputs)
         else:  # return_outputs: the caller (prediction_step) wants the real logits
             head, outputs = None, model(**inputs)
+        own = {}
+        if joint is not None:
+            logits, answers = joint.split(outputs["logits"])
+            outputs = {"logits": logits}
+            own = {"candidate_outputs": {"logits": answers},
+                   "candidate_labels": joint.candidate_labels}  # fmt: skip
         loss = self.bertscore_term(
-            outputs, labels, num_items_in_batch, references, training=model.training, head=head
-        )
+            outputs, labels, num_items_in_batch, references, training=model.training, head=head,
+            **own,
+        )  # fmt: skip
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             # num_items_in_batch counts every process's tokens and DDP averages the gradients
             loss = loss * self.accelerator.num_processes
@@ -447,6 +476,23 @@ class BERTScoreTrainerMixin:
         if not getattr(self, "_bertscore_evaluating", False):
             logs.update(self.bertscore_term.pop_metrics(training=True))
         super().log(logs, *args, **kwargs)
+
+
+def _answer_tokens(model, tokenizer) -> tuple[int, list[int]]:
+    """(padding, the tokens that end an answer) for generating the model's answers: the
+    generation config's end tokens and the tokenizer's; refused, named, when there is none."""
+    config = getattr(model, "generation_config", None)
+    ends = getattr(config, "eos_token_id", None)
+    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ends:
+        ends.append(tokenizer.eos_token_id)
+    if not ends:
+        raise ValueError(
+            "bertscore_candidates: generating the model's answers needs an end-of-sequence "
+            "token; set model.generation_config.eos_token_id or the tokenizer's eos_token"
+        )
+    pad = tokenizer.pad_token_id
+    return (ends[0] if pad is None else pad), ends
 
 
 def _with_end_of_sequence(processing_class, args):

@@ -1,0 +1,339 @@
+r"""Where the BERTScore term's candidates come from: the labels' teacher-forced distributions, or
+the model's own answers re-scored under teacher forcing.
+
+By default (:class:`TeacherForced`) the candidate of row :math:`i` is the sequence of the
+model's next-token distributions along its reference :math:`y_i`,
+:math:`p_\theta(\cdot \mid x_i, y_{i,<t})`. With :class:`SampledAnswers` (or
+:class:`GreedyAnswers`) the model first answers each prompt itself, without gradient,
+:math:`\hat y_i \sim p_\theta(\cdot \mid x_i)`, and the candidate is the distributions along
+that answer, :math:`p_\theta(\cdot \mid x_i, \hat y_{i,<t})`; the term
+:math:`1 - F_{\mathrm{BERT}}(\hat y_i, y_i)` is differentiated through those distributions (their
+expected embeddings), not through the sampling. The cross-entropy stays on the references.
+
+Scoring the model's own outputs is what sequence-level training does (minimum risk training,
+Shen et al. 2016; Wieting et al. 2019), here with a differentiable term instead of a reward.
+In this package's efficacy study (``recipes/RESULTS.md``: Gemma 3 270M, es→en, 3 seeds from a
+CE-converged start) sampled answers with the :class:`~bsloss.integrations.term_weights.Balanced`
+weight were the one differentiable setting that beat continued cross-entropy (independent
+F_BERT +0.0107 [+0.0060, +0.0155]); the same term on teacher-forced candidates gained +0.0031.
+
+A source is a small object: ``generates`` says whether it needs the model's answers, and
+:meth:`ModelAnswers.answer` builds them for a Hugging Face batch (causal: ``input_ids`` with
+the prompt's labels ``-100``; encoder-decoder: the encoder's ``input_ids``). The answers join
+the batch as extra rows, so one forward pass (one DDP reduction) gives both the references'
+and the answers' outputs.
+
+>>> resolve_candidates("sample")
+SampledAnswers(sample=True, max_new_tokens=None, top_k=0, top_p=1.0, temperature=1.0)
+>>> resolve_candidates("teacher_forced").generates
+False
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from bsloss.functional.fused_expectation import IGNORE_INDEX
+
+__all__ = [
+    "CandidateSource",
+    "TeacherForced",
+    "ModelAnswers",
+    "SampledAnswers",
+    "GreedyAnswers",
+    "JointBatch",
+    "resolve_candidates",
+    "generate_ids",
+    "generated_labels",
+    "pad_labels",
+]
+
+# the batch entries a generated-candidates step understands (others would need rebuilding for
+# the answer rows: packing's position_ids, token_type_ids, images)
+ANSWERABLE_KEYS = frozenset({"input_ids", "attention_mask"})
+
+
+class CandidateSource:
+    """Where the candidates come from; ``generates``: the model answers first."""
+
+    generates = False
+
+
+@dataclass(frozen=True)
+class TeacherForced(CandidateSource):
+    """The labels' teacher-forced next-token distributions (the default)."""
+
+
+@dataclass(frozen=True)
+class JointBatch:
+    """The references' rows and the answers' rows as one batch for one forward pass.
+
+    Attributes:
+        inputs: the model's keyword inputs, ``2B`` rows (the batch's, then the answers').
+        candidate_labels: ``[B, L']`` the answers' token ids, ``-100`` outside them.
+        widths: the sequence widths of the two halves (the forward output is cut back to them).
+    """
+
+    inputs: dict
+    candidate_labels: Tensor
+    widths: tuple[int, int]
+
+    def split(self, output: Tensor) -> tuple[Tensor, Tensor]:
+        """The forward output ``[2B, L, ...]`` as (the batch's rows, the answers' rows)."""
+        own, answers = output.chunk(2)
+        return own[:, : self.widths[0]], answers[:, : self.widths[1]]
+
+
+@dataclass(frozen=True)
+class ModelAnswers(CandidateSource):
+    """The model's own answers, generated without gradient, as the candidates.
+
+    Args:
+        sample: sample the answers (``False``: greedy).
+        max_new_tokens: the answers' length limit; ``None``: the batch's longest reference.
+        top_k: sample among the ``top_k`` most likely tokens (``0``: the whole vocabulary).
+        top_p: nucleus sampling's mass (``1.0``: off).
+        temperature: the sampling temperature.
+
+    Raises:
+        ValueError: a ``max_new_tokens`` below 1, a negative ``top_k``, ``top_p`` outside
+            ``(0, 1]`` or a ``temperature`` that is not a finite number ``> 0``.
+    """
+
+    sample: bool = True
+    max_new_tokens: int | None = None
+    top_k: int = 0
+    top_p: float = 1.0
+    temperature: float = 1.0
+    generates = True
+
+    def __post_init__(self):
+        name = type(self).__name__
+        if self.max_new_tokens is not None and (
+            isinstance(self.max_new_tokens, bool)
+            or not isinstance(self.max_new_tokens, int)
+            or self.max_new_tokens < 1
+        ):
+            raise ValueError(f"{name}(max_new_tokens) must be None or an int >= 1, got "
+                             f"{self.max_new_tokens!r}")  # fmt: skip
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"{name}(top_k) must be an int >= 0, got {self.top_k!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"{name}(top_p) must be in (0, 1], got {self.top_p!r}")
+        if not (
+            isinstance(self.temperature, (int, float))
+            and math.isfinite(self.temperature)
+            and self.temperature > 0
+        ):
+            raise ValueError(f"{name}(temperature) must be a finite number > 0, got "
+                             f"{self.temperature!r}")  # fmt: skip
+
+    def answer(
+        self,
+        model,
+        inputs: dict,
+        labels: Tensor,
+        *,
+        causal: bool,
+        pad_token_id: int,
+        eos_token_ids: Sequence[int],
+    ) -> JointBatch:
+        """The model's answers to the batch's prompts, joined to the batch (see
+        :class:`JointBatch`).
+
+        Args:
+            model: the (unwrapped) model; it generates in eval mode, its mode restored after.
+            inputs: the batch's model inputs, ``input_ids`` and ``attention_mask`` only.
+            labels: ``[B, L]``, ``-100`` outside the completion; for a causal model a row's
+                prompt is every position before its first label.
+            causal: decoder-only (the prompt is in ``input_ids``) or encoder-decoder.
+            pad_token_id, eos_token_ids: padding and the tokens that end an answer (it keeps
+                its first one).
+
+        Raises:
+            ValueError: other inputs than ``input_ids`` / ``attention_mask`` (packed or
+                multimodal batches), or, causal, a row whose completion has no prompt before it.
+        """
+        extra = sorted(set(inputs) - ANSWERABLE_KEYS - {"decoder_input_ids"})
+        if extra:
+            raise ValueError(
+                f"{type(self).__name__}: the batch has {extra}; the model's answers are built "
+                f"from input_ids and attention_mask only (no packed / padding-free batches, no "
+                f"multimodal inputs): use the teacher-forced candidates for such batches"
+            )
+        input_ids = inputs["input_ids"]
+        attention_mask = inputs.get("attention_mask")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        targets = labels != IGNORE_INDEX
+        longest = int(targets.sum(1).max()) if labels.numel() else 0
+        max_new_tokens = self.max_new_tokens or max(longest, 1)
+        options = dict(
+            max_new_tokens=max_new_tokens,
+            sample=self.sample,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            temperature=self.temperature,
+            pad_token_id=pad_token_id,
+            eos_token_id=list(eos_token_ids),
+        )
+        if not causal:
+            sequences = generate_ids(model, input_ids, attention_mask, **options)
+            answers = generated_labels(sequences, pad_token_id, eos_token_ids)
+            joined = torch.cat(pad_labels([labels, answers]))
+            return JointBatch(
+                inputs={
+                    "input_ids": input_ids.repeat(2, 1),
+                    "attention_mask": attention_mask.repeat(2, 1),
+                    "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels=joined),
+                },
+                candidate_labels=answers,
+                widths=(labels.shape[1], answers.shape[1]),
+            )
+        prompts = _causal_prompts(input_ids, attention_mask, targets)
+        left = _pad_rows(prompts, pad_token_id, side="left")
+        sequences = generate_ids(model, left, _mask(prompts, "left"), **options)
+        # generated_labels drops its first column (a seq2seq decoder start): here the last
+        # prompt column
+        answers = generated_labels(sequences[:, left.shape[1] - 1 :], pad_token_id, eos_token_ids)
+        rows, row_labels = [], []
+        for prompt, answer in zip(prompts, answers, strict=True):
+            kept = (answer != IGNORE_INDEX).nonzero()
+            end = int(kept[-1]) + 1 if len(kept) else 0
+            tokens = answer[:end].clamp_min(0)  # a hole (a generated pad) stays in the input
+            rows.append(torch.cat([prompt, tokens]))
+            row_labels.append(torch.cat([torch.full_like(prompt, IGNORE_INDEX), answer[:end]]))
+        width = max(labels.shape[1], max(len(r) for r in rows))
+        answer_ids = _pad_rows(rows, pad_token_id, side="right", width=width)
+        answer_mask = _mask(rows, "right", width=width)
+        candidate_labels = _pad_rows(row_labels, IGNORE_INDEX, side="right")
+        grow = width - input_ids.shape[1]
+        return JointBatch(
+            inputs={
+                "input_ids": torch.cat(
+                    [torch.nn.functional.pad(input_ids, (0, grow), value=pad_token_id), answer_ids]
+                ),
+                "attention_mask": torch.cat(
+                    [torch.nn.functional.pad(attention_mask, (0, grow), value=0), answer_mask]
+                ),
+            },
+            candidate_labels=candidate_labels,
+            widths=(input_ids.shape[1], candidate_labels.shape[1]),
+        )
+
+
+@dataclass(frozen=True)
+class SampledAnswers(ModelAnswers):
+    """The model's sampled answers (from the whole distribution by default): the study's
+    ``sampled`` arm."""
+
+
+@dataclass(frozen=True)
+class GreedyAnswers(ModelAnswers):
+    """The model's greedy answers."""
+
+    sample: bool = False
+
+
+CANDIDATE_SOURCES = {
+    "teacher_forced": TeacherForced,
+    "sample": SampledAnswers,
+    "greedy": GreedyAnswers,
+}
+
+
+def resolve_candidates(candidates: str | CandidateSource, name: str = "candidates"):
+    """A :class:`CandidateSource` from itself or its name (``teacher_forced``, ``sample``,
+    ``greedy``); anything else refused, named."""
+    if isinstance(candidates, CandidateSource):
+        return candidates
+    if isinstance(candidates, str) and candidates in CANDIDATE_SOURCES:
+        return CANDIDATE_SOURCES[candidates]()
+    raise ValueError(
+        f"{name} must be one of {sorted(CANDIDATE_SOURCES)} or a CandidateSource "
+        f"(TeacherForced(), SampledAnswers(...), GreedyAnswers(...)), got {candidates!r}"
+    )
+
+
+def _causal_prompts(input_ids: Tensor, attention_mask: Tensor, targets: Tensor) -> list[Tensor]:
+    """Each row's prompt: its attended tokens before its first label."""
+    prompts = []
+    for i, (ids, mask, row) in enumerate(zip(input_ids, attention_mask, targets, strict=True)):
+        start = int(row.int().argmax()) if row.any() else len(row)
+        prompt = ids[:start][mask[:start].bool()]
+        if row.any() and len(prompt) == 0:
+            raise ValueError(
+                f"labels row {i}: its completion starts at position {start} with no prompt "
+                f"token before it; the model's answers need a prompt (labels -100 on it)"
+            )
+        prompts.append(prompt)
+    return prompts
+
+
+def _pad_rows(rows: list[Tensor], value: int, side: str, width: int | None = None) -> Tensor:
+    width = max(len(r) for r in rows) if width is None else width
+    pads = [(width - len(r), 0) if side == "left" else (0, width - len(r)) for r in rows]
+    return torch.stack(
+        [torch.nn.functional.pad(r, pad, value=value) for r, pad in zip(rows, pads, strict=True)]
+    )
+
+
+def _mask(rows: list[Tensor], side: str, width: int | None = None) -> Tensor:
+    return _pad_rows([torch.ones_like(r) for r in rows], 0, side, width)
+
+
+def pad_labels(label_sets: list[Tensor]) -> list[Tensor]:
+    """Label tensors ``[B, L_k]`` right-padded with ``-100`` to one width."""
+    width = max(labels.shape[1] for labels in label_sets)
+    return [
+        torch.nn.functional.pad(x, (0, width - x.shape[1]), value=IGNORE_INDEX) for x in label_sets
+    ]
+
+
+def generated_labels(sequences: Tensor, pad: int, eos: int | Sequence[int]) -> Tensor:
+    """``generate()`` output (a decoder start or the last prompt token first) -> labels-style
+    ids: padding and everything after the first end-of-sequence token are ``-100``."""
+    labels = sequences[:, 1:].clone()
+    ends = torch.isin(labels, torch.as_tensor(eos, device=labels.device).reshape(-1)).long()
+    after_end = (ends.cumsum(1) - ends) > 0
+    labels[after_end | (labels == pad)] = IGNORE_INDEX
+    return labels
+
+
+@torch.no_grad()
+def generate_ids(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    max_new_tokens: int,
+    *,
+    sample: bool = False,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    temperature: float = 1.0,
+    num_beams: int = 1,
+    **special_ids,
+) -> Tensor:
+    """``model.generate`` in eval mode (the training mode restored after), greedy or sampled;
+    the sampling options are passed explicitly, so a model's ``generation_config`` does not
+    change them silently."""
+    was_training = model.training
+    model.eval()
+    sampling = {"top_k": top_k, "top_p": top_p, "temperature": temperature} if sample else {}
+    try:
+        return model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=sample,
+            num_beams=num_beams,
+            max_new_tokens=max_new_tokens,
+            **sampling,
+            **special_ids,
+        )
+    finally:
+        model.train(was_training)

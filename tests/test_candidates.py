@@ -1,0 +1,315 @@
+"""The model's own answers as the BERTScore term's candidates (bsloss.integrations.candidates)
+in the trainer integration: the joined batch against rows run one by one, the mixin's loss
+against the term called by hand, fused against dense, the three trainers, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _models import scorer_vocabulary_tokenizer, tiny_gpt2
+
+import bsloss
+from bsloss.integrations.candidates import (
+    GreedyAnswers,
+    SampledAnswers,
+    TeacherForced,
+    generated_labels,
+    resolve_candidates,
+)
+from bsloss.integrations.huggingface import BERTScoreTerm, BERTScoreTrainerMixin
+from bsloss.integrations.term_weights import Balanced
+
+transformers = pytest.importorskip("transformers")
+datasets = pytest.importorskip("datasets")
+
+PROMPTS = ["Summarize: the cat sat on the mat.", "Summarize: a dog ran in the long park today."]
+REFERENCES = ["The cat sat.", "A dog ran."]
+
+
+@pytest.fixture(scope="module")
+def loss(scorer):
+    return bsloss.BERTScoreLoss(encoder=scorer.encoder, matching="softmax")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(scorer):
+    return scorer_vocabulary_tokenizer(scorer)
+
+
+def causal_batch(tokenizer, left_pad: bool = False):
+    """Prompt + reference + [SEP] rows (right-padded unless ``left_pad``), labels -100 on the
+    prompt and the padding."""
+    rows, labels = [], []
+    for prompt, reference in zip(PROMPTS, REFERENCES, strict=True):
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        r = tokenizer(reference, add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
+        rows.append(p + r)
+        labels.append([-100] * len(p) + r)
+    width = max(map(len, rows))
+
+    def pad(row, value):
+        padding = [value] * (width - len(row))
+        return padding + row if left_pad else row + padding
+
+    return {
+        "input_ids": torch.tensor([pad(r, tokenizer.pad_token_id) for r in rows]),
+        "attention_mask": torch.tensor([pad([1] * len(r), 0) for r in rows]),
+        "labels": torch.tensor([pad(r, -100) for r in labels]),
+    }
+
+
+def answer_one_by_one(model, tokenizer, batch, max_new_tokens):
+    """Each row's greedy answer from its prompt alone (no padding anywhere), cut after [SEP]:
+    (prompt + answer ids, the answer's labels) per row."""
+    rows = []
+    columns = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    for ids, mask, labels in zip(*columns, strict=True):
+        start = int((labels != -100).int().argmax())
+        prompt = ids[mask.bool() & (torch.arange(len(ids)) < start)]
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=prompt[None], attention_mask=torch.ones_like(prompt)[None],
+                do_sample=False, max_new_tokens=max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id, eos_token_id=[tokenizer.sep_token_id],
+            )[0, len(prompt):]  # fmt: skip
+        model.train()
+        ends = (out == tokenizer.sep_token_id).nonzero()
+        answer = out[: int(ends[0]) + 1] if len(ends) else out
+        rows.append((torch.cat([prompt, answer]), [-100] * len(prompt) + answer.tolist()))
+    return rows
+
+
+@pytest.mark.parametrize("left_pad", [False, True])
+def test_joined_batch_equals_the_rows_run_alone(tokenizer, left_pad):
+    """The answers equal each prompt's own greedy answer, and the one joined forward pass gives
+    the batch's logits and each answer's logits as if each ran alone."""
+    model = tiny_gpt2(tokenizer)
+    batch = causal_batch(tokenizer, left_pad)
+    labels = batch.pop("labels")
+    longest = int((labels != -100).sum(1).max())
+    joint = GreedyAnswers().answer(
+        model, batch, labels, causal=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=[tokenizer.sep_token_id],
+    )  # fmt: skip
+    assert model.training  # its mode is restored after generating
+    expected = answer_one_by_one(model, tokenizer, {**batch, "labels": labels}, longest)
+    for i, (_, row_labels) in enumerate(expected):
+        got = joint.candidate_labels[i]
+        assert got[: len(row_labels)].tolist() == row_labels
+        assert (got[len(row_labels) :] == -100).all()
+    model.eval()
+    with torch.no_grad():
+        logits, answers = joint.split(model(**joint.inputs).logits)
+        alone = model(**batch).logits  # the trainer's own forward of the batch
+        mask = batch["attention_mask"].bool()
+        assert logits.shape == alone.shape
+        assert torch.allclose(logits[mask], alone[mask], atol=1e-5)
+        for i, (ids, _) in enumerate(expected):
+            own = model(input_ids=ids[None]).logits[0]
+            assert torch.allclose(answers[i, : len(ids)], own, atol=1e-5)
+
+
+def without_dropout(model):
+    """Training mode (the mixin generates only then) without dropout's noise, so that two
+    forward passes agree."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def trainer_class(base):
+    class Trainer(BERTScoreTrainerMixin, base):
+        pass
+
+    return Trainer
+
+
+def training_args(tmp_path, cls=None, **extra):
+    cls = cls or transformers.TrainingArguments
+    options = dict(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2,
+        learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
+    )  # fmt: skip
+    return cls(**{**options, **extra})
+
+
+def causal_trainer(loss, tokenizer, tmp_path, **options):
+    batch = causal_batch(tokenizer)
+    rows = [{k: v[i].tolist() for k, v in batch.items()} for i in range(2)] * 2
+    return trainer_class(transformers.Trainer)(
+        model=tiny_gpt2(tokenizer),
+        args=training_args(tmp_path),
+        train_dataset=datasets.Dataset.from_list(rows),
+        processing_class=tokenizer,
+        bertscore_loss=loss,
+        **options,
+    )
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_mixin_loss_is_the_term_on_the_models_answers(loss, tokenizer, tmp_path, fused):
+    """compute_loss with greedy answers equals BERTScoreTerm called by hand on answers made
+    one by one (CE on the labels, the term on the answers), value and gradients; the fused
+    path (no [B, L, V] logits) equals the dense one."""
+    trainer = causal_trainer(loss, tokenizer, tmp_path, bertscore_candidates="greedy",
+                             bertscore_weight=Balanced(1.0), bertscore_fused=fused)  # fmt: skip
+    model = trainer.model
+    without_dropout(model).train()
+    batch = causal_batch(tokenizer)
+    value = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()})
+    grads = torch.autograd.grad(value, [p for p in model.parameters() if p.requires_grad])
+
+    longest = int((batch["labels"] != -100).sum(1).max())
+    expected = answer_one_by_one(model, tokenizer, batch, longest)
+    width = max(len(ids) for ids, _ in expected)
+    answer_ids = torch.stack(
+        [torch.nn.functional.pad(ids, (0, width - len(ids))) for ids, _ in expected]
+    )
+    answer_mask = (torch.arange(width) < torch.tensor([[len(ids)] for ids, _ in expected])).long()
+    answer_labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in expected])
+    term = BERTScoreTerm(loss, tokenizer, weight=Balanced(1.0), causal=True)
+    own = model(input_ids=answer_ids, attention_mask=answer_mask).logits
+    reference = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    by_hand = term({"logits": reference}, batch["labels"], candidate_outputs={"logits": own},
+                   candidate_labels=answer_labels)  # fmt: skip
+    grads_by_hand = torch.autograd.grad(by_hand, [p for p in model.parameters() if p.requires_grad])
+    assert abs(value.item() - by_hand.item()) < 1e-5
+    for got, want in zip(grads, grads_by_hand, strict=True):
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_sampled_answers_in_sft_trainer(loss, tokenizer, tmp_path):
+    """SFTTrainer + mixin with sampled answers and the balanced weight (the study's winning
+    setting): trains, logs, the scorer sees the answers (not the labels) against the
+    completions, and evaluation still scores the labels."""
+    trl = pytest.importorskip("trl")
+    data = datasets.Dataset.from_dict({"prompt": PROMPTS * 2, "completion": REFERENCES * 2})
+    trainer = trainer_class(trl.SFTTrainer)(
+        model=tiny_gpt2(tokenizer),
+        args=training_args(tmp_path, trl.SFTConfig, max_length=48, bf16=False),
+        train_dataset=data,
+        processing_class=tokenizer,
+        bertscore_loss=loss,
+        bertscore_weight=Balanced(1.0),
+        bertscore_candidates=SampledAnswers(max_new_tokens=3),
+        bertscore_fused=False,
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    seen = []
+    score = loss.score
+
+    def recording(**kwargs):
+        seen.append((kwargs["candidate_mask"].sum(1).tolist(), list(kwargs["references"])))
+        return score(**kwargs)
+
+    loss.score = recording
+    try:
+        trainer.train()
+        trained = len(seen)
+        metrics = trainer.evaluate(data)
+    finally:
+        del loss.score
+    assert trained == 2
+    for counts, references in seen[:trained]:
+        assert all(1 <= c <= 3 for c in counts)  # the answers: at most max_new_tokens
+        assert {r.lower() for r in REFERENCES} == {r.replace(" [SEP]", "") for r in references}
+    # evaluation scored the labels' teacher-forced distributions (their completions are
+    # longer than an answer can be)
+    assert len(seen) > trained and all(c > 3 for counts, _ in seen[trained:] for c in counts)
+    logged = [e for e in trainer.state.log_history if "bertscore_weight" in e]
+    assert len(logged) == 2 and all(e["bertscore_weight"] > 0 and e["ce"] > 0 for e in logged)
+    assert any(not torch.equal(p, before[n]) for n, p in trainer.model.named_parameters())
+    assert 0 < metrics["eval_bertscore_f"] <= 1
+
+
+def test_greedy_answers_in_seq2seq_trainer(loss, tokenizer, tmp_path):
+    """Seq2SeqTrainer on a tiny BERT2BERT: the answers are the decoder's greedy outputs, scored
+    from the one joined pass; the loss equals the term called by hand."""
+    from test_huggingface import tiny_bert2bert
+
+    model = without_dropout(tiny_bert2bert(tokenizer))
+    rows = [
+        {"input_ids": tokenizer(p)["input_ids"], "labels": tokenizer(r)["input_ids"][1:]}
+        for p, r in zip(PROMPTS, REFERENCES, strict=True)
+    ]
+    collator = transformers.DataCollatorForSeq2Seq(tokenizer, model=model)
+    trainer = trainer_class(transformers.Seq2SeqTrainer)(
+        model=model,
+        args=training_args(tmp_path, transformers.Seq2SeqTrainingArguments),
+        train_dataset=datasets.Dataset.from_list(rows * 2),
+        data_collator=collator,
+        processing_class=tokenizer,
+        bertscore_loss=loss,
+        bertscore_candidates=GreedyAnswers(max_new_tokens=5),
+    )
+    batch = collator(rows)
+    model.train()
+    value = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()})
+    model.eval()
+    with torch.no_grad():
+        generated = model.generate(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+            do_sample=False, max_new_tokens=5, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=[tokenizer.sep_token_id],
+        )  # fmt: skip
+    model.train()
+    answers = generated_labels(generated, tokenizer.pad_token_id, tokenizer.sep_token_id)
+    term = BERTScoreTerm(loss, tokenizer, causal=False)
+
+    def forward(labels):
+        return model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+            decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels=labels),
+        )  # fmt: skip
+
+    by_hand = term(forward(batch["labels"]), batch["labels"],
+                   candidate_outputs=forward(answers), candidate_labels=answers)  # fmt: skip
+    assert abs(value.item() - by_hand.item()) < 1e-5
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
+def test_candidate_sources_resolve_and_refuse_named():
+    assert resolve_candidates("teacher_forced") == TeacherForced()
+    assert resolve_candidates("greedy") == GreedyAnswers()
+    assert resolve_candidates(SampledAnswers(top_k=5)).top_k == 5
+    with pytest.raises(ValueError, match="bertscore_candidates must be one of"):
+        resolve_candidates("beam", "bertscore_candidates")
+    with pytest.raises(ValueError, match=r"SampledAnswers\(top_p\)"):
+        SampledAnswers(top_p=0.0)
+    with pytest.raises(ValueError, match=r"GreedyAnswers\(max_new_tokens\)"):
+        GreedyAnswers(max_new_tokens=0)
+    with pytest.raises(ValueError, match=r"SampledAnswers\(temperature\)"):
+        SampledAnswers(temperature=float("nan"))
+    with pytest.raises(ValueError, match=r"SampledAnswers\(top_k\)"):
+        SampledAnswers(top_k=-1)
+
+
+def test_generated_labels_end_at_the_first_end_token():
+    sequences = torch.tensor([[9, 5, 7, 2, 5, 0], [9, 3, 0, 4, 1, 5]])
+    assert generated_labels(sequences, pad=0, eos=[2, 1]).tolist() == [
+        [5, 7, 2, -100, -100],
+        [3, -100, 4, 1, -100],
+    ]
+
+
+def test_bad_batches_are_refused_named(loss, tokenizer, tmp_path):
+    """A completion with no prompt before it and a packed batch (position_ids) are refused with
+    the row or the key named; the trainer is usable after the refusal."""
+    trainer = causal_trainer(loss, tokenizer, tmp_path, bertscore_candidates="sample")
+    model = trainer.model
+    model.train()
+    batch = causal_batch(tokenizer)
+    no_prompt = {k: v.clone() for k, v in batch.items()}
+    no_prompt["labels"][1] = no_prompt["input_ids"][1].masked_fill(
+        no_prompt["attention_mask"][1] == 0, -100
+    )
+    with pytest.raises(ValueError, match="labels row 1: its completion starts at position 0"):
+        trainer.compute_loss(model, no_prompt)
+    packed = {**{k: v.clone() for k, v in batch.items()}, "position_ids": torch.zeros(2, 1)}
+    with pytest.raises(ValueError, match=r"\['position_ids'\]"):
+        trainer.compute_loss(model, packed)
+    value = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()})
+    assert torch.isfinite(value)
