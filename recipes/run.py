@@ -208,24 +208,33 @@ def plot_curves(log: RunLog, path: Path, title: str) -> Path:
     return path
 
 
-def summary_table(before: dict, after: dict, examples: int, steps: int) -> str:
-    """Zero-shot (before training) against fine-tuned (after ``steps`` steps) test metrics, on
-    ``examples`` held-out examples, with the change."""
+def summary_table(
+    before: dict,
+    after: dict,
+    examples: int,
+    steps: int,
+    *,
+    started_from: str | None = None,
+    metrics_note: str = "",
+) -> str:
+    """The test metrics before training (zero-shot, or the ``started_from`` checkpoint's)
+    against after ``steps`` steps, on ``examples`` held-out examples, with the change."""
     keys = [k for k in before if isinstance(before[k], float) and k in after]
+    start = "zero-shot" if started_from is None else "start"
+    what = "the generator before training" if started_from is None else started_from
     lines = [
-        f"Held-out test set ({examples} examples never trained on): zero-shot = the generator "
-        f"before training, fine-tuned = after {steps} steps",
-        f"| metric (test, {examples} examples) | zero-shot | fine-tuned ({steps} steps) | change |",
+        f"Held-out test set ({examples} examples never trained on): {start} = {what}, "
+        f"fine-tuned = after {steps} steps",
+        f"| metric (test, {examples} examples) | {start} | fine-tuned ({steps} steps) | change |",
         "|---|---:|---:|---:|",
     ]
     lines += [
         f"| {k} | {before[k]:.4f} | {after[k]:.4f} | {after[k] - before[k]:+.4f} |" for k in keys
     ]
-    lines.append(
-        "f_bert: hard BERTScore F1 against the reference summary; rouge*: ROUGE F-measures; "
-        "ce: teacher-forced cross-entropy per reference token (lower is better); "
-        "mean_length: words per generated answer"
-    )
+    notes = ["f_bert: hard BERTScore F1 against the reference", metrics_note,
+             "ce: teacher-forced cross-entropy per reference token (lower is better)",
+             "mean_length: words per generated answer"]  # fmt: skip
+    lines.append("; ".join(n for n in notes if n))
     return "\n".join(lines)
 
 
@@ -610,7 +619,14 @@ class RecipeRun:
             if "before" in self.results:
                 print(
                     summary_table(
-                        self.results["before"], after, after["examples"], self.stopped_at or steps
+                        self.results["before"],
+                        after,
+                        after["examples"],
+                        self.stopped_at or steps,
+                        started_from=None
+                        if self.args.init_from is None
+                        else f"the --init_from checkpoint {self.args.init_from}",
+                        metrics_note=self.evaluator.task.metrics_note,
                     )
                 )
             if self.stopped_at is not None:

@@ -16,6 +16,7 @@ class Task:
 
     name: str
     prompt_format: str
+    metrics_note: str = ""  # the task's metrics, for the summary table's footer
 
     def per_example(self, hypotheses: list[str], references: list[str]) -> dict[str, list[float]]:
         """Metrics that are means of per-example scores (``{}``: none)."""
@@ -41,6 +42,7 @@ class Summarization(Task):
 
     name = "summarization"
     prompt_format = "Article: {source}\n\nSummary of the article in one sentence:"
+    metrics_note = "rouge*: ROUGE F-measures against the reference summary"
 
     def per_example(self, hypotheses: list[str], references: list[str]) -> dict[str, list[float]]:
         """ROUGE-1/2/L F-measures (``rouge-score``, with stemming)."""
@@ -56,6 +58,7 @@ class Translation(Task):
 
     name = "translation"
     prompt_format = "Spanish: {source}\nEnglish:"
+    metrics_note = "bleu, chrf: sacreBLEU's corpus BLEU and chrF against the reference"
 
     def corpus_metrics(self, lowercase: bool = False) -> dict:
         from sacrebleu.metrics import BLEU, CHRF

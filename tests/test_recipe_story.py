@@ -32,6 +32,12 @@ def test_summary_table_says_what_is_compared():
     assert "| f_bert | 0.4000 | 0.4700 | +0.0700 |" in table
     assert "| ce | 2.6000 | 2.4000 | -0.2000 |" in table
     assert "examples |" not in table.split("\n", 2)[2]  # the count is in the header, not a row
+    # from a checkpoint (--init_from), the first column is that start, named, not "zero-shot"
+    started = summary_table(before, after, 20, 30, started_from="the checkpoint ck",
+                            metrics_note="bleu: BLEU")  # fmt: skip
+    assert "| metric (test, 20 examples) | start | fine-tuned (30 steps) | change |" in started
+    assert "start = the checkpoint ck" in started and "zero-shot" not in started
+    assert "bleu: BLEU" in started.splitlines()[-1] and "rouge" not in started
 
 
 def test_smoothed_is_a_trailing_mean():
