@@ -89,6 +89,22 @@ def test_the_goal_is_decided_from_the_scores(made_up_study):
     assert all(row.endswith("| not met |") and "no GRPO run" in row for row in rows)
 
 
+def test_the_matching_ablation_pairs_each_hard_arm_with_its_soft_twin(made_up_study):
+    study = summary.load_study(made_up_study)
+    scores = Scores(get_task("translation"), REFERENCES)
+    samples = np.random.default_rng(0).integers(0, len(REFERENCES), (200, len(REFERENCES)))
+    metrics = ["f_bert", "bleu"]
+    lines = summary.matching_ablation(
+        study, scores, metrics, samples, pairs=(("good", "same"), ("missing", "ce"))
+    )
+    rows = lines[len(summary.DIFFERENCE_HEADER) :]
+    # one row per metric, only the pair with finished runs on both sides
+    names = [summary.NAMES[m] for m in metrics]
+    assert [r.split(" | ")[:2] for r in rows] == [["| good − same", n] for n in names]
+    assert all(r.endswith("| 3/3 |") for r in rows)  # the references win in every seed
+    assert summary.matching_ablation(study, scores, metrics, samples, pairs=()) == []
+
+
 def test_dev_curves_are_plotted(made_up_study, tmp_path):
     study = summary.load_study(made_up_study)
     curves = summary.dev_curves(study, REFERENCES)

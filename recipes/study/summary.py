@@ -13,6 +13,7 @@ length in words. Writes, to stdout:
 - each arm minus ``ce`` (continued CE, same start, seed, examples and steps): the mean over
   seeds, a paired bootstrap 95% interval over the test verses and the seeds with a positive
   difference (:func:`summarize_results.paired_difference`);
+- hard minus soft matching (``MATCHING_PAIRS``: the same candidates and weight), likewise;
 - each arm's cost: CPU-seconds per training step (the median step, evaluations excluded) and
   core-hours in all (the runs' ``cpu`` totals, evaluations included), and the study's total;
 - the issue's goal, checked for each arm from those numbers.
@@ -50,6 +51,8 @@ from tasks import Task  # noqa: E402
 STUDY = RECIPES / "results" / "study"
 CONFIG = RECIPES / "configs" / "bible-es-en-gemma-stage2.yaml"
 CONTROL = "ce"
+# the soft-vs-hard ablation: (hard arm, its soft twin), everything else equal
+MATCHING_PAIRS = (("balanced-hard", "balanced"), ("sampled-hard", "sampled"))
 GOAL_METRIC = "f_bert_mpnet"  # the independent scorer: the goal is stated on it
 
 
@@ -157,6 +160,19 @@ def pairs_against(study: Study, arm: str, control: str = CONTROL) -> list[tuple]
     """(arm's answers, control's answers) for each seed both finished."""
     seeds = sorted(set(study.arms[arm]) & set(study.arms.get(control, {})))
     return [(study.arms[arm][s].test, study.arms[control][s].test) for s in seeds]
+
+
+def matching_ablation(
+    study: Study, scores: Scores, metrics: list[str], samples: np.ndarray, pairs=MATCHING_PAIRS
+) -> list[str]:
+    """Each hard arm minus its soft twin (``pairs``), paired by seed as against ``ce``; ``[]``
+    when no pair has finished runs."""
+    lines = []
+    for hard, soft in pairs:
+        runs = pairs_against(study, hard, soft) if hard in study.arms else []
+        if runs:
+            lines += difference_rows(scores, f"{hard} − {soft}", runs, metrics, samples)
+    return list(DIFFERENCE_HEADER) + lines if lines else []
 
 
 def cost_table(study: Study) -> tuple[list[str], float]:
@@ -288,6 +304,10 @@ def main(argv: list[str]) -> None:
             lines += difference_rows(scores, f"{arm} − ce", pairs_against(study, arm), metrics,
                                      samples)  # fmt: skip
     print("\n".join(lines) + "\n")
+    ablation = matching_ablation(study, scores, metrics, samples)
+    if ablation:
+        print("Hard minus soft matching, the same candidates and weight:\n")
+        print("\n".join(ablation) + "\n")
     costs, total = cost_table(study)
     print("\n".join(costs))
     print(f"\nStage 2 in all: {total:.1f} core-hours.\n")
