@@ -313,3 +313,22 @@ def test_bad_batches_are_refused_named(loss, tokenizer, tmp_path):
         trainer.compute_loss(model, packed)
     value = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()})
     assert torch.isfinite(value)
+
+
+def test_a_row_without_labels_gets_no_answer_scored(loss, tokenizer, tmp_path):
+    """A row whose labels are all -100 (nothing to train on) has no reference: its answer is
+    not scored (no empty-reference score), and the step is the other row's."""
+    trainer = causal_trainer(loss, tokenizer, tmp_path, bertscore_candidates="greedy")
+    model = without_dropout(trainer.model).train()
+    batch = causal_batch(tokenizer)
+    batch["labels"][1] = -100
+    labels = batch["labels"].clone()
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    joint = GreedyAnswers().answer(
+        model, inputs, labels, causal=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=[tokenizer.sep_token_id],
+    )  # fmt: skip
+    assert (joint.candidate_labels[1] == -100).all() and (joint.candidate_labels[0] != -100).any()
+    both = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()})
+    alone = trainer.compute_loss(model, {k: v[:1].clone() for k, v in batch.items()})
+    assert torch.isfinite(both) and abs(both.item() - alone.item()) < 1e-5

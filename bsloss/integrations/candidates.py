@@ -185,6 +185,7 @@ class ModelAnswers(CandidateSource):
         if not causal:
             sequences = generate_ids(model, input_ids, attention_mask, **options)
             answers = generated_labels(sequences, pad_token_id, eos_token_ids)
+            answers[~targets.any(1)] = IGNORE_INDEX  # a row without a reference scores nothing
             joined = torch.cat(pad_labels([labels, answers]))
             return JointBatch(
                 inputs={
@@ -212,6 +213,7 @@ class ModelAnswers(CandidateSource):
         answer_ids = _pad_rows(rows, pad_token_id, side="right", width=width)
         answer_mask = _mask(rows, "right", width=width)
         candidate_labels = _pad_rows(row_labels, IGNORE_INDEX, side="right")
+        candidate_labels[~targets.any(1)] = IGNORE_INDEX  # a row without a reference: nothing
         grow = width - input_ids.shape[1]
         return JointBatch(
             inputs={
