@@ -432,8 +432,8 @@ class RecipeRun:
             self.results = json.loads(self.results_path.read_text())
         wants_before = self.config.eval.before
         if start == 0 and self.accelerator.is_main_process and wants_before:
-            start = "zero-shot" if self.args.init_from is None else "start (--init_from)"
-            before, hypotheses = self.evaluate("test", f"{start} evaluation")
+            what = "zero-shot" if self.args.init_from is None else "start (--init_from)"
+            before, hypotheses = self.evaluate("test", f"{what} evaluation")
             self.results["before"] = before
             self.write_outputs("test_outputs_before.txt", hypotheses)
             self.results_path.write_text(json.dumps(self.results, indent=2))
