@@ -76,17 +76,18 @@ class JointBatch:
     Attributes:
         inputs: the model's keyword inputs, ``2B`` rows (the batch's, then the answers').
         candidate_labels: ``[B, L']`` the answers' token ids, ``-100`` outside them.
-        widths: the sequence widths of the two halves (the forward output is cut back to them).
+        width: the batch's own sequence width (its half of the output is cut back to it; the
+            answers' half to ``candidate_labels``' width).
     """
 
     inputs: dict
     candidate_labels: Tensor
-    widths: tuple[int, int]
+    width: int
 
     def split(self, output: Tensor) -> tuple[Tensor, Tensor]:
         """The forward output ``[2B, L, ...]`` as (the batch's rows, the answers' rows)."""
         own, answers = output.chunk(2)
-        return own[:, : self.widths[0]], answers[:, : self.widths[1]]
+        return own[:, : self.width], answers[:, : self.candidate_labels.shape[1]]
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class ModelAnswers(CandidateSource):
                     "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels=joined),
                 },
                 candidate_labels=answers,
-                widths=(labels.shape[1], answers.shape[1]),
+                width=labels.shape[1],
             )
         prompts = _causal_prompts(input_ids, attention_mask, targets)
         left = _pad_rows(prompts, pad_token_id, side="left")
@@ -225,7 +226,7 @@ class ModelAnswers(CandidateSource):
                 ),
             },
             candidate_labels=candidate_labels,
-            widths=(input_ids.shape[1], candidate_labels.shape[1]),
+            width=input_ids.shape[1],
         )
 
 
