@@ -193,7 +193,7 @@ def plot_curves(log: RunLog, path: Path, title: str) -> Path:
             points = [(e["step"], e[key]) for e in evals if e.get("split") == split and key in e]
             if points:
                 count = next(e.get("examples") for e in evals if e.get("split") == split)
-                label = f"{split} ({count} articles)" if count else split
+                label = f"{split} ({count} examples)" if count else split
                 ax.plot(*zip(*points, strict=True), label=label, **style)
         ax.set_title(EVAL_LABELS[key])
         ax.legend(fontsize=7)
