@@ -64,11 +64,14 @@ def gradients(model, wrapped, term, inputs, labels, fused: bool) -> dict:
 
 
 def distributed_model(tokenizer, tied: bool, mode: str):
-    """(the model, what runs its forward): DDP's wrapper, or the model itself sharded."""
+    """(the model, what runs its forward): DDP's wrapper, the model itself sharded, or (mode
+    ``"none"``, one process) the model itself."""
     model = tiny_gpt2(tokenizer).eval()  # no dropout: the two passes must see one model
     if not tied:  # an untied head: a parameter the forward (with the head swapped) never uses
         model.config.tie_word_embeddings = False
         model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    if mode == "none":
+        return model, model
     if mode == "ddp":
         return model, DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard

@@ -332,3 +332,48 @@ def test_a_row_without_labels_gets_no_answer_scored(loss, tokenizer, tmp_path):
     both = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()})
     alone = trainer.compute_loss(model, {k: v[:1].clone() for k, v in batch.items()})
     assert torch.isfinite(both) and abs(both.item() - alone.item()) < 1e-5
+
+
+@pytest.mark.slow  # two processes each load the scorer
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_answers_across_processes_equal_each_half_run_alone(scorer, tokenizer, tmp_path, mode):
+    """Two CPU processes (gloo) under DDP or FSDP 2, each answering its half of the batch with
+    a different answer length (so their generation loops differ): each process's answers are
+    the ones a single process gives for that half, and the reduced gradients (fused and dense)
+    are the mean of the two halves' gradients computed in one process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from _distributed_candidates import ROWS, answered_gradients
+    from _distributed_lm_head import distributed_model
+    from test_distributed_scoring import free_port
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", str(free_port()), str(repo / "tests/_distributed_candidates.py"),
+        str(tmp_path), mode,
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+
+    term = BERTScoreTerm(bsloss.BERTScoreLoss(encoder=scorer.encoder), tokenizer, weight=1.0)
+    alone = []
+    for rows in ROWS:
+        model, _ = distributed_model(tokenizer, tied=True, mode="none")
+        alone.append(answered_gradients(model, model, term, tokenizer, rows, fused=False))
+    lengths = [int((a["answers"] != -100).sum(1).max()) for a in alone]
+    assert lengths[0] != lengths[1], lengths  # the processes generated for different lengths
+    mean = {n: (alone[0]["grads"][n] + alone[1]["grads"][n]) / 2 for n in alone[0]["grads"]}
+    for path in ("fused", "dense"):
+        for rank in (0, 1):
+            got = ranks[rank][path]
+            assert torch.equal(got["answers"], alone[rank]["answers"]), (path, rank)
+            assert got["grads"].keys() == mean.keys()
+            for name, want in mean.items():
+                torch.testing.assert_close(got["grads"][name], want, rtol=0, atol=1e-5,
+                                           msg=f"{path} rank {rank}: {name}")  # fmt: skip
