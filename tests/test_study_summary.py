@@ -49,7 +49,8 @@ def _write_run(folder: Path, outputs: list[str], cpu_per_step: float, dev: list[
 @pytest.fixture(scope="module")
 def made_up_study(tmp_path_factory) -> Path:
     """ce answers poorly; `good` answers with the references in every seed at a tenth of GRPO's
-    compute; `grpo` half-way (references for half the verses); `same` is ce again."""
+    compute; `grpo` half-way (references for half the verses); `same` is ce again; the
+    equal-compute control `longer` (seeds 0 and 1) answers three quarters with the references."""
     root = tmp_path_factory.mktemp("study")
     half = REFERENCES[:4] + POOR[4:]
     for seed in range(3):
@@ -58,6 +59,8 @@ def made_up_study(tmp_path_factory) -> Path:
         _write_run(root / f"stage2-seed{seed}/grpo", half, 200.0, half)
         _write_run(root / f"stage2-seed{seed}/same", POOR, 10.0, POOR)
     (root / "stage2-seed0/unfinished").mkdir()  # no test_outputs.txt: not a finished run
+    for seed in range(2):  # an equal-compute control for two seeds: better than ce, below good
+        _write_run(root / f"equal-compute/longer-seed{seed}", REFERENCES[:6] + POOR[6:], 10.0, POOR)
     return root
 
 
@@ -103,6 +106,27 @@ def test_the_matching_ablation_pairs_each_hard_arm_with_its_soft_twin(made_up_st
     assert [r.split(" | ")[:2] for r in rows] == [["| good − same", n] for n in names]
     assert all(r.endswith("| 3/3 |") for r in rows)  # the references win in every seed
     assert summary.matching_ablation(study, scores, metrics, samples, pairs=()) == []
+
+
+def test_equal_compute_controls_are_paired_with_ce_and_their_arm(made_up_study):
+    study = summary.load_study(made_up_study)
+    assert list(study.arms) == ["ce", "good", "grpo", "same"]  # the control is not an arm
+    assert sorted(study.equal_compute["longer"]) == [0, 1]
+    scores = Scores(get_task("translation"), REFERENCES)
+    samples = np.random.default_rng(0).integers(0, len(REFERENCES), (200, len(REFERENCES)))
+    metrics = ["f_bert", "bleu"]
+    lines = summary.equal_compute(study, scores, metrics, samples, pairs=(("longer", "good"),))
+    rows = lines[len(summary.DIFFERENCE_HEADER) : len(summary.DIFFERENCE_HEADER) + 4]
+    names = [summary.NAMES[m] for m in metrics]
+    labels = [[f"| {label}", n] for label in ("longer − ce", "good − longer") for n in names]
+    assert [r.split(" | ")[:2] for r in rows] == labels
+    # on the two seeds the control has: it beats ce, and the references beat it, in both
+    assert all(r.endswith("| 2/2 |") for r in rows)
+    assert all(float(r.split(" | ")[2]) > 0 for r in rows)
+    hours = (4 * 10.0 + 2 * 100.0) / 3600, (4 * 12.0 + 2 * 100.0) / 3600
+    assert lines[-1] == (f"- longer (seeds 0, 1): {hours[0]:.2f} core-hours per run against "
+                         f"good's {hours[1]:.2f}")  # fmt: skip
+    assert summary.equal_compute(study, scores, metrics, samples, pairs=(("none", "good"),)) == []
 
 
 def test_dev_curves_are_plotted(made_up_study, tmp_path):

@@ -14,6 +14,9 @@ length in words. Writes, to stdout:
   seeds, a paired bootstrap 95% interval over the test verses and the seeds with a positive
   difference (:func:`summarize_results.paired_difference`);
 - hard minus soft matching (``MATCHING_PAIRS``: the same candidates and weight), likewise;
+- the equal-compute controls (``equal-compute/<control>-seed<N>/``, ``EQUAL_COMPUTE``: ``ce``
+  continued for about an arm's core-seconds) against ``ce`` and against that arm, likewise,
+  with both sides' core-hours;
 - each arm's cost: CPU-seconds per training step (the median step, evaluations excluded) and
   core-hours in all (the runs' ``cpu`` totals, evaluations included), and the study's total;
 - the issue's goal, checked for each arm from those numbers.
@@ -53,6 +56,8 @@ CONFIG = RECIPES / "configs" / "bible-es-en-gemma-stage2.yaml"
 CONTROL = "ce"
 # the soft-vs-hard ablation: (hard arm, its soft twin), everything else equal
 MATCHING_PAIRS = (("balanced-hard", "balanced"), ("sampled-hard", "sampled"))
+# the equal-compute controls: (a run of equal-compute/, the arm whose compute it was given)
+EQUAL_COMPUTE = (("ce-215", "sampled"),)
 GOAL_METRIC = "f_bert_mpnet"  # the independent scorer: the goal is stated on it
 
 
@@ -94,6 +99,8 @@ class Run:
 class Study:
     start: dict[int, list[str]]  # stage 1's test answers, by seed
     arms: dict[str, dict[int, Run]]  # stage 2: arm -> seed -> run
+    # equal-compute controls: name -> seed -> run (not arms: they ran other step counts)
+    equal_compute: dict[str, dict[int, Run]] = field(default_factory=dict)
 
 
 def _lines(path: Path) -> list[str]:
@@ -109,16 +116,23 @@ def load_study(folder: Path) -> Study:
     }
     arms: dict[str, dict[int, Run]] = {}
     for test in sorted(folder.glob("stage2-seed*/*/test_outputs.txt")):
-        run_folder = test.parent
-        seed = int(run_folder.parent.name.removeprefix("stage2-seed"))
-        log = [json.loads(line) for line in _lines(run_folder / "log.jsonl")]
-        dev = {
-            int(p.stem.removeprefix("step_")): _lines(p)
-            for p in (run_folder / "dev_outputs").glob("step_*.txt")
-        }
-        arms.setdefault(run_folder.name, {})[seed] = Run(_lines(test), log, dev)
+        seed = int(test.parent.parent.name.removeprefix("stage2-seed"))
+        arms.setdefault(test.parent.name, {})[seed] = _load_run(test.parent)
+    equal: dict[str, dict[int, Run]] = {}
+    for test in sorted(folder.glob("equal-compute/*-seed*/test_outputs.txt")):
+        name, seed = test.parent.name.rsplit("-seed", 1)
+        equal.setdefault(name, {})[int(seed)] = _load_run(test.parent)
     order = sorted(arms, key=lambda name: (name != CONTROL, name))
-    return Study(start, {name: arms[name] for name in order})
+    return Study(start, {name: arms[name] for name in order}, equal)
+
+
+def _load_run(folder: Path) -> Run:
+    log = [json.loads(line) for line in _lines(folder / "log.jsonl")]
+    dev = {
+        int(p.stem.removeprefix("step_")): _lines(p)
+        for p in (folder / "dev_outputs").glob("step_*.txt")
+    }
+    return Run(_lines(folder / "test_outputs.txt"), log, dev)
 
 
 def study_task(config: Path = CONFIG) -> Task:
@@ -173,6 +187,32 @@ def matching_ablation(
         if runs:
             lines += difference_rows(scores, f"{hard} − {soft}", runs, metrics, samples)
     return list(DIFFERENCE_HEADER) + lines if lines else []
+
+
+def equal_compute(
+    study: Study, scores: Scores, metrics: list[str], samples: np.ndarray, pairs=EQUAL_COMPUTE
+) -> list[str]:
+    """Each equal-compute control against ``ce`` (what the extra steps gave) and its arm
+    against it (what is left of the arm's gain at equal compute), paired by the seeds all
+    three finished, then both sides' mean core-hours; ``[]`` when no control has finished."""
+    lines, costs = [], []
+    for control, arm in pairs:
+        runs = study.equal_compute.get(control, {})
+        seeds = sorted(set(runs) & set(study.arms.get(arm, {})) & set(study.arms.get(CONTROL, {})))
+        if not seeds:
+            continue
+        longer = [runs[s].test for s in seeds]
+        ce = [study.arms[CONTROL][s].test for s in seeds]
+        answers = [study.arms[arm][s].test for s in seeds]
+        for label, pairs_of_seeds in (
+            (f"{control} − ce", zip(longer, ce, strict=True)),
+            (f"{arm} − {control}", zip(answers, longer, strict=True)),
+        ):
+            lines += difference_rows(scores, label, list(pairs_of_seeds), metrics, samples)
+        hours = [np.mean([r[s].cpu_total for s in seeds]) / 3600 for r in (runs, study.arms[arm])]
+        costs.append(f"- {control} (seeds {', '.join(map(str, seeds))}): {hours[0]:.2f} "
+                     f"core-hours per run against {arm}'s {hours[1]:.2f}")  # fmt: skip
+    return list(DIFFERENCE_HEADER) + lines + [""] + costs if lines else []
 
 
 def cost_table(study: Study) -> tuple[list[str], float]:
@@ -308,6 +348,10 @@ def main(argv: list[str]) -> None:
     if ablation:
         print("Hard minus soft matching, the same candidates and weight:\n")
         print("\n".join(ablation) + "\n")
+    equal = equal_compute(study, scores, metrics, samples)
+    if equal:
+        print("At equal compute (`ce` continued for about an arm's core-seconds):\n")
+        print("\n".join(equal) + "\n")
     costs, total = cost_table(study)
     print("\n".join(costs))
     print(f"\nStage 2 in all: {total:.1f} core-hours.\n")
