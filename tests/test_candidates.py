@@ -148,11 +148,23 @@ def causal_trainer(loss, tokenizer, tmp_path, **options):
     )
 
 
+# the loss's options that act on the candidates' distributions, met with generated answers
+CANDIDATE_OPTIONS = {
+    "soft": dict(matching="softmax"),
+    "hard": dict(matching="hard"),
+    "top_k": dict(matching="softmax", top_k=4),
+    "straight_through": dict(matching="softmax", straight_through=True),
+}
+
+
+@pytest.mark.parametrize("options", CANDIDATE_OPTIONS)
 @pytest.mark.parametrize("fused", [False, True])
-def test_mixin_loss_is_the_term_on_the_models_answers(loss, tokenizer, tmp_path, fused):
+def test_mixin_loss_is_the_term_on_the_models_answers(scorer, tokenizer, tmp_path, fused, options):
     """compute_loss with greedy answers equals BERTScoreTerm called by hand on answers made
-    one by one (CE on the labels, the term on the answers), value and gradients; the fused
-    path (no [B, L, V] logits) equals the dense one."""
+    one by one (CE on the labels, the term on the answers), value and gradients, for each
+    matching / candidate transform; the fused path (no [B, L, V] logits) equals the dense
+    one."""
+    loss = bsloss.BERTScoreLoss(encoder=scorer.encoder, **CANDIDATE_OPTIONS[options])
     trainer = causal_trainer(loss, tokenizer, tmp_path, bertscore_candidates="greedy",
                              bertscore_weight=Balanced(1.0), bertscore_fused=fused)  # fmt: skip
     model = trainer.model

@@ -153,10 +153,10 @@ def step_gradients(trainer, model, batch: dict) -> tuple[torch.Tensor, dict, All
     return loss.detach(), grads, recorder
 
 
-def causal_trainer(model, tokenizer, loss, tmp_path, rows: list[dict]):
-    """A ``Trainer`` with the mixin over ``rows``, its first step's fused and dense passes
-    recorded (after an unrecorded one: the loss builds and caches its bridged embedding table
-    [V, d + 1] then)."""
+def causal_trainer(model, tokenizer, loss, tmp_path, rows: list[dict], **options):
+    """A ``Trainer`` with the mixin (and ``options``) over ``rows``, its first step's fused and
+    dense passes recorded (after an unrecorded one: the loss builds and caches its bridged
+    embedding table [V, d + 1] then)."""
 
     class Trainer(BERTScoreTrainerMixin, transformers.Trainer):
         pass
@@ -168,6 +168,7 @@ def causal_trainer(model, tokenizer, loss, tmp_path, rows: list[dict]):
         data_collator=collate(tokenizer),
         processing_class=tokenizer,
         bertscore_loss=loss,
+        **options,
     )
     assert trainer.bertscore_fused  # the default for a model with an LM head
     batch = collate(tokenizer)(rows)
@@ -209,6 +210,29 @@ def test_trainer_step_has_no_logits_and_equals_the_dense_step(
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters())
     logged = [e for e in trainer.state.log_history if "bertscore_f" in e]
     assert logged and 0 <= logged[0]["bertscore_f"] <= 1 and logged[0]["ce"] > 0
+
+
+def test_generated_answers_step_has_no_logits_and_equals_the_dense_step(
+    gemma_tokenizer, gemma_loss, tmp_path
+):
+    """The model's greedy answers as the candidates (``bertscore_candidates="greedy"``, the
+    answers joined to the batch) on the 262k-vocabulary Gemma with the real tokenizer and the
+    retokenize bridge: the fused step allocates no [rows, L, V] logits (generation's own
+    last-position logits, [rows, 1, V], are generate()'s), the dense step does for the joined
+    batch, and the two agree within 1e-5."""
+    from bsloss.integrations.term_weights import Balanced
+
+    model = tiny_gemma(gemma_tokenizer)
+    rows = causal_rows(gemma_tokenizer)
+    _, batch, fused, dense = causal_trainer(
+        model, gemma_tokenizer, gemma_loss, tmp_path, rows,
+        bertscore_candidates="greedy", bertscore_weight=Balanced(1.0),
+    )  # fmt: skip
+    assert_same_step(fused, dense)
+    sequence_logits = [[s for s, _ in r[2].logits_like if s[-2] > 1] for r in (fused, dense)]
+    assert sequence_logits[0] == []
+    rows_joined = 2 * batch["input_ids"].shape[0]  # the batch's rows, then the answers'
+    assert any(s[0] == rows_joined for s in sequence_logits[1]), sequence_logits[1]
 
 
 def test_fused_step_peaks_below_the_dense_step_by_the_logits(gemma_tokenizer, gemma_loss, tmp_path):
