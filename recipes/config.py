@@ -257,7 +257,13 @@ RECIPE_LOSS_KEYS = {
     "warmup_steps": 0,  # lambda grows linearly over these steps
     "candidates": "teacher_forced",  # teacher_forced | greedy | sample
 }
-CANDIDATE_MODES = ("teacher_forced", "greedy", "sample")
+# loss.candidates -> what the term's candidates are, in words (the curves' titles)
+CANDIDATE_LABELS = {
+    "teacher_forced": "teacher-forced distributions",
+    "greedy": "greedy answers",
+    "sample": "sampled answers",
+}
+CANDIDATE_MODES = tuple(CANDIDATE_LABELS)
 TERM_WEIGHTS = {"fixed": Fixed, "balanced": Balanced}  # loss.weighting -> the term's weight
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 from config import (
+    CANDIDATE_LABELS,
     CANDIDATE_MODES,
     RECIPE_LOSS_KEYS,
     TERM_WEIGHTS,
@@ -161,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
         if run.end_of_step(step, weight=weight, lr=scheduler.get_last_lr()[0], **totals):
             break  # early stopping
     progress.close()
-    return run.finish(stop, f"{config.task}: {args.config.name}")
+    term_label = f"{loss_fn.matching.name} matching, {CANDIDATE_LABELS[mode]}"
+    return run.finish(stop, f"{config.task}: {args.config.name}", term=term_label)
 
 
 if __name__ == "__main__":

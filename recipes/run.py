@@ -153,16 +153,17 @@ def smoothed(values: list[float], window: int) -> list[float]:
 TRAIN_LABELS = {
     "loss": "training loss",
     "ce": "training CE",
-    "bertscore_loss": "training 1 − F_BERT (soft)",
+    "bertscore_loss": "training 1 − F_BERT",
     "reward": "training reward",
 }
 EVAL_LABELS = {"f_bert": "held-out F_BERT (hard)", "ce": "held-out CE (per token)"}
 
 
-def plot_curves(log: RunLog, path: Path, title: str) -> Path:
+def plot_curves(log: RunLog, path: Path, title: str, term: str | None = None) -> Path:
     """The training losses against the step (faint: per step; bold: smoothed), and the held-out
     F_BERT and CE at each evaluation (validation points joined; test before and after
-    training as squares)."""
+    training as squares); ``term`` says what the training term was computed with (its
+    matching, its candidates), in its panel's title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,7 +187,8 @@ def plot_curves(log: RunLog, path: Path, title: str) -> Path:
             steps, smoothed(list(values), window), lw=2, color="tab:blue",
             label=f"mean of {window} steps",
         )  # fmt: skip
-        ax.set_title(TRAIN_LABELS[key])
+        suffix = f" ({term})" if key == "bertscore_loss" and term else ""
+        ax.set_title(TRAIN_LABELS[key] + suffix)
         ax.legend(fontsize=7)
     for ax, key in zip(flat[len(train_keys) :], eval_keys, strict=False):
         for split, style in (("validation", dict(marker="o")), ("test", dict(marker="s", ls=""))):
@@ -575,11 +577,11 @@ class RecipeRun:
         load_saved_weights(self.unwrapped, self.best_dir)
         return int(saved["step"])
 
-    def finish(self, last_step: int, title: str, **extra) -> dict:
+    def finish(self, last_step: int, title: str, *, term: str | None = None, **extra) -> dict:
         """After the last step (or early stopping): the model, test scores, results.json,
         outputs and the plot (or nothing but a message when ``--stop_after`` cut the run short).
         With early stopping the test split is scored with ``best/``, which is the final model
-        (no ``model/``)."""
+        (no ``model/``). ``term``: what the BERTScore term was computed with, for the plot."""
         accelerator, steps = self.accelerator, self.train.steps
         accelerator.wait_for_everyone()
         if last_step < steps and self.stopped_at is None:
@@ -616,7 +618,7 @@ class RecipeRun:
             )
             self.results_path.write_text(json.dumps(self.results, indent=2))
             self.write_outputs("test_outputs.txt", hypotheses)
-            plot = plot_curves(self.log, self.output_dir / "curves.png", title)
+            plot = plot_curves(self.log, self.output_dir / "curves.png", title, term)
             if "before" in self.results:
                 print(
                     summary_table(

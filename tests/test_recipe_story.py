@@ -59,6 +59,27 @@ def test_curves_draw_training_and_held_out_panels(tmp_path):
     assert path.stat().st_size > 10_000
 
 
+def test_curves_name_the_terms_matching_and_candidates(tmp_path, monkeypatch):
+    matplotlib = pytest.importorskip("matplotlib")
+    from config import CANDIDATE_LABELS
+
+    titles = []
+    set_title = matplotlib.axes.Axes.set_title
+
+    def recording(ax, text, *args, **kwargs):
+        titles.append(text)
+        return set_title(ax, text, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", recording)
+    log = RunLog(tmp_path / "log.jsonl", True)
+    for step in range(1, 4):
+        log.write(kind="train", step=step, loss=3.0, ce=2.5, bertscore_loss=0.4)
+    term = f"hard matching, {CANDIDATE_LABELS['sample']}"
+    plot_curves(log, tmp_path / "curves.png", "demo", term)
+    assert "training 1 − F_BERT (hard matching, sampled answers)" in titles
+    assert "training CE" in titles  # the other panels keep their titles
+
+
 def test_recipe_prints_a_line_per_phase_and_refuses_a_second_run(tmp_path):
     from test_recipes import SUMMARIZATION, TINY, run_recipe
 
