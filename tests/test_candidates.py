@@ -389,3 +389,43 @@ def test_answers_across_processes_equal_each_half_run_alone(scorer, tokenizer, t
             for name, want in mean.items():
                 torch.testing.assert_close(got["grads"][name], want, rtol=0, atol=1e-5,
                                            msg=f"{path} rank {rank}: {name}")  # fmt: skip
+
+
+def test_accumulated_micro_batches_step_as_the_whole_batch(loss, tokenizer, tmp_path):
+    """One optimizer step (SGD) over 2 rows with generated answers and a fixed weight: as one
+    batch of 2, or as 2 accumulated micro-batches of 1 (the trainer then passes the whole
+    batch's token count, num_items_in_batch, and does not divide by the accumulation steps).
+    The rows' references and answers have equal token counts, so the two must move the
+    parameters alike; a term averaged over each micro-batch alone counted twice (found by this
+    test). (A Balanced weight is a ratio of each micro-batch's own means: not linear in the
+    batch, so not compared here.)"""
+    batch = causal_batch(tokenizer)
+    assert len(set((batch["labels"] != -100).sum(1).tolist())) == 1  # equal reference lengths
+    rows = [{k: v[i].tolist() for k, v in batch.items()} for i in range(2)]
+    moved = []
+    for size, accumulation in ((2, 1), (1, 2)):
+        model = without_dropout(tiny_gpt2(tokenizer))
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        trainer = trainer_class(transformers.Trainer)(
+            model=model,
+            args=training_args(
+                tmp_path,
+                max_steps=1,
+                per_device_train_batch_size=size,
+                gradient_accumulation_steps=accumulation,
+                optim="sgd",
+                learning_rate=1.0,
+                max_grad_norm=0.0,
+                lr_scheduler_type="constant",
+            ),  # fmt: skip
+            train_dataset=datasets.Dataset.from_list(rows),
+            processing_class=tokenizer,
+            bertscore_loss=loss,
+            bertscore_weight=1.0,
+            bertscore_candidates=GreedyAnswers(max_new_tokens=3),
+        )
+        trainer.train()
+        moved.append({n: p.detach() - start[n] for n, p in model.named_parameters()})
+    assert any(d.abs().max() > 0 for d in moved[0].values())
+    for name, delta in moved[0].items():
+        torch.testing.assert_close(moved[1][name], delta, rtol=1e-4, atol=1e-6, msg=name)

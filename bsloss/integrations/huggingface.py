@@ -164,7 +164,8 @@ class BERTScoreTerm:
                 one per row) as the candidates, scored under teacher forcing: their forward
                 outputs (as ``outputs``) and their token ids (as ``labels``). The CE stays on
                 ``labels``; the BERTScore term is the candidates' token-weighted ``1 - F``
-                against the references (divided by the candidates' own token count).
+                against the references (divided by the candidates' own token count, then
+                scaled like the CE by this micro-batch's share of ``num_items_in_batch``).
                 Default: the teacher-forced distributions of ``labels`` are the candidates.
 
         Raises:
@@ -197,8 +198,6 @@ class BERTScoreTerm:
             raise ValueError(f"{len(references)} references for a batch of {labels.shape[0]}")
         candidate_mask = candidate_labels != IGNORE_INDEX
         tokens = candidate_mask.sum(dim=1)
-        # own candidates: the term is their token-weighted mean (their count, not the CE's)
-        term_total = candidate_mask.sum().clamp(min=1) if own else total
         keep = tokens > 0  # a row without candidate tokens has nothing to score
         f1 = torch.zeros(labels.shape[0], device=logits.device)
         rows = keep.nonzero().squeeze(1)
@@ -227,12 +226,20 @@ class BERTScoreTerm:
         if training is None:
             training = torch.is_grad_enabled() and logits.requires_grad
         metrics = self._metrics["train" if training else "eval"]
-        metrics["ce"].append((ce_sum / mask.sum().clamp(min=1)).item())
+        label_tokens = mask.sum().clamp(min=1)
+        # the term is the candidates' token-weighted mean (own candidates: their own count),
+        # scaled like the CE by this micro-batch's share of num_items_in_batch, so that
+        # accumulated micro-batches and processes add up to the whole batch's mean (a mean
+        # per micro-batch would count once per micro-batch and process)
+        term_local = bertscore_sum / candidate_mask.sum().clamp(min=1)
+        ce_mean, term_mean = ce_sum / total, term_local * (label_tokens / total)
+        metrics["ce"].append((ce_sum / label_tokens).item())
         if keep.any():
             metrics["bertscore_f"].append(f1[keep].mean().item())
-        ce_mean, term_mean = ce_sum / total, bertscore_sum / term_total
-        metrics["bertscore_loss"].append(term_mean.item())
-        weight = self.weight(ce_mean, term_mean)
+        metrics["bertscore_loss"].append(term_local.item())
+        # a per-step weight compares the micro-batch's own means (the share cancels in a ratio,
+        # not in Balanced's floor on the term)
+        weight = self.weight(ce_sum / label_tokens, term_local)
         if not isinstance(self.weight, Fixed):  # a step-by-step weight is logged
             metrics["bertscore_weight"].append(float(weight))
         return self.ce_weight * ce_mean + weight * term_mean
