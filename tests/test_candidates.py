@@ -429,3 +429,24 @@ def test_accumulated_micro_batches_step_as_the_whole_batch(loss, tokenizer, tmp_
     assert any(d.abs().max() > 0 for d in moved[0].values())
     for name, delta in moved[0].items():
         torch.testing.assert_close(moved[1][name], delta, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_answers_with_gradient_checkpointing_equal_the_step_without(loss, tokenizer, tmp_path):
+    """gradient_checkpointing=True (the model recomputes its blocks in backward, and turns its
+    KV cache off for training): the answers are generated in eval mode as without it, and the
+    step's loss and gradients are the same."""
+    batch = causal_batch(tokenizer)
+    results = []
+    for checkpointing in (False, True):
+        trainer = causal_trainer(loss, tokenizer, tmp_path, bertscore_candidates="greedy")
+        if checkpointing:
+            trainer.model.gradient_checkpointing_enable()
+        model = without_dropout(trainer.model).train()
+        value = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()})
+        value.backward()
+        results.append((value.detach(), {n: p.grad for n, p in model.named_parameters()}))
+        assert model.is_gradient_checkpointing == checkpointing and model.training
+    (plain, plain_grads), (checkpointed, checkpointed_grads) = results
+    torch.testing.assert_close(checkpointed, plain, rtol=0, atol=1e-6)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(checkpointed_grads[name], grad, rtol=0, atol=1e-6, msg=name)
