@@ -187,7 +187,8 @@ def plot_curves(log: RunLog, path: Path, title: str, term: str | None = None) ->
             steps, smoothed(list(values), window), lw=2, color="tab:blue",
             label=f"mean of {window} steps",
         )  # fmt: skip
-        suffix = f" ({term})" if key == "bertscore_loss" and term else ""
+        # on a line of its own: beside the name it runs past a 4-inch panel
+        suffix = f"\n({term})" if key == "bertscore_loss" and term else ""
         ax.set_title(TRAIN_LABELS[key] + suffix)
         ax.legend(fontsize=7)
     for ax, key in zip(flat[len(train_keys) :], eval_keys, strict=False):

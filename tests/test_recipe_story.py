@@ -76,7 +76,7 @@ def test_curves_name_the_terms_matching_and_candidates(tmp_path, monkeypatch):
         log.write(kind="train", step=step, loss=3.0, ce=2.5, bertscore_loss=0.4)
     term = f"hard matching, {CANDIDATE_LABELS['sample']}"
     plot_curves(log, tmp_path / "curves.png", "demo", term)
-    assert "training 1 − F_BERT (hard matching, sampled answers)" in titles
+    assert "training 1 − F_BERT\n(hard matching, sampled answers)" in titles
     assert "training CE" in titles  # the other panels keep their titles
 
 
