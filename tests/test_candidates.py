@@ -353,25 +353,12 @@ def test_answers_across_processes_equal_each_half_run_alone(scorer, tokenizer, t
     a different answer length (so their generation loops differ): each process's answers are
     the ones a single process gives for that half, and the reduced gradients (fused and dense)
     are the mean of the two halves' gradients computed in one process."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     from _distributed_candidates import ROWS, answered_gradients
     from _distributed_lm_head import distributed_model
-    from test_distributed_scoring import free_port
+    from test_distributed_scoring import run_two_processes
 
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", str(free_port()), str(repo / "tests/_distributed_candidates.py"),
-        str(tmp_path), mode,
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    ranks = run_two_processes("_distributed_candidates.py", tmp_path, mode)
 
     term = BERTScoreTerm(bsloss.BERTScoreLoss(encoder=scorer.encoder), tokenizer, weight=1.0)
     alone = []

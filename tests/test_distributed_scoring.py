@@ -26,6 +26,19 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def run_two_processes(script: str, result_dir: Path, *args: str) -> list:
+    """``tests/<script> result_dir *args`` under ``torchrun --nproc_per_node 2`` (gloo, one
+    thread each); what each rank saved as ``result_dir/rank<r>.pt``."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", str(free_port()), str(REPO / "tests" / script), str(result_dir), *args,
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [torch.load(result_dir / f"rank{r}.pt") for r in (0, 1)]
+
+
 @pytest.mark.slow  # two processes each load the scorer: ~40 s on 2 busy cores
 def test_two_processes_split_the_pairs_and_match_one_process(tmp_path, stsb_dev):
     rows = stsb_dev[:120]
@@ -35,15 +48,7 @@ def test_two_processes_split_the_pairs_and_match_one_process(tmp_path, stsb_dev)
     (tmp_path / "pairs.json").write_text(
         json.dumps({"cands": cands, "refs": refs, "multi_refs": multi})
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", str(free_port()), str(REPO / "tests/_distributed_scoring.py"),
-        str(tmp_path), str(tmp_path / "pairs.json"),
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    results = run_two_processes("_distributed_scoring.py", tmp_path, str(tmp_path / "pairs.json"))
 
     single = bsloss.BERTScorer(device="cpu", idf=True, rescale_with_baseline=True)
     expected = torch.stack(single.score(cands, refs, progress=False))

@@ -363,23 +363,10 @@ def test_distributed_fused_gradients_equal_dense_and_agree_across_processes(tmp_
     """Two CPU processes (gloo), a tiny GPT-2 with a tied and an untied head, under DDP or
     FSDP 2 (fully_shard; the untied head its own unit, gathered for the chunked pass only): the
     fused step's reduced gradients equal the dense step's and are the same on both."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    from test_distributed_scoring import free_port
+    from test_distributed_scoring import run_two_processes
 
-    repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", str(free_port()), str(repo / "tests/_distributed_lm_head.py"),
-        str(tmp_path), mode,
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    ranks = run_two_processes("_distributed_lm_head.py", tmp_path, mode)
     for head in ("tied", "untied"):
         fused, dense = ranks[0][f"{head}-fused"], ranks[0][f"{head}-dense"]
         assert fused.keys() == dense.keys() and "transformer.wte.weight" in fused
