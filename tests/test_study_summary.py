@@ -61,6 +61,8 @@ def made_up_study(tmp_path_factory) -> Path:
     (root / "stage2-seed0/unfinished").mkdir()  # no test_outputs.txt: not a finished run
     for seed in range(2):  # an equal-compute control for two seeds: better than ce, below good
         _write_run(root / f"equal-compute/longer-seed{seed}", REFERENCES[:6] + POOR[6:], 10.0, POOR)
+    for seed in range(3):  # a method stopped early: good's answers for most verses, cheaper
+        _write_run(root / f"equal-compute/short-seed{seed}", REFERENCES[:7] + POOR[7:], 6.0, POOR)
     return root
 
 
@@ -71,21 +73,35 @@ def test_runs_and_costs_are_read_from_the_folders(made_up_study):
     run = study.arms["grpo"][0]
     assert run.cpu_per_step == pytest.approx(200.0)  # evaluations left out
     assert run.cpu_total == pytest.approx(4 * 200.0 + 2 * 100.0)
+    assert run.cpu_training == pytest.approx(4 * 200.0)  # the evaluations' 200 left out
     assert sorted(run.dev) == [2, 4] and run.dev_cpu(4) == pytest.approx(1000.0)
     lines, total = summary.cost_table(study)
+    # the stage-2 arms' total: the runs of other lengths are listed but not added
     assert total == pytest.approx(3 * (240 + 248 + 1000 + 240) / 3600)
-    assert any(line.startswith("| grpo | 3 | 200.0 |") for line in lines)
+    hours = f"{4 * 200.0 / 3600:.2f} | {1000.0 / 3600:.2f} |"
+    assert f"| grpo | 3 | 200.0 | {hours}" in lines
+    assert any(line.startswith("| short | 3 | 6.0 |") for line in lines)
 
 
-def test_the_goal_is_decided_from_the_scores(made_up_study):
+def test_the_goal_is_decided_from_the_scores(made_up_study, monkeypatch):
+    monkeypatch.setattr(summary, "CE_CONTROLS", ("longer",))  # the made-up CE control
     study = summary.load_study(made_up_study)
     scores = Scores(get_task("translation"), REFERENCES)
     samples = np.random.default_rng(0).integers(0, len(REFERENCES), (200, len(REFERENCES)))
     rows = {line.split(" | ")[0].strip("| "): line for line in
             summary.goal_lines(study, scores, samples)[2:]}  # fmt: skip
-    assert set(rows) == {"good", "same"}  # neither the control nor GRPO is judged
+    # neither the control nor GRPO is judged, nor a run of CE alone (equal-compute/'s controls)
+    assert set(rows) == {"good", "same", "short"}
     assert rows["good"].endswith("| met |") and "| 3/3 |" in rows["good"]
     assert rows["same"].endswith("| not met |") and "| 0/3 |" in rows["same"]
+    # the short run: better than ce in its 3 seeds at 24/800 of GRPO's training CPU (the
+    # evaluations, counted, give (24 + 200) / 1000)
+    assert rows["short"].endswith("| met |") and "0.03× its training CPU (0.22× with" in rows[
+        "short"]  # fmt: skip
+    monkeypatch.setattr(summary, "CE_CONTROLS", ())  # judged, "longer" has 2 seeds: too few
+    rows = {line.split(" | ")[0].strip("| "): line for line in
+            summary.goal_lines(study, scores, samples)[2:]}  # fmt: skip
+    assert rows["longer"].endswith("| not met |") and "| 2/2 |" in rows["longer"]
     # without a GRPO run the compute half of the goal cannot be met
     del study.arms["grpo"]
     rows = summary.goal_lines(study, scores, samples)[2:]
@@ -123,9 +139,11 @@ def test_equal_compute_controls_are_paired_with_ce_and_their_arm(made_up_study):
     # on the two seeds the control has: it beats ce, and the references beat it, in both
     assert all(r.endswith("| 2/2 |") for r in rows)
     assert all(float(r.split(" | ")[2]) > 0 for r in rows)
-    hours = (4 * 10.0 + 2 * 100.0) / 3600, (4 * 12.0 + 2 * 100.0) / 3600
-    assert lines[-1] == (f"- longer (seeds 0, 1): {hours[0]:.2f} core-hours per run against "
-                         f"good's {hours[1]:.2f}")  # fmt: skip
+    hours = [(4 * per_step + 2 * 100.0) / 3600 for per_step in (10.0, 12.0)]
+    training = [4 * per_step / 3600 for per_step in (10.0, 12.0)]
+    assert lines[-1] == (f"- longer (seeds 0, 1): {hours[0]:.2f} core-hours per run "
+                         f"({training[0]:.2f} training) against good's {hours[1]:.2f} "
+                         f"({training[1]:.2f} training)")  # fmt: skip
     assert summary.equal_compute(study, scores, metrics, samples, pairs=(("none", "good"),)) == []
 
 
