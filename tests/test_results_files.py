@@ -21,7 +21,7 @@ RUNS = sorted(
 )
 # the efficacy study's finished runs (issue 25; recipes/study/sync.sh copies them as they
 # arrive): stage1-seed<N> (the converged start), stage2-seed<N>/<arm>, and equal-compute/<run>
-# (continued CE given the compute of a costlier arm)
+# (runs of other lengths: CE continued for a costlier arm's compute, an arm stopped early)
 STUDY = RESULTS / "study"
 STUDY_RUNS = sorted(
     p
@@ -123,6 +123,22 @@ def test_study_stage2_arms_start_alike_and_train_the_same_steps():
             steps = [c["step"] for c in result["reward_curve"]]
         expected = OVER_BUDGET.get(_study_name(run), STAGE2_STEPS)
         assert sorted(set(steps)) == list(range(1, expected + 1)), run
+
+
+def test_study_runs_of_other_lengths_start_alike_and_train_the_steps_they_are_named_for():
+    """equal-compute/<arm>-<steps>-seed<N>: the seed's stage-1 start and seed, <steps> steps."""
+    runs = [p for p in STUDY_RUNS if p.parent.name == "equal-compute"]
+    assert runs, "no committed runs of other lengths"
+    for run in runs:
+        name, seed = run.name.rsplit("-seed", 1)
+        steps = int(name.rsplit("-", 1)[1])
+        result = json.loads((run / "results.json").read_text())
+        assert result["seed"] == int(seed), run
+        assert Path(result["init_from"]).parts[-2:] == (f"stage1-seed{seed}", "best"), run
+        assert result["steps"] == steps, run
+        logged = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+        trained = sorted({e["step"] for e in logged if e["kind"] == "train"})
+        assert trained == list(range(1, steps + 1)), run
 
 
 def test_grpo_outputs_score_what_results_json_says(scorer):
