@@ -100,6 +100,30 @@ def test_stage2_refuses_a_seed_without_its_stage1_checkpoint(tmp_path):
     assert "seed 3: no stage-1 checkpoint at runs/study/stage1-seed3/best" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"CORES": "0 4096"}, "CORES=\"0 4096\": taskset cannot run a process on core '4096'"),
+        ({"CORES": "0 one"}, "taskset cannot run a process on core 'one'"),
+        ({"GB_PER_RUN": "1e9"}, "GB_PER_RUN=1e9: expected a number of GB"),
+        ({"GB_PER_RUN": "100000000"}, "GB_PER_RUN=100000000 GB each: free space, or name fewer"),
+    ],
+)
+def test_a_queue_the_machine_cannot_hold_is_refused_before_any_run(tmp_path, env, message):
+    root = _driver(tmp_path, {})
+    shutil.copy(root / "fake.py", root / "recipes/finetune.py")
+    result = _run(root, "stage1.sh", SEEDS="0 1", **env)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert not list(root.glob("runs/study/stage1-seed*/argv.jsonl"))  # nothing started
+    # finished runs need no room: the same budget is fine once every run has its result
+    for seed in (0, 1):
+        (root / f"runs/study/stage1-seed{seed}").mkdir(parents=True, exist_ok=True)
+        (root / f"runs/study/stage1-seed{seed}/results.json").write_text('{"after": {}}')
+    if "GB_PER_RUN" in env and "expected" not in message:
+        assert _run(root, "stage1.sh", SEEDS="0 1", **env).returncode == 0
+
+
 def test_stage1_records_the_pretrained_score_once_and_deals_seeds_to_cores(tmp_path):
     root = _driver(tmp_path, {})
     shutil.copy(root / "fake.py", root / "recipes/finetune.py")
