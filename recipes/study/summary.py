@@ -60,11 +60,12 @@ CONTROL = "ce"
 # the soft-vs-hard ablation: (hard arm, its soft twin), everything else equal
 MATCHING_PAIRS = (("balanced-hard", "balanced"), ("sampled-hard", "sampled"))
 # the runs of other lengths: (a run of equal-compute/, the arm it is measured by). ce-215 is
-# `ce` continued for about `sampled`'s core-seconds; sampled-25 is `sampled` stopped at 25 of
-# its 100 steps, under a third of GRPO's training compute (and under `ce`'s)
-EQUAL_COMPUTE = (("ce-215", "sampled"), ("sampled-25", "sampled"))
+# `ce` continued for about `sampled`'s core-seconds in all (0.73x its training core-seconds),
+# ce-295 for its training core-seconds; sampled-25 is `sampled` stopped at 25 of its 100 steps,
+# under a third of GRPO's training compute (and under `ce`'s)
+EQUAL_COMPUTE = (("ce-215", "sampled"), ("ce-295", "sampled"), ("sampled-25", "sampled"))
 # runs of equal-compute/ that are CE alone: controls, not methods the goal is judged for
-CE_CONTROLS = ("ce-215",)
+CE_CONTROLS = ("ce-215", "ce-295")
 GOAL_METRIC = "f_bert_mpnet"  # the independent scorer: the goal is stated on it
 
 
