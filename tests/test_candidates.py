@@ -353,7 +353,6 @@ def test_answers_across_processes_equal_each_half_run_alone(scorer, tokenizer, t
     a different answer length (so their generation loops differ): each process's answers are
     the ones a single process gives for that half, and the reduced gradients (fused and dense)
     are the mean of the two halves' gradients computed in one process."""
-
     from _distributed_candidates import ROWS, answered_gradients
     from _distributed_lm_head import distributed_model
     from test_distributed_scoring import run_two_processes

@@ -363,7 +363,6 @@ def test_distributed_fused_gradients_equal_dense_and_agree_across_processes(tmp_
     """Two CPU processes (gloo), a tiny GPT-2 with a tied and an untied head, under DDP or
     FSDP 2 (fully_shard; the untied head its own unit, gathered for the chunked pass only): the
     fused step's reduced gradients equal the dense step's and are the same on both."""
-
     from test_distributed_scoring import run_two_processes
 
     ranks = run_two_processes("_distributed_lm_head.py", tmp_path, mode)

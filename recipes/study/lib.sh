@@ -7,6 +7,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 SEEDS=${SEEDS:-"0 1 2"}
 OUT=${OUT:-runs/study}
+CORES=${CORES:-"0 1"}  # one run per core at a time
 
 # finished OUT: the run has its test score after training (results.json's "after")
 finished() {
@@ -19,7 +20,7 @@ finished() {
 # Gemma 3 270M checkpoint with AdamW's state is 1.8 GB, kept until its run finishes).
 check_budget() {
     local -a cores
-    read -r -a cores <<< "${CORES:-0 1}"
+    read -r -a cores <<< "$CORES"
     if [ ${#cores[@]} -eq 0 ]; then
         echo "CORES is empty: name at least one core (e.g. CORES=\"0 1\")" >&2
         return 1
@@ -27,7 +28,7 @@ check_budget() {
     local core
     for core in "${cores[@]}"; do
         if ! taskset -c "$core" true 2> /dev/null; then
-            echo "CORES=\"${CORES:-0 1}\": taskset cannot run a process on core '$core'" \
+            echo "CORES=\"$CORES\": taskset cannot run a process on core '$core'" \
                 "(this machine has $(nproc --all) CPUs, numbered from 0)" >&2
             return 1
         fi
@@ -49,7 +50,7 @@ check_budget() {
     if ! awk -v free="$free_kb" -v runs="$at_once" -v each="${GB_PER_RUN:-2}" \
         'BEGIN { exit !(free / 1048576 >= runs * each) }'; then
         echo "OUT=$OUT has $(awk -v f="$free_kb" 'BEGIN { printf "%.1f", f / 1048576 }') GB" \
-            "free; $at_once runs at once (CORES=\"${CORES:-0 1}\") may write" \
+            "free; $at_once runs at once (CORES=\"$CORES\") may write" \
             "GB_PER_RUN=${GB_PER_RUN:-2} GB each: free space, or name fewer CORES" >&2
         return 1
     fi
@@ -84,7 +85,7 @@ run_job() {
 run_queue() {
     check_budget || return 1
     local -a cores
-    read -r -a cores <<< "${CORES:-0 1}"
+    read -r -a cores <<< "$CORES"
     local pids=() index
     for index in "${!cores[@]}"; do
         (

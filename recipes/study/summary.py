@@ -222,24 +222,24 @@ def equal_compute(
     finished, then both sides' mean core-hours, in all and training; ``[]`` when no such run
     has finished."""
     lines, costs = [], []
-    for control, arm in pairs:
-        runs = study.equal_compute.get(control, {})
+    for name, arm in pairs:
+        runs = study.equal_compute.get(name, {})
         seeds = sorted(set(runs) & set(study.arms.get(arm, {})) & set(study.arms.get(CONTROL, {})))
         if not seeds:
             continue
-        longer = [runs[s].test for s in seeds]
+        other = [runs[s].test for s in seeds]
         ce = [study.arms[CONTROL][s].test for s in seeds]
         answers = [study.arms[arm][s].test for s in seeds]
         for label, pairs_of_seeds in (
-            (f"{control} − ce", zip(longer, ce, strict=True)),
-            (f"{arm} − {control}", zip(answers, longer, strict=True)),
+            (f"{name} − ce", zip(other, ce, strict=True)),
+            (f"{arm} − {name}", zip(answers, other, strict=True)),
         ):
             lines += difference_rows(scores, label, list(pairs_of_seeds), metrics, samples)
         hours = [
             [np.mean([getattr(r[s], cost) for s in seeds]) / 3600 for r in (runs, study.arms[arm])]
             for cost in ("cpu_total", "cpu_training")
         ]
-        costs.append(f"- {control} (seeds {', '.join(map(str, seeds))}): {hours[0][0]:.2f} "
+        costs.append(f"- {name} (seeds {', '.join(map(str, seeds))}): {hours[0][0]:.2f} "
                      f"core-hours per run ({hours[1][0]:.2f} training) against {arm}'s "
                      f"{hours[0][1]:.2f} ({hours[1][1]:.2f} training)")  # fmt: skip
     return list(DIFFERENCE_HEADER) + lines + [""] + costs if lines else []
