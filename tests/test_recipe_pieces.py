@@ -17,7 +17,7 @@ from config import (
     load_config,
     section,
 )
-from examples import Example, load_splits
+from examples import Example, check_dev_split, load_splits
 from finetune import build_optimizer, recipe_loss_settings
 from generators import load_generator
 from seq2seq import Collator
@@ -81,6 +81,46 @@ def test_make_demo_runs_the_documented_recipe_from_a_committed_start():
     demo = load_config(REPO / "recipes/configs/bible-es-en-gemma-sampled.yaml", overrides)
     assert demo.loss["candidates"] == "sample" and demo.loss["weighting"] == "balanced"
     assert demo.eval.before and demo.train.steps > 0
+
+
+@pytest.mark.parametrize("stage", ["stage1", "stage2"])
+def test_the_xsum_study_configs_are_the_es_en_ones_but_for_the_task_and_its_data(stage):
+    """The efficacy study's second task changes what it is trained on, nothing of how."""
+    import dataclasses
+
+    xsum = load_config(REPO / f"recipes/configs/xsum-gemma-{stage}.yaml", [])
+    es_en = load_config(REPO / f"recipes/configs/bible-es-en-gemma-{stage}.yaml", [])
+    assert (xsum.task, es_en.task) == ("summarization", "translation")
+    assert xsum.data.path == "runs/data/xsum-study.jsonl"
+    assert (xsum.data.max_validation, xsum.data.max_test) == (
+        es_en.data.max_validation, es_en.data.max_test)  # fmt: skip
+    assert dataclasses.replace(xsum, task=es_en.task, data=es_en.data) == es_en
+
+
+def test_the_xsum_study_file_splits_every_article_once(tmp_path):
+    """make_samples.py --xsum-study: all of XSum's 1,001 articles, 701/100/200, each in one
+    split, and the recipes load it (the dev split disjoint from the others)."""
+    import json
+    import subprocess
+    import sys
+
+    from _tokenizers import data_file
+
+    source = data_file("xsum-test.jsonl")
+    study = tmp_path / "xsum-study.jsonl"
+    subprocess.run([sys.executable, str(REPO / "recipes/data/make_samples.py"), "--data-dir",
+                    str(source.parent), "--xsum-study", str(study)], check=True)  # fmt: skip
+    rows = [json.loads(line) for line in study.read_text(encoding="utf-8").splitlines()]
+    originals = {json.loads(line)["id"] for line in source.read_text(encoding="utf-8").splitlines()}
+    assert {r["id"] for r in rows} == originals and len(rows) == len(originals) == 1001
+    counts = {
+        name: sum(r["split"] == name for r in rows) for name in ("train", "validation", "test")
+    }
+    assert counts == {"train": 701, "validation": 100, "test": 200}
+    config = load_config(REPO / "recipes/configs/xsum-gemma-stage1.yaml", [f"data.path={study}"])
+    splits = load_splits(config.data)
+    assert [len(splits[name]) for name in ("train", "validation", "test")] == [701, 100, 200]
+    check_dev_split(splits)  # raises if a dev article is also a train or test one
 
 
 def test_unknown_key_names_the_section_and_the_key(tmp_path):
