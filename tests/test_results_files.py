@@ -32,6 +32,13 @@ STUDY_RUNS = sorted(
     ]
     if (p / "results.json").exists()
 )
+# the study's second task (XSum; recipes/configs/xsum-gemma-stage*.yaml), synced to study/xsum/
+XSUM_STUDY = STUDY / "xsum"
+XSUM_RUNS = sorted(
+    p
+    for p in [*XSUM_STUDY.glob("stage1-seed*"), *XSUM_STUDY.glob("stage2-seed*/*")]
+    if (p / "results.json").exists()
+)
 STAGE2_STEPS = 100  # recipes/configs/bible-es-en-gemma-stage2.yaml's train.max_steps
 # runs known to have trained longer than their budget, each with its reason (README there)
 OVER_BUDGET = {"stage2-seed0/grpo": 101}  # resumed at step 100, TRL took one more step (fixed)
@@ -92,17 +99,45 @@ def _study_name(run: Path) -> str:
     return str(run.relative_to(STUDY))
 
 
-@pytest.mark.parametrize("run", STUDY_RUNS, ids=_study_name)
-def test_study_outputs_score_what_results_json_says(run, study_references, scorer):
+def _check_study_outputs(run: Path, references: list[str], scorer) -> None:
     result = json.loads((run / "results.json").read_text())
     for when, name in (("after", "test_outputs.txt"), ("before", "test_outputs_before.txt")):
         if not (run / name).exists():
             assert when == "after" or when not in result, (run, name)
             continue
         outputs = (run / name).read_text(encoding="utf-8").split("\n")[:-1]
-        assert len(outputs) == len(study_references) == result[when]["examples"]
-        f = scorer.score(outputs, study_references)[2]
+        assert len(outputs) == len(references) == result[when]["examples"]
+        f = scorer.score(outputs, references)[2]
         assert float(f.mean()) == pytest.approx(result[when]["f_bert"], abs=1e-5), (run, when)
+
+
+@pytest.mark.parametrize("run", STUDY_RUNS, ids=_study_name)
+def test_study_outputs_score_what_results_json_says(run, study_references, scorer):
+    _check_study_outputs(run, study_references, scorer)
+
+
+@pytest.fixture(scope="module")
+def xsum_study_references(tmp_path_factory):
+    """The XSum study's 200 test summaries, from ../shared/data's XSum split as the runs' was
+    (recipes/data/make_samples.py --xsum-study; the file is not vendored)."""
+    import subprocess
+    import sys
+
+    from _tokenizers import data_file
+    from config import load_config
+    from examples import load_splits
+
+    source = data_file("xsum-test.jsonl")
+    path = tmp_path_factory.mktemp("xsum") / "xsum-study.jsonl"
+    subprocess.run([sys.executable, str(REPO / "recipes/data/make_samples.py"), "--data-dir",
+                    str(source.parent), "--xsum-study", str(path)], check=True)  # fmt: skip
+    config = load_config(REPO / "recipes/configs/xsum-gemma-stage2.yaml", [f"data.path={path}"])
+    return [e.target for e in load_splits(config.data)["test"]]
+
+
+@pytest.mark.parametrize("run", XSUM_RUNS, ids=_study_name)
+def test_xsum_study_outputs_score_what_results_json_says(run, xsum_study_references, scorer):
+    _check_study_outputs(run, xsum_study_references, scorer)
 
 
 def test_study_stage2_arms_start_alike_and_train_the_same_steps():

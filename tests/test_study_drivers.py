@@ -194,6 +194,12 @@ def test_sync_copies_logs_outputs_dev_answers_and_adapters_but_no_checkpoints(tm
         "stage2-seed0/ce/results.json",
         "stage2-seed0/ce/test_outputs.txt",
     ]
+    # a second task's study goes to the folder named second, the same files
+    command = ["bash", "recipes/study/sync.sh", str(runs), "recipes/results/study/xsum"]
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    second = copied / "xsum"
+    assert sorted(str(p.relative_to(second)) for p in second.rglob("*") if p.is_file()) == files
 
 
 FAKE_FINETUNE = """#!/usr/bin/env bash

@@ -28,6 +28,7 @@ REFERENCES = [
     "And God called the firmament Heaven.",
     "And the evening and the morning were the third day.",
 ]
+TRANSLATION_METRICS = ["bleu", "chrf"]
 POOR = ["the the the", "a thing", "nothing at all", "and and", "words", "is was", "of", "a b"]
 
 
@@ -89,7 +90,7 @@ def test_the_goal_is_decided_from_the_scores(made_up_study, monkeypatch):
     scores = Scores(get_task("translation"), REFERENCES)
     samples = np.random.default_rng(0).integers(0, len(REFERENCES), (200, len(REFERENCES)))
     rows = {line.split(" | ")[0].strip("| "): line for line in
-            summary.goal_lines(study, scores, samples)[2:]}  # fmt: skip
+            summary.goal_lines(study, scores, samples, TRANSLATION_METRICS)[2:]}  # fmt: skip
     # neither the control nor GRPO is judged, nor a run of CE alone (equal-compute/'s controls)
     assert set(rows) == {"good", "same", "short"}
     assert rows["good"].endswith("| met |") and "| 3/3 |" in rows["good"]
@@ -100,12 +101,26 @@ def test_the_goal_is_decided_from_the_scores(made_up_study, monkeypatch):
         "short"]  # fmt: skip
     monkeypatch.setattr(summary, "CE_CONTROLS", ())  # judged, "longer" has 2 seeds: too few
     rows = {line.split(" | ")[0].strip("| "): line for line in
-            summary.goal_lines(study, scores, samples)[2:]}  # fmt: skip
+            summary.goal_lines(study, scores, samples, TRANSLATION_METRICS)[2:]}  # fmt: skip
     assert rows["longer"].endswith("| not met |") and "| 2/2 |" in rows["longer"]
     # without a GRPO run the compute half of the goal cannot be met
     del study.arms["grpo"]
-    rows = summary.goal_lines(study, scores, samples)[2:]
+    rows = summary.goal_lines(study, scores, samples, TRANSLATION_METRICS)[2:]
     assert all(row.endswith("| not met |") and "no GRPO run" in row for row in rows)
+
+
+def test_the_goal_of_a_summarization_study_asks_rouge_not_to_be_lower(made_up_study):
+    """The second task's study (XSum): the goal's "not significantly lower" is on its own
+    metrics, ROUGE-1/2/L; an arm that equals the control everywhere cannot meet it."""
+    study = summary.load_study(made_up_study)
+    scores = Scores(get_task("summarization"), REFERENCES)
+    samples = np.random.default_rng(0).integers(0, len(REFERENCES), (200, len(REFERENCES)))
+    metrics = ["rouge1", "rouge2", "rougeL"]
+    lines = summary.goal_lines(study, scores, samples, metrics)
+    assert "| ROUGE-1, ROUGE-2, ROUGE-L not lower |" in lines[0]
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines[2:]}
+    assert rows["good"].endswith("| met |") and "| yes | Δ" in rows["good"]
+    assert rows["same"].endswith("| not met |")
 
 
 def test_the_matching_ablation_pairs_each_hard_arm_with_its_soft_twin(made_up_study):

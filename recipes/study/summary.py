@@ -1,17 +1,22 @@
 """The efficacy study's tables and curves (issue 25), from its synced outputs.
 
     python recipes/study/summary.py [recipes/results/study] > recipes/results/study/tables.md
+    python recipes/study/summary.py recipes/results/study/xsum \
+        --config recipes/configs/xsum-gemma-stage2.yaml > recipes/results/study/xsum/tables.md
+
+``--config`` is the study's stage-2 config (default the es->en one): its task gives the metrics
+beside F_BERT, its data section the references.
 
 Reads ``stage1-seed<N>/`` (the converged start, scored on the test split with its ``best/``) and
 ``stage2-seed<N>/<arm>/`` (``test_outputs.txt``, ``log.jsonl``, ``dev_outputs/step_<K>.txt``), as
 ``recipes/study/sync.sh`` copies them. Every output is re-scored here, example by example
 (:class:`summarize_results.Scores`): hard F_BERT under the training scorer (MiniLM) and under the
-independent all-mpnet-base-v2 (never trained against), corpus BLEU and chrF (sacreBLEU), and
-length in words. Writes, to stdout:
+independent all-mpnet-base-v2 (never trained against), the task's own metrics (corpus BLEU
+and chrF for translation, ROUGE-1/2/L for summarization), and length in words. Writes, to stdout:
 
 - each arm's mean ± standard deviation over seeds, the stage-1 start as the first row;
 - each arm minus ``ce`` (continued CE, same start, seed, examples and steps): the mean over
-  seeds, a paired bootstrap 95% interval over the test verses and the seeds with a positive
+  seeds, a paired bootstrap 95% interval over the test examples and the seeds with a positive
   difference (:func:`summarize_results.paired_difference`);
 - hard minus soft matching (``MATCHING_PAIRS``: the same candidates and weight), likewise;
 - the runs of other lengths (``equal-compute/<run>-seed<N>/``, ``EQUAL_COMPUTE``: ``ce``
@@ -20,7 +25,8 @@ length in words. Writes, to stdout:
   core-hours;
 - each arm's cost: CPU-seconds per training step (the median step, evaluations excluded), its
   training core-hours and its core-hours in all (evaluations included), and the study's total;
-- the issue's goal, checked for each arm and each run of another length that is not CE alone,
+- the issue's goal, checked for each arm and each run of another length that is not CE alone
+  (the task's own metrics not significantly lower: BLEU and chrF, or ROUGE),
   from those numbers (compute: training core-seconds, so that how often a run was evaluated
   does not count as its method's cost).
 
@@ -264,10 +270,13 @@ def cost_table(study: Study) -> tuple[list[str], float]:
     return lines, total
 
 
-def goal_lines(study: Study, scores: Scores, samples: np.ndarray) -> list[str]:
+def goal_lines(
+    study: Study, scores: Scores, samples: np.ndarray, task_metrics: list[str]
+) -> list[str]:
     """The issue's goal for each differentiable arm and each run of another length that is not
     CE alone: beats ``ce`` on the independent scorer (interval above 0, positive in every seed,
-    at least 3 seeds), BLEU and chrF not significantly lower (interval reaching 0 or above), and
+    at least 3 seeds), the task's metrics (``task_metrics``: BLEU and chrF for translation)
+    not significantly lower (interval reaching 0 or above), and
     GRPO's gain on that scorer at no more than a third of GRPO's training core-seconds (the
     mean over seeds; the ratio with evaluations counted is shown beside it)."""
     grpo = study.arms.get("grpo")
@@ -275,7 +284,8 @@ def goal_lines(study: Study, scores: Scores, samples: np.ndarray) -> list[str]:
     if grpo and pairs_against(study, "grpo"):
         grpo_gain = paired_difference(scores, GOAL_METRIC, pairs_against(study, "grpo"), samples)[0]
     lines = [
-        "| run | Δ mpnet > 0 (interval) | seeds + | BLEU, chrF not lower "
+        f"| run | Δ mpnet > 0 (interval) | seeds + | {', '.join(NAMES[m] for m in task_metrics)} "
+        "not lower "
         "| ≥ GRPO's gain at ≤ 1/3 its training compute | goal |",
         "|---|---|---|---|---|---|",
     ]
@@ -288,9 +298,7 @@ def goal_lines(study: Study, scores: Scores, samples: np.ndarray) -> list[str]:
         delta, low, _, positive = paired_difference(scores, GOAL_METRIC, pairs, samples)
         beats = low > 0
         all_seeds = positive == len(pairs) >= 3
-        not_lower = all(
-            paired_difference(scores, m, pairs, samples)[2] >= 0 for m in ("bleu", "chrf")
-        )
+        not_lower = all(paired_difference(scores, m, pairs, samples)[2] >= 0 for m in task_metrics)
         if grpo_gain is None:
             cheap, cheap_text = False, "no GRPO run"
         else:
@@ -312,10 +320,11 @@ def goal_lines(study: Study, scores: Scores, samples: np.ndarray) -> list[str]:
 
 
 def dev_curves(
-    study: Study, dev_references: list[str], store: Path | None = None
+    study: Study, dev_references: list[str], store: Path | None = None, task: Task | None = None
 ) -> dict[str, dict[int, list]]:
-    """arm -> seed -> [(step, cpu, mean dev F_BERT under the independent scorer)]."""
-    scores = Scores(study_task(), dev_references, store)
+    """arm -> seed -> [(step, cpu, mean dev F_BERT under the independent scorer)]; ``task``:
+    the study's (default the es->en config's)."""
+    scores = Scores(task or study_task(), dev_references, store)
     curves: dict[str, dict[int, list]] = {}
     for arm, runs in study.arms.items():
         for seed, run in runs.items():
@@ -370,16 +379,24 @@ def plot_dev_curves(curves: dict[str, dict[int, list]], path: Path) -> Path:
 
 
 def main(argv: list[str]) -> None:
-    folder = Path(argv[0]) if argv else STUDY
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", nargs="?", type=Path, default=STUDY)
+    parser.add_argument("--config", type=Path, default=CONFIG, help="the study's stage-2 config")
+    args = parser.parse_args(argv)
+    folder = args.folder
     study = load_study(folder)
     if CONTROL not in study.arms:
         raise SystemExit(f"no finished {CONTROL!r} run under {folder}: nothing to compare with")
-    refs = references()
-    scores = Scores(study_task(), refs["test"], default_store())
+    refs = references(args.config)
+    task = study_task(args.config)
+    scores = Scores(task, refs["test"], default_store())
     first = next(iter(study.arms[CONTROL].values())).test
     metrics = column_order(scores.all(first))
+    task_metrics = [m for m in metrics if m not in ("f_bert", "f_bert_mpnet", "words")]
     samples = np.random.default_rng(0).integers(0, len(refs["test"]), (RESAMPLES, len(first)))
-    print(f"Test verses: {len(refs['test'])}; dev verses: {len(refs['validation'])}.\n")
+    print(f"Test examples: {len(refs['test'])}; dev examples: {len(refs['validation'])}.\n")
     print("\n".join(mean_table(study, scores, metrics)) + "\n")
     lines = list(DIFFERENCE_HEADER)
     for arm in study.arms:
@@ -401,8 +418,8 @@ def main(argv: list[str]) -> None:
     costs, total = cost_table(study)
     print("\n".join(costs))
     print(f"\nStage 2 in all: {total:.1f} core-hours.\n")
-    print("\n".join(goal_lines(study, scores, samples)) + "\n")
-    curves = dev_curves(study, refs["validation"], default_store())
+    print("\n".join(goal_lines(study, scores, samples, task_metrics)) + "\n")
+    curves = dev_curves(study, refs["validation"], default_store(), task)
     plot = plot_dev_curves(curves, folder / "dev_curves.png")
     print(f"Dev curves: {plot.relative_to(folder)}")
 
