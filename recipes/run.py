@@ -607,7 +607,9 @@ class RecipeRun:
             if self.train.freeze_embeddings:
                 extra["frozen_parameters"] = self.frozen_parameters
             after, hypotheses = self.evaluate("test", "final evaluation")
-            self.log.write(kind="eval", split="test", step=self.stopped_at or steps, **after)
+            # logged (and plotted) at the step of the weights scored: best/'s with early stopping
+            scored = extra.get("best_step") or self.stopped_at or steps
+            self.log.write(kind="eval", split="test", step=scored, **after)
             self.results.update(
                 after=after,
                 steps=steps,

@@ -175,6 +175,9 @@ def test_early_stopping_keeps_the_best_model_and_stage_two_starts_from_it(tmp_pa
     # the test split was scored with the best model: its CE is best/'s
     test_ce = results["after"]["ce"]
     assert _cross_entropy(stage1 / "best", spec, splits["test"]) == pytest.approx(test_ce, abs=1e-4)
+    # and the log (the curves' test point) puts that score at the best step, not at the stop
+    test = [e for e in read_log(stage1) if e["kind"] == "eval" and e["split"] == "test"]
+    assert [e["step"] for e in test] == [best_step] and test[0]["ce"] == test_ce
 
     stage2 = tmp_path / "stage2"
     run_recipe("finetune.py", "--config", TRANSLATION, "--output_dir", stage2, *TINY,
