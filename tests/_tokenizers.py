@@ -33,6 +33,19 @@ def data_file(name: str) -> Path:
     return path
 
 
+def xsum_study_file(folder: Path) -> Path:
+    """The efficacy study's XSum split (all 1,001 articles), built from the shared data as the
+    study's runs built it (``recipes/data/make_samples.py --xsum-study``; not vendored)."""
+    import subprocess
+    import sys
+
+    source = data_file("xsum-test.jsonl")
+    path = folder / "xsum-study.jsonl"
+    subprocess.run([sys.executable, str(REPO_ROOT / "recipes/data/make_samples.py"), "--data-dir",
+                    str(source.parent), "--xsum-study", str(path)], check=True)  # fmt: skip
+    return path
+
+
 def stsb_pairs(n: int) -> tuple[list[str], list[str]]:
     """The first ``n`` STS-B dev pairs as (candidates = sentence1, references = sentence2)."""
     with open(data_file("stsb-dev.tsv"), newline="", encoding="utf-8") as handle:

@@ -101,15 +101,11 @@ def test_the_xsum_study_file_splits_every_article_once(tmp_path):
     """make_samples.py --xsum-study: all of XSum's 1,001 articles, 701/100/200, each in one
     split, and the recipes load it (the dev split disjoint from the others)."""
     import json
-    import subprocess
-    import sys
 
-    from _tokenizers import data_file
+    from _tokenizers import data_file, xsum_study_file
 
     source = data_file("xsum-test.jsonl")
-    study = tmp_path / "xsum-study.jsonl"
-    subprocess.run([sys.executable, str(REPO / "recipes/data/make_samples.py"), "--data-dir",
-                    str(source.parent), "--xsum-study", str(study)], check=True)  # fmt: skip
+    study = xsum_study_file(tmp_path)
     rows = [json.loads(line) for line in study.read_text(encoding="utf-8").splitlines()]
     originals = {json.loads(line)["id"] for line in source.read_text(encoding="utf-8").splitlines()}
     assert {r["id"] for r in rows} == originals and len(rows) == len(originals) == 1001

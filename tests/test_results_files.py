@@ -119,20 +119,13 @@ def test_study_outputs_score_what_results_json_says(run, study_references, score
 @pytest.fixture(scope="module")
 def xsum_study_references(tmp_path_factory):
     """The XSum study's 200 test summaries, from ../shared/data's XSum split as the runs' was
-    (recipes/data/make_samples.py --xsum-study; the file is not vendored)."""
-    import subprocess
-    import sys
+    (the file is not vendored)."""
+    from _tokenizers import xsum_study_file
+    from study.summary import references
 
-    from _tokenizers import data_file
-    from config import load_config
-    from examples import load_splits
-
-    source = data_file("xsum-test.jsonl")
-    path = tmp_path_factory.mktemp("xsum") / "xsum-study.jsonl"
-    subprocess.run([sys.executable, str(REPO / "recipes/data/make_samples.py"), "--data-dir",
-                    str(source.parent), "--xsum-study", str(path)], check=True)  # fmt: skip
-    config = load_config(REPO / "recipes/configs/xsum-gemma-stage2.yaml", [f"data.path={path}"])
-    return [e.target for e in load_splits(config.data)["test"]]
+    path = xsum_study_file(tmp_path_factory.mktemp("xsum"))
+    config = REPO / "recipes/configs/xsum-gemma-stage2.yaml"
+    return references(config, [f"data.path={path}"])["test"]
 
 
 @pytest.mark.parametrize("run", XSUM_RUNS, ids=_study_name)

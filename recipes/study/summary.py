@@ -166,12 +166,13 @@ def study_task(config: Path = CONFIG) -> Task:
     return config_task(config)
 
 
-def references(config: Path = CONFIG) -> dict[str, list[str]]:
-    """The test and dev references of the study's config (its data section)."""
+def references(config: Path = CONFIG, overrides: list[str] | None = None) -> dict[str, list[str]]:
+    """The test and dev references of the study's config (its data section; ``overrides``:
+    ``--set`` pairs, e.g. where the XSum study's split file was built)."""
     from config import load_config
     from examples import load_splits
 
-    splits = load_splits(load_config(config, []).data)
+    splits = load_splits(load_config(config, overrides or []).data)
     return {split: [e.target for e in splits[split]] for split in ("test", "validation")}
 
 
