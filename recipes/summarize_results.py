@@ -8,10 +8,10 @@ and the zero-shot outputs are re-scored here, example by example, with
 - the training scorer (the embedded all-MiniLM-L6-v2, hard F_BERT, as in the loss),
 - an independent scorer the loss never saw (all-mpnet-base-v2, last layer, hard F_BERT),
 - ROUGE-1/2/L (summarization) or sacreBLEU BLEU and chrF (translation, corpus-level).
-Tables: each run's mean over seeds ± the standard deviation over seeds; then each run's
-difference from CE only, averaged over seeds, with a paired bootstrap 95% interval over test
-examples (the same resampled examples for both runs) and the number of seeds whose own
-difference is positive.
+Tables: each run's mean over seeds ± the standard deviation over seeds (one seed: its value
+alone); then each run's difference from CE only, averaged over seeds, with a paired bootstrap
+95% interval over test examples (the same resampled examples for both runs) and the number of
+seeds whose own difference is positive.
 """
 
 from __future__ import annotations
@@ -202,6 +202,15 @@ def difference_rows(scores: Scores, label: str, pairs, metrics, samples) -> list
     return rows
 
 
+def over_seeds(values: list[float], metric: str) -> str:
+    """A table cell: the mean over seeds ± their standard deviation, or one seed's value alone
+    (the spread of a single run is unknown, not 0)."""
+    d = DIGITS.get(metric, 4)
+    if len(values) == 1:
+        return f"{values[0]:.{d}f}"
+    return f"{np.mean(values):.{d}f} ± {np.std(values, ddof=1):.{d}f}"
+
+
 def column_order(metrics) -> list[str]:
     """The scores first, the output length last."""
     return [m for m in metrics if m != "words"] + ["words"]
@@ -250,10 +259,7 @@ def task_tables(task: Path, store: Path | None = None) -> str:
     for run in runs:
         cells = []
         for m in metrics:
-            values = [scores.all(outputs)[m] for outputs in runs[run].values()]
-            spread = np.std(values, ddof=1) if len(values) > 1 else 0.0
-            d = DIGITS.get(m, 4)
-            cells.append(f"{np.mean(values):.{d}f} ± {spread:.{d}f}")
+            cells.append(over_seeds([scores.all(outputs)[m] for outputs in runs[run].values()], m))
         lines.append(f"| {run} | {len(runs[run])} | " + " | ".join(cells) + " |")
 
     samples = np.random.default_rng(0).integers(

@@ -67,6 +67,15 @@ def made_up_study(tmp_path_factory) -> Path:
     return root
 
 
+def test_a_table_cell_is_the_mean_and_spread_over_seeds_and_one_seed_shows_no_spread():
+    # a single run's spread is unknown; "± 0.0000" would read as three identical seeds
+    from summarize_results import over_seeds
+
+    assert over_seeds([0.5], "f_bert") == "0.5000"
+    assert over_seeds([0.1, 0.2, 0.3], "f_bert") == "0.2000 ± 0.1000"
+    assert over_seeds([10.0, 12.0], "bleu") == "11.00 ± 1.41"
+
+
 def test_runs_and_costs_are_read_from_the_folders(made_up_study):
     study = summary.load_study(made_up_study)
     assert list(study.arms) == ["ce", "good", "grpo", "same"]  # the control first

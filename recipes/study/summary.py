@@ -48,7 +48,6 @@ sys.path.insert(0, str(RECIPES))
 
 from summarize_results import (  # noqa: E402
     DIFFERENCE_HEADER,
-    DIGITS,
     NAMES,
     RESAMPLES,
     Scores,
@@ -56,6 +55,7 @@ from summarize_results import (  # noqa: E402
     config_task,
     default_store,
     difference_rows,
+    over_seeds,
     paired_difference,
 )
 from tasks import Task  # noqa: E402
@@ -189,10 +189,7 @@ def mean_table(study: Study, scores: Scores, metrics: list[str]) -> list[str]:
             continue
         cells = []
         for m in metrics:
-            values = [scores.all(outputs)[m] for outputs in by_seed.values()]
-            spread = np.std(values, ddof=1) if len(values) > 1 else 0.0
-            d = DIGITS.get(m, 4)
-            cells.append(f"{np.mean(values):.{d}f} ± {spread:.{d}f}")
+            cells.append(over_seeds([scores.all(outputs)[m] for outputs in by_seed.values()], m))
         lines.append(f"| {name} | {len(by_seed)} | " + " | ".join(cells) + " |")
     return lines
 
