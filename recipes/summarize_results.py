@@ -36,6 +36,10 @@ DIGITS = {"bleu": 2, "chrf": 2, "words": 2}  # decimals shown; 4 for the scores 
 NAMES = {
     "f_bert": "F_BERT MiniLM (training)",
     "f_bert_mpnet": "F_BERT mpnet (independent)",
+    "p_bert": "P_BERT MiniLM (training)",
+    "r_bert": "R_BERT MiniLM (training)",
+    "p_bert_mpnet": "P_BERT mpnet (independent)",
+    "r_bert_mpnet": "R_BERT mpnet (independent)",
     "rouge1": "ROUGE-1",
     "rouge2": "ROUGE-2",
     "rougeL": "ROUGE-L",
@@ -43,6 +47,9 @@ NAMES = {
     "chrf": "chrF",
     "words": "words",
 }
+# F_BERT's parts, kept per example beside it (the length check of study/summary.py) but not
+# columns of the main tables
+COMPONENTS = ("p_bert", "r_bert", "p_bert_mpnet", "r_bert_mpnet")
 
 
 def load_runs(task: Path) -> tuple[dict[str, dict[int, list[str]]], list[str] | None]:
@@ -77,7 +84,7 @@ def scorers() -> dict:
 
 # A stored score is keyed by everything it depends on (the texts, the task, the scorers and
 # bsloss's version); bump this when Scores.per_example changes what it computes.
-STORE_FORMAT = 1
+STORE_FORMAT = 2
 
 
 def default_store() -> Path:
@@ -100,10 +107,11 @@ class Scores:
     def per_example(self, outputs: list[str]) -> dict[str, np.ndarray]:
         if len(outputs) != len(self.references):
             raise ValueError(f"{len(outputs)} outputs for {len(self.references)} references")
-        scores = {
-            name: scorer.score(outputs, self.references, progress=False)[2].numpy()
-            for name, scorer in self.scorers.items()
-        }
+        scores = {}
+        for name, scorer in self.scorers.items():
+            precision, recall, f = scorer.score(outputs, self.references, progress=False)
+            part = name.removeprefix("f_")
+            scores |= {name: f.numpy(), f"p_{part}": precision.numpy(), f"r_{part}": recall.numpy()}
         for key, values in self.task.per_example(outputs, self.references).items():
             scores[key] = np.array(values)
         scores["words"] = np.array([len(h.split()) for h in outputs], dtype=float)
@@ -212,8 +220,8 @@ def over_seeds(values: list[float], metric: str) -> str:
 
 
 def column_order(metrics) -> list[str]:
-    """The scores first, the output length last."""
-    return [m for m in metrics if m != "words"] + ["words"]
+    """The scores first, the output length last (F_BERT's precision and recall left out)."""
+    return [m for m in metrics if m not in ("words", *COMPONENTS)] + ["words"]
 
 
 def held_out(name: str) -> tuple[Task, list[str]]:

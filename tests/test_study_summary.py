@@ -148,6 +148,42 @@ def test_the_matching_ablation_pairs_each_hard_arm_with_its_soft_twin(made_up_st
     assert summary.matching_ablation(study, scores, metrics, samples, pairs=()) == []
 
 
+def test_the_length_check_splits_f_bert_into_precision_and_recall(tmp_path):
+    # ce pads each reference with words it does not have; dropping the padding shortens the
+    # answers and raises the precision; keeping the first half of each reference shortens them
+    # and lowers the recall. Each part is stored per example; F_BERT is their harmonic mean.
+    padded = [f"{r} and then the market closed lower on Tuesday" for r in REFERENCES]
+    halves = [" ".join(r.split()[: len(r.split()) // 2]) for r in REFERENCES]
+    root = tmp_path / "study"
+    for seed in range(2):
+        _write_run(root / f"stage2-seed{seed}/ce", padded, 10.0, REFERENCES)
+        _write_run(root / f"stage2-seed{seed}/trimmed", REFERENCES, 10.0, REFERENCES)
+        _write_run(root / f"stage2-seed{seed}/halves", halves, 10.0, REFERENCES)
+    study = summary.load_study(root)
+    scores = Scores(get_task("translation"), REFERENCES)
+    parts = scores.cached(halves)
+    p, r = parts["p_bert_mpnet"], parts["r_bert_mpnet"]
+    np.testing.assert_allclose(parts["f_bert_mpnet"], 2 * p * r / (p + r), atol=1e-6)
+    # the parts are not columns of the main tables
+    assert summary.column_order(scores.all(halves)) == ["f_bert", "f_bert_mpnet", "bleu", "chrf",
+                                                        "words"]  # fmt: skip
+    samples = np.random.default_rng(0).integers(0, len(REFERENCES), (200, len(REFERENCES)))
+    lines = summary.length_check(study, scores, samples)
+    rows = {
+        tuple(line.split(" | ")[:2]): float(line.split(" | ")[2])
+        for line in lines[len(summary.DIFFERENCE_HEADER) :]
+    }
+    precision, recall, words = (summary.NAMES[m] for m in summary.LENGTH_CHECK)
+    names = (precision, recall, words)
+    assert sorted(rows) == sorted((f"| {a} − ce", n) for a in ("halves", "trimmed") for n in names)
+    assert rows["| trimmed − ce", words] < 0 and rows["| trimmed − ce", precision] > 0
+    assert rows["| halves − ce", words] < 0 and rows["| halves − ce", recall] < 0
+    for arm in ("trimmed", "halves"):  # only the control: nothing to compare
+        for seed in range(2):
+            (root / f"stage2-seed{seed}/{arm}/test_outputs.txt").unlink()
+    assert summary.length_check(summary.load_study(root), scores, samples) == []
+
+
 def test_equal_compute_controls_are_paired_with_ce_and_their_arm(made_up_study):
     study = summary.load_study(made_up_study)
     assert list(study.arms) == ["ce", "good", "grpo", "same"]  # the control is not an arm

@@ -19,6 +19,11 @@ and chrF for translation, ROUGE-1/2/L for summarization), and length in words. W
   seeds, a paired bootstrap 95% interval over the test examples and the seeds with a positive
   difference (:func:`summarize_results.paired_difference`);
 - hard minus soft matching (``MATCHING_PAIRS``: the same candidates and weight), likewise;
+- the length check: each arm minus ``ce`` in the independent scorer's precision and recall
+  and in words, likewise. Dropping an answer's weakest tokens raises precision and can only
+  lower recall (a reference token's best match is taken over fewer candidate tokens; up to
+  the context's change of the embeddings), so a gain in recall with shorter answers is better
+  content, not length alone;
 - the runs of other lengths (``equal-compute/<run>-seed<N>/``, ``EQUAL_COMPUTE``: ``ce``
   continued for about an arm's core-seconds, an arm stopped early to fit a compute budget)
   against ``ce`` and against the arm they are measured by, likewise, with both sides'
@@ -218,6 +223,21 @@ def matching_ablation(
     return list(DIFFERENCE_HEADER) + lines if lines else []
 
 
+LENGTH_CHECK = ("p_bert_mpnet", "r_bert_mpnet", "words")
+
+
+def length_check(study: Study, scores: Scores, samples: np.ndarray) -> list[str]:
+    """Each arm minus ``ce`` in the independent scorer's precision and recall and in words
+    (:data:`LENGTH_CHECK`), paired by seed as in the main comparison."""
+    lines = list(DIFFERENCE_HEADER)
+    for arm in study.arms:
+        if arm != CONTROL and pairs_against(study, arm):
+            lines += difference_rows(
+                scores, f"{arm} − ce", pairs_against(study, arm), LENGTH_CHECK, samples
+            )
+    return lines if len(lines) > len(DIFFERENCE_HEADER) else []
+
+
 def equal_compute(
     study: Study, scores: Scores, metrics: list[str], samples: np.ndarray, pairs=EQUAL_COMPUTE
 ) -> list[str]:
@@ -406,6 +426,13 @@ def main(argv: list[str]) -> None:
     if ablation:
         print("Hard minus soft matching, the same candidates and weight:\n")
         print("\n".join(ablation) + "\n")
+    length = length_check(study, scores, samples)
+    if length:
+        print(
+            "The length check: the independent scorer's precision and recall (shorter answers "
+            "raise precision and lower recall; a gain in recall is not length alone):\n"
+        )
+        print("\n".join(length) + "\n")
     equal = equal_compute(study, scores, metrics, samples)
     if equal:
         print(
