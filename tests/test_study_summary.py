@@ -173,8 +173,7 @@ def test_the_length_check_splits_f_bert_into_precision_and_recall(tmp_path):
         tuple(line.split(" | ")[:2]): float(line.split(" | ")[2])
         for line in lines[len(summary.DIFFERENCE_HEADER) :]
     }
-    precision, recall, words = (summary.NAMES[m] for m in summary.LENGTH_CHECK)
-    names = (precision, recall, words)
+    names = precision, recall, words = [summary.NAMES[m] for m in summary.LENGTH_CHECK]
     assert sorted(rows) == sorted((f"| {a} − ce", n) for a in ("halves", "trimmed") for n in names)
     assert rows["| trimmed − ce", words] < 0 and rows["| trimmed − ce", precision] > 0
     assert rows["| halves − ce", words] < 0 and rows["| halves − ce", recall] < 0

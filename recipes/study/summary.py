@@ -223,19 +223,24 @@ def matching_ablation(
     return list(DIFFERENCE_HEADER) + lines if lines else []
 
 
+def rows_against_control(study: Study, scores: Scores, metrics, samples: np.ndarray) -> list[str]:
+    """Each arm minus ``ce`` in ``metrics``: one table row per arm and metric, paired by seed."""
+    rows = []
+    for arm in study.arms:
+        if arm != CONTROL and pairs_against(study, arm):
+            rows += difference_rows(scores, f"{arm} − ce", pairs_against(study, arm), metrics,
+                                    samples)  # fmt: skip
+    return rows
+
+
 LENGTH_CHECK = ("p_bert_mpnet", "r_bert_mpnet", "words")
 
 
 def length_check(study: Study, scores: Scores, samples: np.ndarray) -> list[str]:
     """Each arm minus ``ce`` in the independent scorer's precision and recall and in words
-    (:data:`LENGTH_CHECK`), paired by seed as in the main comparison."""
-    lines = list(DIFFERENCE_HEADER)
-    for arm in study.arms:
-        if arm != CONTROL and pairs_against(study, arm):
-            lines += difference_rows(
-                scores, f"{arm} − ce", pairs_against(study, arm), LENGTH_CHECK, samples
-            )
-    return lines if len(lines) > len(DIFFERENCE_HEADER) else []
+    (:data:`LENGTH_CHECK`), paired by seed as in the main comparison; ``[]`` without arms."""
+    rows = rows_against_control(study, scores, LENGTH_CHECK, samples)
+    return list(DIFFERENCE_HEADER) + rows if rows else []
 
 
 def equal_compute(
@@ -416,11 +421,7 @@ def main(argv: list[str]) -> None:
     samples = np.random.default_rng(0).integers(0, len(refs["test"]), (RESAMPLES, len(first)))
     print(f"Test examples: {len(refs['test'])}; dev examples: {len(refs['validation'])}.\n")
     print("\n".join(mean_table(study, scores, metrics)) + "\n")
-    lines = list(DIFFERENCE_HEADER)
-    for arm in study.arms:
-        if arm != CONTROL and pairs_against(study, arm):
-            lines += difference_rows(scores, f"{arm} − ce", pairs_against(study, arm), metrics,
-                                     samples)  # fmt: skip
+    lines = list(DIFFERENCE_HEADER) + rows_against_control(study, scores, metrics, samples)
     print("\n".join(lines) + "\n")
     ablation = matching_ablation(study, scores, metrics, samples)
     if ablation:
