@@ -36,7 +36,11 @@ STUDY_RUNS = sorted(
 XSUM_STUDY = STUDY / "xsum"
 XSUM_RUNS = sorted(
     p
-    for p in [*XSUM_STUDY.glob("stage1-seed*"), *XSUM_STUDY.glob("stage2-seed*/*")]
+    for p in [
+        *XSUM_STUDY.glob("stage1-seed*"),
+        *XSUM_STUDY.glob("stage2-seed*/*"),
+        *XSUM_STUDY.glob("equal-compute/*"),
+    ]
     if (p / "results.json").exists()
 )
 STAGE2_STEPS = 100  # recipes/configs/bible-es-en-gemma-stage2.yaml's train.max_steps
@@ -154,9 +158,11 @@ def test_study_stage2_arms_start_alike_and_train_the_same_steps():
 
 
 def test_study_runs_of_other_lengths_start_alike_and_train_the_steps_they_are_named_for():
-    """equal-compute/<arm>-<steps>-seed<N>: the seed's stage-1 start and seed, <steps> steps."""
+    """equal-compute/<arm>-<steps>-seed<N> (both tasks): the seed's stage-1 start and seed,
+    <steps> steps."""
     runs = [p for p in STUDY_RUNS if p.parent.name == "equal-compute"]
     assert runs, "no committed runs of other lengths"
+    runs += [p for p in XSUM_RUNS if p.parent.name == "equal-compute"]
     for run in runs:
         name, seed = run.name.rsplit("-seed", 1)
         steps = int(name.rsplit("-", 1)[1])

@@ -159,6 +159,7 @@ def test_arms_file_refuses_a_value_with_a_space_and_a_non_mapping(tmp_path):
 
 
 def test_sync_copies_logs_outputs_dev_answers_and_adapters_but_no_checkpoints(tmp_path):
+    """Every run (stage 1, stage 2's arms, equal-compute/'s runs of other lengths)."""
     root = tmp_path / "repo"
     (root / "recipes/study").mkdir(parents=True)
     shutil.copy(REPO / "recipes/study/sync.sh", root / "recipes/study/sync.sh")
@@ -177,12 +178,19 @@ def test_sync_copies_logs_outputs_dev_answers_and_adapters_but_no_checkpoints(tm
                  "tokenizer.json"):  # fmt: skip
         (start / "best" / name).write_text(name)
     (runs / "stage2-seed0/unstarted").mkdir()  # no log.jsonl: nothing to copy
+    longer = runs / "equal-compute/ce-285-seed0"  # a run of another length
+    (longer / "checkpoints/checkpoint_250").mkdir(parents=True)
+    for name in ("log.jsonl", "results.json", "test_outputs.txt", "stdout.log"):
+        (longer / name).write_text(name)
     done = subprocess.run(["bash", "recipes/study/sync.sh", str(runs)], cwd=root,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     copied = root / "recipes/results/study"
     files = sorted(str(p.relative_to(copied)) for p in copied.rglob("*") if p.is_file())
     assert files == [
+        "equal-compute/ce-285-seed0/log.jsonl",
+        "equal-compute/ce-285-seed0/results.json",
+        "equal-compute/ce-285-seed0/test_outputs.txt",
         "stage1-seed0/best/adapter_config.json",
         "stage1-seed0/best/adapter_model.safetensors",
         "stage1-seed0/best/best.json",

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Copy the study's small outputs (logs, results, test and dev outputs) from a run folder into the
+# Copy the study's small outputs (logs, results, test and dev outputs) of every run (stage 1,
+# stage 2's arms, equal-compute/'s runs of other lengths) from a run folder into the
 # repository's recipes/results/study/ (or the second argument's folder), to commit as they
 # arrive; and a LoRA run's best/ adapter (a few MB: stage 1's converged start, which stage 2
 # starts from in any later session), without the tokenizer (the configured generator's own).
@@ -9,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 FROM=${1:-runs/study}
 TO=${2:-recipes/results/study}
-for run in "$FROM"/stage1-seed* "$FROM"/stage2-seed*/*; do
+for run in "$FROM"/stage1-seed* "$FROM"/stage2-seed*/* "$FROM"/equal-compute/*; do
     [ -f "$run/log.jsonl" ] || continue
     rel=${run#"$FROM"/}
     mkdir -p "$TO/$rel"
