@@ -50,6 +50,13 @@ def load_splits(spec: DataConfig) -> dict[str, list[Example]]:
     if not spec.path:
         raise ValueError("config data: set path (a local file) or dataset")
     path = repository_path(spec.path)
+    if not path.is_file():
+        # the study's split files (runs/data/...) are built, not vendored: say how, not a traceback
+        raise FileNotFoundError(
+            f"config data.path={spec.path!r}: no such file ({path}); the split files under "
+            "runs/data are built by recipes/data/make_samples.py (the XSum study's by "
+            "`python recipes/data/make_samples.py --xsum-study runs/data/xsum-study.jsonl`)"
+        )
     if path.suffix == ".jsonl":
         with open(path, encoding="utf-8") as handle:
             rows = [json.loads(line) for line in handle if line.strip()]

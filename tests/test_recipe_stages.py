@@ -92,6 +92,20 @@ def test_a_repeated_target_is_not_an_overlap(tmp_path):
     check_dev_split(load_splits(_spec(_write_tsv(tmp_path / "d.tsv", rows))))
 
 
+def test_a_missing_data_file_is_refused_naming_the_setting_and_how_to_build_it(tmp_path):
+    missing = tmp_path / "runs" / "data" / "xsum-study.jsonl"
+    how = r"data\.path=.*xsum-study\.jsonl.*make_samples\.py"
+    with pytest.raises(FileNotFoundError, match=how):
+        load_splits(_spec(missing))
+    # the recipe refuses it before loading any model
+    from finetune import main
+
+    argv = ["--config", str(TRANSLATION), "--output_dir", str(tmp_path / "run"),
+            "--set", f"data.path={missing}"]  # fmt: skip
+    with pytest.raises(FileNotFoundError, match="data.path="):
+        main(argv)
+
+
 # --- early stopping ---------------------------------------------------------------------------
 
 
