@@ -44,7 +44,7 @@ from bsloss.functional.fused_expectation import (
 )
 from bsloss.functional.gumbel_noise import draw_seed
 from bsloss.functional.matching.base import check_temperature
-from bsloss.inputs import check_tensor, position_of_first
+from bsloss.inputs import check_device, check_tensor, position_of_first
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.special_tokens import splice_special_tokens
 
@@ -136,11 +136,7 @@ class CandidateEncoder:
                 "hidden_states": "[B, L, d_model]",
             }.get(name, "[B, L, V]")
             raise ValueError(f"{name} must be {shape}, got shape {list(source.shape)}")
-        if source.device.type != self.encoder.device.type:
-            raise ValueError(
-                f"{name} is on {source.device} but the scorer is on {self.encoder.device}; "
-                "move the loss with .to(device)"
-            )
+        check_device(source, name, self.encoder.device, "the scorer")
         if candidate_mask is None:
             candidate_mask = torch.ones(source.shape[:2], dtype=torch.bool, device=source.device)
         check_tensor(candidate_mask, "candidate_mask", "mask")
@@ -386,10 +382,12 @@ class CandidateEncoder:
         weight = getattr(output_embeddings, "weight", output_embeddings)
         if isinstance(weight, Tensor) and weight.dim() == 2:
             self.check_vocab(weight.shape[0], "output_embeddings")
+            check_device(weight, "output_embeddings", hidden_states.device, "hidden_states")
         # Only the positions that are scored or have a target go through the head.
         selected = candidate_mask
         if target_ids is not None:
             check_tensor(target_ids, "target_ids", "integer")
+            check_device(target_ids, "target_ids", hidden_states.device, "hidden_states")
             if tuple(target_ids.shape) != tuple(hidden_states.shape[:2]):
                 raise ValueError(
                     f"target_ids must have shape {list(hidden_states.shape[:2])} ([B, L] of "

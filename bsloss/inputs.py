@@ -120,6 +120,25 @@ def check_tensor(value: object, name: str, kind: str) -> torch.Tensor:
     return value
 
 
+def check_device(value: torch.Tensor, name: str, device: torch.device, owner: str) -> None:
+    """Refuse a tensor on another device than ``device`` (that of ``owner``), naming both.
+
+    Raises:
+        ValueError: ``value`` is on another device (``cuda:1`` is not ``cuda:0``).
+
+    The message also says how to move the owner instead.
+
+    >>> check_device(torch.ones(2), "logits", torch.device("meta"), "the scorer")
+    Traceback (most recent call last):
+    ValueError: logits is on cpu but the scorer is on meta; move logits with .to('meta'), ...
+    """
+    if value.device != device:
+        raise ValueError(
+            f"{name} is on {value.device} but {owner} is on {device}; move {name} with "
+            f".to('{device}'), or the loss with .to('{value.device}')"
+        )
+
+
 def validate_pairs(cands: object, refs: object) -> tuple[list[str], list[list[str]]]:
     """``cands`` (list of str) and ``refs`` (list of str, or list of lists of str) -> candidates
     and reference groups (one group per candidate)."""

@@ -46,6 +46,7 @@ from bsloss.functional.fused_expectation import (
 )
 from bsloss.functional.matching import Matching, resolve_matching
 from bsloss.inputs import (
+    check_device,
     check_reference_groups,
     check_tensor,
     check_texts,
@@ -256,11 +257,14 @@ class BERTScoreLoss(nn.Module):
             )
         vocab = self.encoder.input_embeddings.num_embeddings
         weights = weight_table(self.encoder, idf, vocab)
-        self.register_buffer("scorer_weights", weights.float(), persistent=False)
+        # on the scorer's device from the start: a loss built around a CUDA encoder works with
+        # no .to() (and _placed() keeps it there when only the encoder is moved later)
+        device = self.encoder.device
+        self.register_buffer("scorer_weights", weights.float().to(device), persistent=False)
         self.baseline: Tensor | None = None
         if rescale_with_baseline:
             baseline = load_baseline(baseline_path, self.encoder.name, self.encoder.num_layers)
-            self.baseline = baseline.float()
+            self.baseline = baseline.float().to(device)
         # raw float32 hidden states under the caller's autocast (part of the cache key)
         self._references = ReferenceEmbedder(
             self.encoder,
@@ -273,6 +277,15 @@ class BERTScoreLoss(nn.Module):
         # would otherwise save the scorer (87 MB for MiniLM) in every checkpoint.
         self._register_state_dict_hook(_drop_scorer_state)
         self._register_load_state_dict_pre_hook(_keep_scorer_state, with_module=True)
+
+    # ------------------------------------------------------------------ placement
+    def _placed(self) -> Tensor:
+        """The importance-weight table on the scorer's device. The loss follows its encoder:
+        ``loss.to(device)`` moves both, and an encoder moved on its own (``loss.encoder.to``,
+        a trainer placing the scorer) takes the table along at the next call."""
+        if self.scorer_weights.device != self.encoder.device:
+            self.scorer_weights = self.scorer_weights.to(self.encoder.device)
+        return self.scorer_weights
 
     # ------------------------------------------------------------------ caches
     @property
@@ -312,7 +325,7 @@ class BERTScoreLoss(nn.Module):
 
     def _generator_table(self) -> Tensor:
         """``[V_gen, d + 1]``: the generator tokens' scorer input embeddings and weights."""
-        return self.candidate_encoder.generator_table(self.scorer_weights)
+        return self.candidate_encoder.generator_table(self._placed())
 
     def encode_candidates(self, **candidates) -> tuple[Tensor, Tensor, Tensor]:
         """Scorer hidden states ``[B, L', d]``, real-token mask and importance weights of the
@@ -324,14 +337,14 @@ class BERTScoreLoss(nn.Module):
             TypeError, ValueError: not exactly one candidate input, a non-tensor, a wrong dtype,
                 shape or device, NaN/Inf, ids outside the vocabulary (all named).
         """
-        return self.candidate_encoder.encode(self.scorer_weights, **candidates)[:3]
+        return self.candidate_encoder.encode(self._placed(), **candidates)[:3]
 
     # ------------------------------------------------------------------ references
     def _embed_references(self, texts: list[str]) -> tuple[Tensor, Tensor, Tensor, set[str]]:
         embedded, truncated = self._references.embed(
             texts, cache_texts=texts, window=self.long_inputs == "window", batch_size=64
         )
-        hidden, mask, weights = pad_embedded([embedded[t] for t in texts], self.scorer_weights)
+        hidden, mask, weights = pad_embedded([embedded[t] for t in texts], self._placed())
         return hidden, mask, weights, truncated
 
     def encode_references(self, texts: Sequence[str]) -> tuple[Tensor, Tensor, Tensor]:
@@ -372,11 +385,7 @@ class BERTScoreLoss(nn.Module):
                 f"reference_mask must have shape {list(reference_ids.shape)}, got "
                 f"{list(reference_mask.shape)}"
             )
-        if reference_ids.device.type != self.encoder.device.type:
-            raise ValueError(
-                f"reference_ids is on {reference_ids.device} but the scorer is on "
-                f"{self.encoder.device}; move the loss with .to(device)"
-            )
+        check_device(reference_ids, "reference_ids", self.encoder.device, "the scorer")
         mask = reference_mask.to(reference_ids.device).bool()
         vocab = self.encoder.input_embeddings.num_embeddings
         bad = ((reference_ids < 0) | (reference_ids >= vocab)) & mask
@@ -399,7 +408,7 @@ class BERTScoreLoss(nn.Module):
             reference_ids, mask = reference_ids[:, :width], mask[:, :width]
         ids = reference_ids.clamp(0, vocab - 1)
         hidden = self.encoder(input_ids=ids, attention_mask=mask.long()).float()
-        return hidden, mask, self.scorer_weights[ids] * mask
+        return hidden, mask, self._placed()[ids] * mask
 
     # ------------------------------------------------------------------ scoring
     def score(
@@ -486,7 +495,7 @@ class BERTScoreLoss(nn.Module):
             raise ValueError("pass exactly one of references (texts) or reference_ids")
         if references is not None:
             groups = check_reference_groups(references, "references")
-        encoded = self.candidate_encoder.encode(self.scorer_weights, **candidates)
+        encoded = self.candidate_encoder.encode(self._placed(), **candidates)
         log_likelihood = encoded.log_likelihood
         batch = encoded.hidden.shape[0]
         owner = list(range(batch))

@@ -246,3 +246,52 @@ def test_cuda_bf16_autocast(pairs):
     value.backward()
     assert torch.isfinite(value) and torch.isfinite(logits.grad).all()
     assert bsloss.BERTScorer(encoder=encoder).score(cands[:4], refs[:4])[2].is_cpu
+
+
+# ---------------------------------------------------------------- device placement
+# No second real device on a CPU machine: the "meta" device stands in for CUDA. What failed on a
+# GPU (the weight buffer left on the CPU beside a CUDA encoder: `torch.cat` of the two in the
+# generator table) fails the same way here.
+
+
+def test_a_loss_built_around_an_encoder_elsewhere_puts_its_tables_there():
+    encoder = ScorerEncoder.from_pretrained(None, device="cpu").to("meta")
+    loss = BERTScoreLoss(encoder=encoder, rescale_with_baseline=True)
+    assert loss.scorer_weights.device.type == "meta"
+    assert loss.baseline.device.type == "meta"
+    assert loss._generator_table().device.type == "meta"
+
+
+def test_the_loss_follows_an_encoder_moved_on_its_own():
+    loss = BERTScoreLoss(encoder=ScorerEncoder.from_pretrained(None, device="cpu"))
+    loss.encoder.to("meta")  # as a trainer or a user placing only the scorer would
+    assert loss._generator_table().device.type == "meta"
+    assert loss.scorer_weights.device.type == "meta"
+
+
+@pytest.mark.parametrize("argument", ["logits", "reference_ids"])
+def test_inputs_on_another_device_are_refused_naming_the_argument_and_both_devices(
+    encoder, argument
+):
+    loss = BERTScoreLoss(encoder=encoder)
+    vocab = encoder.input_embeddings.num_embeddings
+    logits = torch.randn(1, 3, vocab)
+    ids = torch.tensor([[101, 1037, 102]])
+    if argument == "logits":
+        call = {"logits": logits.to("meta"), "references": ["a cat"]}
+    else:
+        call = {"logits": logits, "reference_ids": ids.to("meta")}
+    with pytest.raises(ValueError, match=f"{argument} is on meta but the scorer is on cpu"):
+        loss(**call)
+
+
+def test_the_lm_head_and_targets_must_sit_with_the_hidden_states(encoder):
+    loss = BERTScoreLoss(encoder=encoder)
+    vocab = encoder.input_embeddings.num_embeddings
+    hidden, head = torch.randn(1, 3, 8), torch.randn(vocab, 8)
+    head_elsewhere = "output_embeddings is on meta but hidden_states is on cpu"
+    with pytest.raises(ValueError, match=head_elsewhere):
+        loss(hidden_states=hidden, output_embeddings=head.to("meta"), references=["a cat"])
+    targets = torch.zeros(1, 3, dtype=torch.long, device="meta")
+    with pytest.raises(ValueError, match="target_ids is on meta but hidden_states is on cpu"):
+        loss(hidden_states=hidden, output_embeddings=head, target_ids=targets, references=["a"])
