@@ -34,16 +34,21 @@ def check_choice(where: str, value: Any, accepted: Sequence) -> None:
         raise ValueError(f"config {where}: expected one of {tuple(accepted)}, got {value!r}")
 
 
-def existing_folder(value: str) -> Path:
-    """``--init_from``: a folder that exists, else argparse's one-line usage error naming it
-    (before any model is loaded, rather than the hub's repo-id message in a traceback)."""
-    path = Path(value)
-    if not path.is_dir():
-        what = "a file, not a folder" if path.exists() else "no such folder"
-        raise argparse.ArgumentTypeError(
-            f"{value}: {what} (a saved generator folder: a run's model/ or best/)"
-        )
-    return path
+class ExistingFolder(argparse.Action):
+    """``--init_from``: a folder that exists, else one line naming the option and the path (exit
+    status 2, as argparse's errors), before any model is loaded: not the hub's repo-id message
+    in a traceback."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        path = Path(values)
+        if not path.is_dir():
+            what = "a file, not a folder" if path.exists() else "no such folder"
+            parser.exit(
+                2,
+                f"{parser.prog}: error: {option_string} {values}: {what} (a saved generator "
+                "folder: a run's model/ or best/)\n",
+            )
+        setattr(namespace, self.dest, path)
 
 
 def base_arguments(description: str) -> argparse.ArgumentParser:
@@ -59,7 +64,7 @@ def base_arguments(description: str) -> argparse.ArgumentParser:
         help="override a config entry, e.g. --set loss.weight=0.5 (VALUE is parsed as YAML)",
     )
     parser.add_argument(
-        "--init_from", type=existing_folder, help="start from this saved generator folder"
+        "--init_from", action=ExistingFolder, help="start from this saved generator folder"
     )
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     parser.add_argument(
