@@ -21,8 +21,8 @@ from tasks import get_task
 from bsloss.functional.matching import SHORTHANDS, check_iterations, check_temperature
 from bsloss.integrations.term_weights import Balanced, Fixed
 
-# train.mixed_precision and --mixed_precision: what the recipes hand on (accelerate's Accelerator,
-# TRL's bf16 / fp16 flags); accelerate's fp8 needs settings the recipes do not pass
+# train.mixed_precision and --mixed_precision: what every recipe hands on (grpo.py to TRL's bf16 /
+# fp16 flags, which have no fp8; accelerate's fp8 also needs a backend the recipes do not set up)
 MIXED_PRECISIONS = ("no", "bf16", "fp16")
 MODEL_KINDS = ("auto", "seq2seq", "causal")  # model.kind
 
@@ -415,7 +415,8 @@ def load_config(path: Path, overrides: list[str], *, grpo: bool = False) -> Reci
     against grpo.py's needs, :func:`check_grpo`), before any model is loaded.
 
     Raises:
-        ValueError, KeyError: a bad override, section, key or value, naming the setting.
+        ValueError, KeyError, TypeError: a bad override, section, key or value, naming the
+            setting.
     """
     raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     for item in overrides:
