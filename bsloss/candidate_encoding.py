@@ -44,7 +44,7 @@ from bsloss.functional.fused_expectation import (
 )
 from bsloss.functional.gumbel_noise import draw_seed
 from bsloss.functional.matching.base import check_temperature
-from bsloss.inputs import check_device, check_tensor, position_of_first
+from bsloss.inputs import check_device, check_targets_shape, check_tensor, position_of_first
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.special_tokens import splice_special_tokens
 
@@ -388,11 +388,7 @@ class CandidateEncoder:
         if target_ids is not None:
             check_tensor(target_ids, "target_ids", "integer")
             check_device(target_ids, "target_ids", hidden_states.device, "hidden_states")
-            if tuple(target_ids.shape) != tuple(hidden_states.shape[:2]):
-                raise ValueError(
-                    f"target_ids must have shape {list(hidden_states.shape[:2])} ([B, L] of "
-                    f"hidden_states), got {list(target_ids.shape)}"
-                )
+            check_targets_shape(target_ids, "target_ids", hidden_states, "hidden_states")
             selected = candidate_mask | (target_ids != IGNORE_INDEX)
         try:
             out = fused_expected_inputs(

@@ -20,6 +20,7 @@ __all__ = [
     "check_reference_groups",
     "check_int",
     "check_tensor",
+    "check_targets_shape",
     "validate_pairs",
     "flatten_groups",
 ]
@@ -136,6 +137,24 @@ def check_device(value: torch.Tensor, name: str, device: torch.device, owner: st
         raise ValueError(
             f"{name} is on {value.device} but {owner} is on {device}; move {name} with "
             f".to('{device}'), or the loss with .to('{value.device}')"
+        )
+
+
+def check_targets_shape(
+    targets: torch.Tensor, targets_name: str, inputs: torch.Tensor, inputs_name: str
+) -> None:
+    """``targets`` holds one id per position of ``inputs`` (hidden states ``[..., d]`` or logits
+    ``[..., V]``): its shape is theirs without the last dimension.
+
+    Raises:
+        ValueError: another shape, naming both arguments and both shapes (``labels must have
+            shape [2, 5] (hidden_states [2, 5, 8] without its last dimension), got [2, 4]``).
+    """
+    expected = list(inputs.shape[:-1])
+    if list(targets.shape) != expected:
+        raise ValueError(
+            f"{targets_name} must have shape {expected} ({inputs_name} {list(inputs.shape)} "
+            f"without its last dimension), got {list(targets.shape)}"
         )
 
 

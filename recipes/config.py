@@ -6,16 +6,49 @@ section but ``loss`` a dataclass holding its keys' defaults (an unknown key fail
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
+from prompting import chat_template_setting
 from tasks import get_task
 
+from bsloss.functional.matching import SHORTHANDS, check_iterations, check_temperature
 from bsloss.integrations.term_weights import Balanced, Fixed
+
+# train.mixed_precision and --mixed_precision: what every recipe hands on (grpo.py to TRL's bf16 /
+# fp16 flags, which have no fp8; accelerate's fp8 also needs a backend the recipes do not set up)
+MIXED_PRECISIONS = ("no", "bf16", "fp16")
+MODEL_KINDS = ("auto", "seq2seq", "causal")  # model.kind
+
+
+def check_choice(where: str, value: Any, accepted: Sequence) -> None:
+    """``value`` is one of ``accepted``, or an error naming the setting ``where``, the value and
+    the accepted ones."""
+    if value not in accepted:
+        raise ValueError(f"config {where}: expected one of {tuple(accepted)}, got {value!r}")
+
+
+class ExistingFolder(argparse.Action):
+    """``--init_from``: a folder that exists, else one line naming the option and the path (exit
+    status 2, as argparse's errors), before any model is loaded: not the hub's repo-id message
+    in a traceback."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        path = Path(values)
+        if not path.is_dir():
+            what = "a file, not a folder" if path.exists() else "no such folder"
+            parser.exit(
+                2,
+                f"{parser.prog}: error: {option_string} {values}: {what} (a saved generator "
+                "folder: a run's model/ or best/)\n",
+            )
+        setattr(namespace, self.dest, path)
 
 
 def base_arguments(description: str) -> argparse.ArgumentParser:
@@ -30,14 +63,16 @@ def base_arguments(description: str) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config entry, e.g. --set loss.weight=0.5 (VALUE is parsed as YAML)",
     )
-    parser.add_argument("--init_from", type=Path, help="start from this saved generator folder")
+    parser.add_argument(
+        "--init_from", action=ExistingFolder, help="start from this saved generator folder"
+    )
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     parser.add_argument(
         "--overwrite",
         action="store_true",
         help="replace the run already in --output_dir (without it, a second run there is refused)",
     )
-    parser.add_argument("--mixed_precision", choices=["no", "bf16", "fp16"], default=None)
+    parser.add_argument("--mixed_precision", choices=MIXED_PRECISIONS, default=None)
     parser.add_argument(
         "--cpu",
         action="store_true",
@@ -73,6 +108,9 @@ class DataConfig:
     max_validation: int | None = None
     max_test: int | None = None
 
+    def __post_init__(self):
+        chat_template_setting(self.chat_template)  # prompting.py's reading of it, or its error
+
 
 @dataclass
 class ModelConfig:
@@ -83,6 +121,9 @@ class ModelConfig:
     generator_config: dict | None = None  # {model_type: t5, ...}: a seq2seq model built at random
     tokenizer: str | None = None  # with generator_config: the tokenizer folder
     init_seed: int = 0  # with generator_config: the seed of the random weights
+
+    def __post_init__(self):
+        check_choice("model.kind", self.kind, MODEL_KINDS)
 
 
 @dataclass
@@ -95,6 +136,50 @@ class ScorerConfig:
 
 # early_stopping_metric: the dev split's metric and whether lower is better
 DEV_METRICS = ("dev_ce", "dev_bertscore_f")
+
+
+def _scheduler_refusal(name: str) -> str | None:
+    """Why the recipes cannot run transformers' schedule ``name``, or ``None``: tried on a
+    one-parameter optimizer as build_optimizer builds it (warm-up and training steps only) and
+    stepped without a metric, as the recipes step it (a dev metric feeds no schedule)."""
+    import torch
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    try:
+        scheduler = get_scheduler(name, optimizer, num_warmup_steps=1, num_training_steps=2)
+        optimizer.step()
+        scheduler.step()
+    except (TypeError, ValueError) as error:
+        return str(error)
+    return None
+
+
+@functools.cache
+def usable_lr_schedulers() -> tuple[str, ...]:
+    """transformers' ``SchedulerType`` names the recipes can run (:func:`_scheduler_refusal`)."""
+    from transformers import SchedulerType
+
+    return tuple(kind.value for kind in SchedulerType if _scheduler_refusal(kind.value) is None)
+
+
+def check_lr_scheduler_type(name: str) -> None:
+    """``train.lr_scheduler_type`` is one of :func:`usable_lr_schedulers`.
+
+    Raises:
+        ValueError: another name, naming the setting and the usable ones (and, for a schedule of
+            transformers' that needs more, what it needs).
+    """
+    from transformers import SchedulerType
+
+    usable = usable_lr_schedulers()
+    if name in usable:
+        return
+    known = name in {kind.value for kind in SchedulerType}
+    needs = f" (transformers' {name!r} needs more: {_scheduler_refusal(name)})" if known else ""
+    raise ValueError(
+        f"config train.lr_scheduler_type: expected one of {usable}, got {name!r}{needs}"
+    )
 
 
 @dataclass
@@ -110,7 +195,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW's
     max_grad_norm: float | None = None  # gradient-norm clipping (None or 0: off)
     seed: int = 0  # the batches' order and the run's RNG
-    mixed_precision: str = "no"  # no | bf16 | fp16 (--mixed_precision overrides)
+    mixed_precision: str = "no"  # MIXED_PRECISIONS (--mixed_precision overrides)
     gradient_checkpointing: bool = False  # the generator's
     scorer_gradient_checkpointing: bool = True  # the scorer's, in the loss
     eval_every: int = 0  # validation every N steps (0: never)
@@ -120,7 +205,7 @@ class TrainConfig:
     early_stopping_patience: int | None = None  # stop after N evaluations without gain (0: off)
     freeze_embeddings: bool = False  # freeze the input embedding and LM head (tied in Gemma)
     lora_rank: int = 0  # > 0: LoRA adapters of this rank (peft) on every linear layer but the head
-    lora_alpha: float | None = None  # LoRA's scale alpha / rank (None: 2 * rank)
+    lora_alpha: float | None = None  # > 0: LoRA's scale alpha / rank (None: 2 * rank)
     save_every: int = 0  # a checkpoint every N steps (0: never)
     save_model: bool = True  # false: no model/ folder at the end (studies)
     checkpoints_total_limit: int = 2  # checkpoints/checkpoint_N kept (accelerate)
@@ -131,6 +216,8 @@ class TrainConfig:
                 f"config train: early_stopping_metric must be one of {DEV_METRICS}, "
                 f"got {self.early_stopping_metric!r}"
             )
+        check_choice("train.mixed_precision", self.mixed_precision, MIXED_PRECISIONS)
+        check_lr_scheduler_type(self.lr_scheduler_type)
         if self.early_stopping_patience and not self.eval_every:
             raise ValueError(
                 "config train: early_stopping_patience needs train.eval_every > 0 "
@@ -192,8 +279,13 @@ class RecipeConfig:
     loss: dict = field(default_factory=dict)
 
 
-# Numeric keys that must be > 0 (every other number must be >= 0).
+# Numeric keys that must be > 0 (every other number must be >= 0): lora_alpha 0 scales the
+# adapters' output, and so their gradient, to 0; a split capped at 0 examples is empty.
 POSITIVE_KEYS = {
+    "lora_alpha",
+    "max_train",
+    "max_validation",
+    "max_test",
     "steps",
     "batch_size",
     "learning_rate",
@@ -274,24 +366,58 @@ def recipe_loss_settings(loss_section: dict) -> dict:
     check_value("loss.weight", "float", settings["weight"])
     check_value("loss.ce_weight", "float", settings["ce_weight"])
     check_value("loss.warmup_steps", "int", settings["warmup_steps"])
-    if settings["weighting"] not in TERM_WEIGHTS:
-        raise ValueError(
-            f"config loss.weighting: expected one of {tuple(TERM_WEIGHTS)}, got "
-            f"{settings['weighting']!r}"
-        )
+    check_choice("loss.weighting", settings["weighting"], tuple(TERM_WEIGHTS))
     if settings["weight"] == 0 and settings["ce_weight"] == 0:
         raise ValueError("config loss.weight and loss.ce_weight are both 0: nothing to train")
-    if settings["candidates"] not in CANDIDATE_MODES:
-        raise ValueError(
-            f"config loss.candidates: expected one of {CANDIDATE_MODES}, got "
-            f"{settings['candidates']!r}"
-        )
+    check_choice("loss.candidates", settings["candidates"], CANDIDATE_MODES)
     return settings
 
 
-def load_config(path: Path, overrides: list[str]) -> RecipeConfig:
+def check_loss_matching(loss_section: dict) -> None:
+    """The loss section's matching keywords of ``BERTScoreLoss`` (``matching``, ``temperature``,
+    ``sinkhorn_iterations``), checked by bsloss's own checks under their setting's name."""
+    if "matching" in loss_section:
+        check_choice("loss.matching", loss_section["matching"], tuple(sorted(SHORTHANDS)))
+    if loss_section.get("temperature") is not None:
+        check_temperature(loss_section["temperature"], "config loss.temperature")
+    if loss_section.get("sinkhorn_iterations") is not None:
+        check_iterations(loss_section["sinkhorn_iterations"], "config loss.sinkhorn_iterations")
+
+
+def check_grpo(config: RecipeConfig) -> None:
+    """What grpo.py needs of a config beyond every recipe's: whole groups of completions per
+    step, no early stopping and no finetune.py loss weight.
+
+    Raises:
+        ValueError: naming the setting and its value.
+    """
+    train, rl = config.train, config.rl
+    if train.batch_size % rl.num_generations:
+        raise ValueError(
+            f"config train.batch_size ({train.batch_size}) must be a multiple of "
+            f"rl.num_generations ({rl.num_generations}): a step's completions are whole groups"
+        )
+    if train.early_stopping_patience:
+        raise ValueError(
+            "config train.early_stopping_patience: grpo.py runs train.steps steps (no early "
+            f"stopping); set it to 0 or null, got {train.early_stopping_patience}"
+        )
+    if config.loss.get("weight", 0.0):
+        raise ValueError(
+            "config loss.weight: grpo.py trains on the F_BERT reward alone; loss.weight is "
+            f"finetune.py's (set it to 0), got {config.loss['weight']}"
+        )
+
+
+def load_config(path: Path, overrides: list[str], *, grpo: bool = False) -> RecipeConfig:
     """The YAML file's sections as dataclasses, after ``--set section.key=value`` overrides (the
-    value parsed as YAML)."""
+    value parsed as YAML), every value checked against what its consumer accepts (``grpo``: and
+    against grpo.py's needs, :func:`check_grpo`), before any model is loaded.
+
+    Raises:
+        ValueError, KeyError, TypeError: a bad override, section, key or value, naming the
+            setting.
+    """
     raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     for item in overrides:
         if "=" not in item:
@@ -317,11 +443,15 @@ def load_config(path: Path, overrides: list[str]) -> RecipeConfig:
     if not isinstance(loss, dict):
         raise ValueError(f"config loss: expected a mapping of keys, got {loss!r}")
     recipe_loss_settings(loss)  # the recipe's own keys, checked before any model is loaded
-    return RecipeConfig(
+    check_loss_matching(loss)
+    config = RecipeConfig(
         task=raw["task"],
         loss=dict(loss),
         **{name: section(cls, name, raw.get(name)) for name, cls in SECTIONS.items()},
     )
+    if grpo:
+        check_grpo(config)
+    return config
 
 
 def _number_or_value(value: Any) -> Any:

@@ -67,15 +67,13 @@ def build_optimizer(model, train: TrainConfig, num_processes: int = 1):
         lr=train.learning_rate,
         weight_decay=train.weight_decay,
     )
-    try:
-        scheduler = get_scheduler(
-            train.lr_scheduler_type,
-            optimizer,
-            num_warmup_steps=train.lr_warmup_steps * num_processes,
-            num_training_steps=train.steps * num_processes,
-        )
-    except ValueError as error:  # an unknown name: transformers lists the known ones
-        raise ValueError(f"config train.lr_scheduler_type: {error}") from error
+    # the name is one the recipes can run, checked at load (config.check_lr_scheduler_type)
+    scheduler = get_scheduler(
+        train.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=train.lr_warmup_steps * num_processes,
+        num_training_steps=train.steps * num_processes,
+    )
     return optimizer, scheduler
 
 

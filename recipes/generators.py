@@ -17,12 +17,10 @@ from examples import repository_path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # before any tokenizer is loaded
 
 
-MODEL_KINDS = ("auto", "seq2seq", "causal")
-
-
 def _pretrained(path: str, kind: str, setting: str):
     """(model, tokenizer) of a folder or hub name, loaded as what its config says it is: an
-    encoder-decoder (seq2seq) or a decoder-only (causal) LM. ``kind`` (``model.kind``) checks it."""
+    encoder-decoder (seq2seq) or a decoder-only (causal) LM. ``kind`` (``model.kind``, one of
+    config.py's ``MODEL_KINDS``, checked at load) checks it."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
     found = (
@@ -30,8 +28,6 @@ def _pretrained(path: str, kind: str, setting: str):
         if getattr(AutoConfig.from_pretrained(path), "is_encoder_decoder", False)
         else "causal"
     )
-    if kind not in MODEL_KINDS:
-        raise ValueError(f"model.kind must be one of {MODEL_KINDS}, got {kind!r}")
     if kind != "auto" and kind != found:
         raise ValueError(
             f"model.kind is {kind!r} but {setting} is a {found} model; "

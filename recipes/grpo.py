@@ -84,22 +84,7 @@ def grpo_settings(run: RecipeRun, checkpoints: Path):
     """TRL's ``GRPOConfig`` from the recipe config's ``train``, ``rl`` and ``data`` sections."""
     from trl import GRPOConfig
 
-    train, rl = run.train, run.config.rl
-    if train.batch_size % rl.num_generations:
-        raise ValueError(
-            f"config train.batch_size ({train.batch_size}) must be a multiple of "
-            f"rl.num_generations ({rl.num_generations}): a step's completions are whole groups"
-        )
-    if train.early_stopping_patience:
-        raise ValueError(
-            "config train.early_stopping_patience: grpo.py runs train.steps steps (no early "
-            "stopping); set it to 0 or null"
-        )
-    if run.config.loss.get("weight", 0.0):
-        raise ValueError(
-            "config loss.weight: grpo.py trains on the F_BERT reward alone; loss.weight is "
-            "finetune.py's (set it to 0)"
-        )
+    train, rl = run.train, run.config.rl  # checked for GRPO at load (config.check_grpo)
     mixed = run.args.mixed_precision or train.mixed_precision
     return GRPOConfig(
         output_dir=str(checkpoints),
@@ -145,7 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
     from trl import GRPOTrainer
 
     args = base_arguments(__doc__.splitlines()[0]).parse_args(argv)
-    run = RecipeRun(args, gradient_accumulation=False)
+    run = RecipeRun(args, gradient_accumulation=False, grpo=True)
     if run.config.model.kind == "seq2seq" or getattr(run.model.config, "is_encoder_decoder", False):
         raise ValueError(
             f"model.generator {run.config.model.generator!r} is an encoder-decoder; GRPO here "

@@ -13,17 +13,28 @@ from __future__ import annotations
 from tasks import get_task
 
 
-def uses_chat_template(tokenizer, setting: bool | str = "auto") -> bool:
-    """Whether prompts go through the tokenizer's chat template (config ``data.chat_template``):
-    ``"auto"`` when it has one, ``True`` requires one, ``False`` never (``"true"`` and
-    ``"false"``, as a command line gives them, too)."""
-    has_one = bool(getattr(tokenizer, "chat_template", None))
+def chat_template_setting(setting: bool | str) -> bool | str:
+    """Config ``data.chat_template`` as ``"auto"``, ``True`` or ``False`` (``"true"`` and
+    ``"false"``, as a command line gives them, too).
+
+    Raises:
+        ValueError: any other value, named.
+    """
     if isinstance(setting, str) and setting.lower() in ("true", "false"):
-        setting = setting.lower() == "true"
+        return setting.lower() == "true"
+    if setting != "auto" and not isinstance(setting, bool):
+        raise ValueError(f"data.chat_template must be auto, true or false, got {setting!r}")
+    return setting
+
+
+def uses_chat_template(tokenizer, setting: bool | str = "auto") -> bool:
+    """Whether prompts go through the tokenizer's chat template (config ``data.chat_template``,
+    :func:`chat_template_setting`): ``"auto"`` when it has one, ``True`` requires one, ``False``
+    never."""
+    has_one = bool(getattr(tokenizer, "chat_template", None))
+    setting = chat_template_setting(setting)
     if setting == "auto":
         return has_one
-    if not isinstance(setting, bool):
-        raise ValueError(f"data.chat_template must be auto, true or false, got {setting!r}")
     if setting and not has_one:
         name = getattr(tokenizer, "name_or_path", "the generator's tokenizer")
         raise ValueError(

@@ -289,9 +289,12 @@ class Timer:
 class RecipeRun:
     """What every recipe does around its own training step: config, accelerator, data, scorer,
     generator, collator, evaluator; resume and the test score before training; periodic
-    validation and checkpoints; the final model, test score, results file and plot."""
+    validation and checkpoints; the final model, test score, results file and plot. The config
+    is checked first (``grpo``: for grpo.py too), before any model is loaded."""
 
-    def __init__(self, args: argparse.Namespace, gradient_accumulation: bool = True):
+    def __init__(
+        self, args: argparse.Namespace, gradient_accumulation: bool = True, grpo: bool = False
+    ):
         from accelerate import Accelerator
         from accelerate.utils import ProjectConfiguration, set_seed
 
@@ -300,7 +303,7 @@ class RecipeRun:
 
         self.args = args
         self.timer = Timer()
-        self.config = load_config(args.config, args.overrides)
+        self.config = load_config(args.config, args.overrides, grpo=grpo)
         self.train = self.config.train
         self.output_dir = args.output_dir
         check_fresh_output(self.output_dir, args.resume, getattr(args, "overwrite", False))

@@ -350,3 +350,51 @@ def test_functional_weights_wrong_shape():
     cands, refs = random_batch()
     with pytest.raises(ValueError, match="candidate_weights"):
         bert_score(cands, refs, candidate_weights=torch.ones(2, 3))
+
+
+# ----------------------------------------------------------------------------- LM-head targets
+def _target_shape_error(call) -> str:
+    with pytest.raises(ValueError) as refused:
+        call()
+    return str(refused.value)
+
+
+def test_labels_of_another_shape_than_the_hidden_states_name_both(scorer):
+    """One target id per position: labels [2, 4] against hidden states [2, 5, 8] (or logits
+    [2, 5, V]) is a shape error naming both arguments and both shapes, at each public entry
+    (not a dtype error about an internal ``target_ids``, nor torch's batch-size message)."""
+    from bsloss.functional.fused_expectation import fused_token_log_likelihood
+    from bsloss.integrations.lm_head import token_cross_entropy
+
+    hidden, labels = torch.randn(2, 5, 8), torch.zeros(2, 4, dtype=torch.long)
+    weight = torch.randn(30, 8)
+    error = _target_shape_error(
+        lambda: token_cross_entropy(labels, hidden_states=hidden, head=weight)
+    )
+    assert error == (
+        "labels must have shape [2, 5] (hidden_states [2, 5, 8] without its last dimension), "
+        "got [2, 4]"
+    )
+    error = _target_shape_error(lambda: token_cross_entropy(labels, logits=torch.randn(2, 5, 30)))
+    assert "labels must have shape [2, 5] (logits [2, 5, 30]" in error and "got [2, 4]" in error
+    # the chunked pass's own entry: [N, d] against [N]
+    error = _target_shape_error(
+        lambda: fused_token_log_likelihood(hidden.reshape(10, 8), weight, labels.reshape(8))
+    )
+    assert error == (
+        "target_ids must have shape [10] (hidden_states [10, 8] without its last dimension), "
+        "got [8]"
+    )
+    # the loss's: target_ids [B, L] against hidden_states [B, L, d]
+    encoder = scorer.encoder
+    loss = bsloss.BERTScoreLoss(encoder=encoder)
+    vocab = encoder.input_embeddings.num_embeddings
+    error = _target_shape_error(
+        lambda: loss(
+            hidden_states=hidden,
+            output_embeddings=torch.randn(vocab, 8),
+            target_ids=labels,
+            references=["a cat", "a dog"],
+        )
+    )
+    assert "target_ids must have shape [2, 5] (hidden_states [2, 5, 8]" in error

@@ -234,7 +234,10 @@ def test_nothing_vocabulary_sized_is_saved():
         ({"weight": torch.randn(50, 5)}, "output_embeddings must be"),
         ({"table": torch.randn(49, 3)}, "table must be"),
         ({"target_ids": torch.tensor([0, 50, 1, 2])}, "target_ids has ids outside"),
-        ({"target_ids": torch.tensor([0, 1])}, "target_ids must be"),
+        (
+            {"target_ids": torch.tensor([0, 1])},
+            r"target_ids must have shape \[4\] \(hidden_states \[4, 8\]",
+        ),
         ({"softcap": 0.0}, "softcap must be"),
         ({"temperature": -1.0}, "temperature must be"),
         ({"top_k": 51}, "top_k must be"),

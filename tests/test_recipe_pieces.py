@@ -30,7 +30,7 @@ CONFIGS = sorted((REPO / "recipes/configs").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_every_shipped_config_loads_into_the_dataclasses(path):
-    config = load_config(path, [])
+    config = load_config(path, [], grpo=path.stem.endswith("-grpo"))
     assert isinstance(config, RecipeConfig) and isinstance(config.train, TrainConfig)
     # GRPO's config keeps its committed run's linear decay (TRL's default); the others are constant
     expected = "linear" if path.stem.endswith("-grpo") else "constant_with_warmup"
@@ -119,6 +119,91 @@ def test_the_xsum_study_file_splits_every_article_once(tmp_path):
     check_dev_split(splits)  # raises if a dev article is also a train or test one
 
 
+STAGE2 = REPO / "recipes/configs/bible-es-en-gemma-stage2.yaml"
+GRPO = REPO / "recipes/configs/bible-es-en-gemma-grpo.yaml"
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Loading the scorer or the generator fails the test: a config error must come first."""
+    import run
+
+    from bsloss.scorer.encoder import ScorerEncoder
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("a model was loaded before the config was refused")
+
+    monkeypatch.setattr(ScorerEncoder, "from_pretrained", loaded)
+    monkeypatch.setattr(run, "load_generator", loaded)
+
+
+# (override, the setting, the value as the error gives it, part of what is accepted): values the
+# setting's consumer refuses (transformers' schedules as the recipes build and step them, the
+# precisions the recipes hand on, the model kinds, prompting.py's chat-template settings,
+# LoRA's scale, the split caps, bsloss's matching checks)
+REFUSED_AT_LOAD = [
+    ("train.lr_scheduler_type=cosine_foo", "train.lr_scheduler_type", "'cosine_foo'",
+     "'constant_with_warmup'"),
+    ("train.lr_scheduler_type=warmup_stable_decay", "train.lr_scheduler_type",
+     "'warmup_stable_decay'", "num_decay_steps"),
+    ("train.lr_scheduler_type=reduce_lr_on_plateau", "train.lr_scheduler_type",
+     "'reduce_lr_on_plateau'", "metrics"),
+    ("train.mixed_precision=fp8", "train.mixed_precision", "'fp8'", "'bf16'"),
+    ("model.kind=encoder", "model.kind", "'encoder'", "'seq2seq'"),
+    ("data.chat_template=maybe", "data.chat_template", "'maybe'", "auto, true or false"),
+    ("train.lora_alpha=0", "train.lora_alpha", "got 0", "> 0"),
+    ("data.max_train=0", "data.max_train", "got 0", "> 0"),
+    ("loss.temperature=-1", "loss.temperature", "got -1", "> 0"),
+    ("loss.matching=cosine", "loss.matching", "'cosine'", "'softmax'"),
+    ("loss.sinkhorn_iterations=0", "loss.sinkhorn_iterations", "got 0", ">= 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("override", "setting", "value", "accepted"),
+    REFUSED_AT_LOAD,
+    ids=[c[0] for c in REFUSED_AT_LOAD],
+)
+def test_a_value_its_consumer_refuses_fails_at_load_named(
+    tmp_path, no_model_loads, override, setting, value, accepted
+):
+    import finetune
+
+    with pytest.raises(ValueError) as refused:
+        finetune.main(["--config", str(STAGE2), "--output_dir", str(tmp_path), "--set", override])
+    message = str(refused.value)
+    assert setting in message and value in message and accepted in message, message
+
+
+def test_grpo_needs_whole_groups_of_completions_at_load(tmp_path, no_model_loads):
+    """rl.num_generations must divide train.batch_size for grpo.py (a step's completions are
+    whole groups), refused before any model loads; finetune.py does not read it."""
+    import grpo
+
+    with pytest.raises(ValueError, match=r"config train.batch_size \(6\) must be a multiple of "
+                       r"rl.num_generations \(4\)"):  # fmt: skip
+        grpo.main(["--config", str(GRPO), "--output_dir", str(tmp_path),
+                   "--set", "train.batch_size=6"])  # fmt: skip
+    assert load_config(GRPO, ["train.batch_size=6"]).train.batch_size == 6
+
+
+def test_init_from_a_missing_folder_is_one_line(tmp_path, capsys, no_model_loads):
+    """One line naming --init_from and the path, no traceback with the hub's repo-id message,
+    before any model loads."""
+    import finetune
+
+    missing = tmp_path / "stage1" / "best"
+    with pytest.raises(SystemExit) as exited:
+        finetune.main(["--config", str(STAGE2), "--output_dir", str(tmp_path / "run"),
+                       "--init_from", str(missing)])  # fmt: skip
+    assert exited.value.code == 2
+    prog, line = capsys.readouterr().err.split(": error: ")  # prog: the script, or pytest's
+    assert "\n" not in prog and line == (
+        f"--init_from {missing}: no such folder (a saved generator folder: a run's model/ or "
+        "best/)\n"
+    )
+
+
 def test_unknown_key_names_the_section_and_the_key(tmp_path):
     with pytest.raises(ValueError, match=r"config train: unknown key 'lerning_rate' \(known: .*"):
         load_config(CONFIGS[0], ["train.lerning_rate=1e-4"])
@@ -195,6 +280,12 @@ def test_learning_rate_schedules_are_transformers():
     assert _learning_rates("linear", 2, 6, processes=2) == _learning_rates("linear", 2, 6)
     with pytest.raises(ValueError, match="lr_scheduler_type"):
         _learning_rates("cosin", 0, 2)
+    # every schedule the config accepts is one build_optimizer builds and the recipes step
+    from config import usable_lr_schedulers
+
+    assert {"linear", "cosine", "constant_with_warmup"} <= set(usable_lr_schedulers())
+    for name in usable_lr_schedulers():
+        assert len(_learning_rates(name, 1, 3)) == 3
 
 
 EXAMPLES = [

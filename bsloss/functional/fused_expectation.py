@@ -62,7 +62,7 @@ from torch import Tensor, nn
 from bsloss.functional.gumbel_noise import draw_seed, gumbel_scores
 from bsloss.functional.matching.base import check_temperature
 from bsloss.functional.straight_through import one_hot_straight_through
-from bsloss.inputs import position_of_first
+from bsloss.inputs import check_targets_shape, position_of_first
 
 __all__ = [
     "FusedHeadOutput",
@@ -379,11 +379,9 @@ def _check(hidden: Tensor, weight: Tensor, bias, table, targets, softcap, temper
             f"table must be [{vocab}, c] (one row per LM-head token), got {list(table.shape)}"
         )
     if targets is not None:
-        if targets.shape != hidden.shape[:1] or targets.dtype not in (torch.long, torch.int):
-            raise ValueError(
-                f"target_ids must be integer [{hidden.shape[0]}], got {targets.dtype} "
-                f"{list(targets.shape)}"
-            )
+        if targets.dtype not in (torch.long, torch.int):
+            raise ValueError(f"target_ids must be torch.long or torch.int, got {targets.dtype}")
+        check_targets_shape(targets, "target_ids", hidden, "hidden_states")
         bad = ((targets < 0) | (targets >= vocab)) & (targets != IGNORE_INDEX)
         if bad.any():
             raise ValueError(

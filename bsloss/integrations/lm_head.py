@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from bsloss.functional.fused_expectation import IGNORE_INDEX, fused_token_log_likelihood
+from bsloss.inputs import check_targets_shape
 
 __all__ = ["IGNORE_INDEX", "LMHead", "lm_head_inputs", "token_cross_entropy"]
 
@@ -202,8 +203,9 @@ def token_cross_entropy(
             ``"none"`` (the shape of ``labels``, 0 at ignored positions).
 
     Raises:
-        ValueError: not exactly one of ``logits`` / ``hidden_states``, a missing ``head``, or an
-            unknown ``reduction``.
+        ValueError: not exactly one of ``logits`` / ``hidden_states``, a missing ``head``, an
+            unknown ``reduction``, or ``labels`` of another shape than their leading dimensions
+            (both named).
 
     >>> import torch
     >>> logits, labels = torch.randn(2, 3, 10), torch.tensor([[1, 2, -100], [3, 4, 5]])
@@ -215,6 +217,8 @@ def token_cross_entropy(
         raise ValueError("token_cross_entropy: pass exactly one of logits or hidden_states")
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    inputs, name = (hidden_states, "hidden_states") if logits is None else (logits, "logits")
+    check_targets_shape(labels, "labels", inputs, name)
     flat_labels = labels.reshape(-1)
     if logits is not None:
         per_token = nn.functional.cross_entropy(
