@@ -51,13 +51,21 @@ CASES = {
         "dtype": torch.bfloat16,
     },
     "bf16-autocast": {"n": 9, "d": 16, "vocab": 70, "c": 6, "targets": True, "autocast": True},
+    # small integer operands: exact logits with many ties across blocks and splits, where the
+    # argmax must be the first maximal token, as torch's
+    "tied-logits": {"n": 16, "d": 8, "vocab": 200, "c": 4, "integer": True},
 }
 
 
-def inputs(n, d, vocab, c, bias=False, targets=False, dtype=torch.float32, seed=0, **_):
+def inputs(
+    n, d, vocab, c, bias=False, targets=False, dtype=torch.float32, integer=False, seed=0, **_
+):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(n, d, generator=g).to(dtype)
     weight = (0.5 * torch.randn(vocab, d, generator=g)).to(dtype)
+    if integer:
+        h = torch.randint(-1, 2, (n, d), generator=g).to(dtype)
+        weight = torch.randint(-1, 2, (vocab, d), generator=g).to(dtype)
     table = None if c is None else torch.randn(vocab, c, generator=g)
     b = torch.randn(vocab, generator=g).to(dtype) if bias else None
     y = None
