@@ -114,6 +114,59 @@ def test_triton_backend_on_cpu_needs_the_interpreter():
         fused_expected_inputs(h, weight, table, backend="triton")
 
 
+def _compile_for_hopper(kernel, config, constexprs: dict, pointer_types: dict):
+    """``kernel`` compiled for sm_90a by triton's own toolchain (its bundled ptxas), which runs
+    without a GPU; its arguments typed by name (pointers bfloat16 unless told)."""
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = {**constexprs, **config.kwargs, "UPCAST_DOT": False}
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = pointer_types.get(name, "*bf16")
+        else:
+            signature[name] = "fp32" if name in ("softcap", "inv_temperature") else "i32"
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+@needs_triton
+def test_kernels_compile_for_hopper():
+    """What the interpreter cannot check (types, layouts, shared memory of the compiled
+    kernels), on a CPU: every kernel, all its options on, builds for an H100."""
+    from bsloss.functional import triton_fused_head as kernels
+
+    if kernels.interpreter_active():
+        pytest.skip("this process imported triton with TRITON_INTERPRET=1")
+    float32 = "*fp32"
+    forward_pointers = {
+        name: float32 for name in ("b_ptr", "max_ptr", "norm_ptr", "acc_ptr", "check_ptr")
+    }
+    forward_pointers.update(max1_ptr=float32, norm1_ptr=float32, arg_ptr="*i64")
+    for has_table in (True, False):
+        options = {"HAS_BIAS": True, "HAS_SOFTCAP": True, "HAS_TABLE": has_table}
+        options.update(Z_STATS=True, DOT_PRECISION="ieee")
+        compiled = _compile_for_hopper(
+            kernels._forward_kernel, kernels._FORWARD_CONFIGS[0], options, forward_pointers
+        )
+        assert compiled.metadata.shared <= 228 * 1024  # an H100's shared memory per block
+    backward_pointers = {
+        name: float32
+        for name in ("b_ptr", "g_dot_e_ptr", "log_z_ptr", "g_log_z1_ptr", "log_z1_ptr", "db_ptr")
+    }
+    options = {"HAS_BIAS": True, "HAS_SOFTCAP": True, "TABLE_GRAD": True, "LOG_Z1_GRAD": True}
+    options.update(BIAS_GRAD=True, DOT_PRECISION="ieee")
+    compiled = _compile_for_hopper(
+        kernels._grad_logits_kernel, kernels._BACKWARD_CONFIGS[0], options, backward_pointers
+    )
+    assert compiled.metadata.shared <= 228 * 1024
+
+
 def test_auto_backend_on_cpu_is_the_torch_pass():
     h, weight, _, table, *_ = inputs(n=5, d=8, vocab=40, c=3)
     auto = fused_expected_inputs(h, weight, table)

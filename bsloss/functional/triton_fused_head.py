@@ -358,35 +358,46 @@ if triton is not None:
         )
 
     def _prune_table_blocks(configs, named_args, **kwargs):
-        """Keep the configurations whose ``BLOCK_C`` is at most ``c`` rounded up to a power of
-        two (a larger one computes padding); without a table any one ``BLOCK_C`` serves."""
-        widest = max(16, triton.next_power_of_2(named_args["C"]))
-        kept = [c for c in configs if c.kwargs["BLOCK_C"] <= widest]
+        """Without a table ``BLOCK_C`` is idle: one configuration per other setting. With one,
+        the blocks that cover ``c`` (rounded up to a power of two) with the fewest logits
+        passes: none wider than that, none under a quarter of the widest kept."""
         if not kwargs.get("HAS_TABLE", True):
-            smallest = min(c.kwargs["BLOCK_C"] for c in kept)
-            kept = [c for c in kept if c.kwargs["BLOCK_C"] == smallest]
-        return kept
+            seen, kept = set(), []
+            for config in configs:
+                setting = (config.num_warps, config.num_stages) + tuple(
+                    v for k, v in config.kwargs.items() if k != "BLOCK_C"
+                )
+                if setting not in seen:
+                    seen.add(setting)
+                    kept.append(config)
+            return kept
+        cover = max(16, triton.next_power_of_2(named_args["C"]))
+        fit = [c for c in configs if c.kwargs["BLOCK_C"] <= cover]
+        widest = max((c.kwargs["BLOCK_C"] for c in fit), default=16)
+        fit = [c for c in fit if 4 * c.kwargs["BLOCK_C"] >= widest]
+        smallest = min(c.kwargs["BLOCK_C"] for c in configs)
+        return fit or [c for c in configs if c.kwargs["BLOCK_C"] == smallest]
 
     def _config(n, v, d, c, warps, stages):
         blocks = {"BLOCK_N": n, "BLOCK_V": v, "BLOCK_D": d, "BLOCK_C": c}
         return triton.Config(blocks, num_warps=warps, num_stages=stages)
 
-    # Untuned guesses for Hopper-class cards (to be measured, see docs/loss.md): the forward
-    # trades a wide table accumulator (one logits pass) against larger row blocks.
+    # Untuned: chosen by compiling for sm_90a on a CPU (triton.compile with its bundled
+    # ptxas, no GPU at hand) among those that keep below 255 registers without spilling,
+    # except one 512-column block (one logits pass for c <= 512, ~330 B of spills a thread).
+    # To be measured on the card (docs/loss.md).
     _FORWARD_CONFIGS = [
-        _config(64, 64, 64, 512, 8, 2),
-        _config(64, 64, 64, 256, 8, 3),
-        _config(128, 64, 64, 256, 8, 2),
-        _config(64, 128, 64, 128, 4, 3),
-        _config(128, 128, 64, 128, 8, 3),
-        _config(64, 64, 64, 64, 4, 3),
+        _config(64, 32, 64, 256, 8, 2),
+        _config(64, 64, 32, 256, 8, 2),
+        _config(64, 64, 64, 128, 8, 3),
+        _config(64, 32, 32, 512, 8, 2),
     ]
     _BACKWARD_CONFIGS = [
-        _config(128, 128, 64, 64, 8, 3),
-        _config(64, 128, 64, 64, 4, 3),
-        _config(128, 64, 64, 64, 4, 3),
-        _config(128, 256, 64, 32, 8, 3),
-        _config(64, 64, 64, 64, 4, 2),
+        _config(64, 64, 64, 64, 8, 3),
+        _config(128, 64, 64, 64, 8, 3),
+        _config(64, 128, 64, 64, 8, 3),
+        _config(128, 128, 32, 32, 8, 3),
+        _config(64, 64, 32, 32, 4, 3),
     ]
     # each kernel's autotuned launcher (the interpreter runs one small configuration instead)
     _TUNED = {}
