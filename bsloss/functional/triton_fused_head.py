@@ -382,15 +382,17 @@ if triton is not None:
         blocks = {"BLOCK_N": n, "BLOCK_V": v, "BLOCK_D": d, "BLOCK_C": c}
         return triton.Config(blocks, num_warps=warps, num_stages=stages)
 
-    # Untuned: chosen by compiling for sm_90a on a CPU (triton.compile with its bundled
-    # ptxas, no GPU at hand) among those that keep below 255 registers without spilling,
-    # except one 512-column block (one logits pass for c <= 512, ~330 B of spills a thread).
-    # To be measured on the card (docs/loss.md).
+    # Untuned guesses, chosen among builds for sm_90a (triton.compile with its bundled ptxas,
+    # on a CPU): in the plain case the first three forward and the 64-row backward ones spill
+    # nothing; the 512-column block (one logits pass for c <= 512) spills ~320 B a thread; the
+    # last forward one serves the CE alone (BLOCK_C idle: pruned with a table). To be measured
+    # and tuned on the card (docs/loss.md).
     _FORWARD_CONFIGS = [
         _config(64, 32, 64, 256, 8, 2),
         _config(64, 64, 32, 256, 8, 2),
         _config(64, 64, 64, 128, 8, 3),
         _config(64, 32, 32, 512, 8, 2),
+        _config(128, 64, 64, 64, 8, 3),
     ]
     _BACKWARD_CONFIGS = [
         _config(64, 64, 64, 64, 8, 3),
