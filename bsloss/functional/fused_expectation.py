@@ -462,7 +462,8 @@ def fused_expected_inputs(
         row_ids: ``[N]`` int64 position ids of the rows, which address the noise (default
             ``0 .. N - 1``; the loss passes each row's flat index in its ``[B, L]`` grid, so
             that the dense path's noise for the same seed is the same).
-        chunk_elements: positions x vocabulary entries of one logits chunk (memory bound).
+        chunk_elements: positions x vocabulary entries of one logits chunk of the PyTorch
+            pass (memory bound).
         use_sdpa: on CUDA, try the memory-efficient SDPA kernel in the plain case (of the
             ``"torch"`` backend).
         backend: ``"auto"`` (the Triton kernels of

@@ -100,6 +100,42 @@ def interpreter_active() -> bool:
 if triton is not None:
 
     @triton.jit
+    def _row_dots(
+        a_ptr,
+        b_ptr,
+        rows,
+        cols,
+        row_ok,
+        col_ok,
+        K,
+        DOT_PRECISION: tl.constexpr,
+        UPCAST_DOT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        """``A[rows] B[cols]^T`` in float32 for row-major ``A [., K]`` and ``B [., K]`` (``h
+        W^T``, ``g E^T``), over ``K`` in ``BLOCK_K`` slices."""
+        acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            a = tl.load(
+                a_ptr + rows[:, None] * K + ks[None, :],
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            b = tl.load(
+                b_ptr + cols[None, :] * K + ks[:, None],
+                mask=col_ok[None, :] & k_ok[:, None],
+                other=0.0,
+            )
+            if UPCAST_DOT:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        return acc
+
+    @triton.jit
     def _logits_tile(
         h_ptr,
         w_ptr,
@@ -118,24 +154,11 @@ if triton is not None:
         BLOCK_V: tl.constexpr,
         BLOCK_D: tl.constexpr,
     ):
-        """``z`` of rows x cols in float32: ``h W^T`` over ``d`` in ``BLOCK_D`` slices."""
-        z = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-        for k0 in range(0, D, BLOCK_D):
-            ks = k0 + tl.arange(0, BLOCK_D)
-            k_ok = ks < D
-            h = tl.load(
-                h_ptr + rows[:, None] * D + ks[None, :],
-                mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            w = tl.load(
-                w_ptr + cols[None, :] * D + ks[:, None],
-                mask=col_ok[None, :] & k_ok[:, None],
-                other=0.0,
-            )
-            if UPCAST_DOT:
-                h, w = h.to(tl.float32), w.to(tl.float32)
-            z = tl.dot(h, w, z, input_precision=DOT_PRECISION)
+        """Soft-capped logits ``z`` of rows x cols in float32."""
+        z = _row_dots(
+            h_ptr, w_ptr, rows, cols, row_ok, col_ok, D, DOT_PRECISION, UPCAST_DOT, BLOCK_N,
+            BLOCK_V, BLOCK_D,
+        )  # fmt: skip
         if HAS_BIAS:
             z += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if HAS_SOFTCAP:
@@ -195,24 +218,10 @@ if triton is not None:
         for v0 in range(v_begin, v_end, BLOCK_V):
             cols = (v0 + tl.arange(0, BLOCK_V)).to(tl.int64)
             col_ok = cols < v_end
-            z = _logits_tile(
-                h_ptr,
-                w_ptr,
-                b_ptr,
-                rows,
-                cols,
-                row_ok,
-                col_ok,
-                D,
-                softcap,
-                HAS_BIAS,
-                HAS_SOFTCAP,
-                DOT_PRECISION,
-                UPCAST_DOT,
-                BLOCK_N,
-                BLOCK_V,
-                BLOCK_D,
-            )
+            z = _logits_tile(  # the logits tile, as in every kernel here
+                h_ptr, w_ptr, b_ptr, rows, cols, row_ok, col_ok, D, softcap, HAS_BIAS,
+                HAS_SOFTCAP, DOT_PRECISION, UPCAST_DOT, BLOCK_N, BLOCK_V, BLOCK_D,
+            )  # fmt: skip
             s = z * inv_temperature
             # 0 * s is NaN exactly where s is NaN or infinite: one sum flags the row
             check += tl.sum(tl.where(col_ok[None, :], s * 0.0, 0.0), axis=1)
@@ -299,43 +308,16 @@ if triton is not None:
         row_ok = rows < N
         cols = (v_begin + pid_v * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
         col_ok = cols < v_end
-        z = _logits_tile(
-            h_ptr,
-            w_ptr,
-            b_ptr,
-            rows,
-            cols,
-            row_ok,
-            col_ok,
-            D,
-            softcap,
-            HAS_BIAS,
-            HAS_SOFTCAP,
-            DOT_PRECISION,
-            UPCAST_DOT,
-            BLOCK_N,
-            BLOCK_V,
-            BLOCK_D,
-        )
+        z = _logits_tile(  # the logits tile, as in every kernel here
+            h_ptr, w_ptr, b_ptr, rows, cols, row_ok, col_ok, D, softcap, HAS_BIAS,
+            HAS_SOFTCAP, DOT_PRECISION, UPCAST_DOT, BLOCK_N, BLOCK_V, BLOCK_D,
+        )  # fmt: skip
         dz = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
         if TABLE_GRAD:
-            g_e = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-            for c0 in range(0, C, BLOCK_C):
-                cs = c0 + tl.arange(0, BLOCK_C)
-                c_ok = cs < C
-                g = tl.load(
-                    g_ptr + rows[:, None] * C + cs[None, :],
-                    mask=row_ok[:, None] & c_ok[None, :],
-                    other=0.0,
-                )
-                e = tl.load(
-                    e_ptr + cols[None, :] * C + cs[:, None],
-                    mask=col_ok[None, :] & c_ok[:, None],
-                    other=0.0,
-                )
-                if UPCAST_DOT:
-                    g, e = g.to(tl.float32), e.to(tl.float32)
-                g_e = tl.dot(g, e, g_e, input_precision=DOT_PRECISION)
+            g_e = _row_dots(
+                g_ptr, e_ptr, rows, cols, row_ok, col_ok, C, DOT_PRECISION, UPCAST_DOT,
+                BLOCK_N, BLOCK_V, BLOCK_C,
+            )  # fmt: skip
             log_z = tl.load(log_z_ptr + rows, mask=row_ok, other=0.0)
             g_dot_e = tl.load(g_dot_e_ptr + rows, mask=row_ok, other=0.0)
             p = tl.exp(z * inv_temperature - log_z[:, None])
