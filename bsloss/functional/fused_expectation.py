@@ -491,13 +491,6 @@ def fused_expected_inputs(
     """
     weight, bias = _split_head(output_embeddings, bias)
     _check(hidden_states, weight, bias, table, target_ids, softcap, temperature, top_k)
-    sampling = {
-        "top_k": top_k,
-        "straight_through": straight_through,
-        "gumbel_temperature": gumbel_temperature,
-    }
-    if _runs_on_triton(backend, hidden_states, weight, sampling):
-        return _triton_pass(hidden_states, weight, bias, table, target_ids, softcap, temperature)
     if gumbel_temperature is not None:
         check_temperature(gumbel_temperature, "gumbel_temperature")
         if row_ids is None:
@@ -511,6 +504,13 @@ def fused_expected_inputs(
         row_ids = None
     if chunk_elements < 1:
         raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+    sampling = {
+        "top_k": top_k,
+        "straight_through": straight_through,
+        "gumbel_temperature": gumbel_temperature,
+    }
+    if _runs_on_triton(backend, hidden_states, weight, sampling):
+        return _triton_pass(hidden_states, weight, bias, table, target_ids, softcap, temperature)
     n, vocab = hidden_states.shape[0], weight.shape[0]
     row_block = max(1, min(n, _MAX_ROW_BLOCK, chunk_elements))
     options = _Options(
