@@ -49,10 +49,13 @@ Softmax arithmetic is float32 (float64 for float64 inputs) whatever the caller's
 would), else in the inputs' dtype. On CUDA, the plain case (no top-k, soft-cap, straight-through
 or targets) goes through :func:`torch.nn.functional.scaled_dot_product_attention`'s
 memory-efficient backend, which accepts a value dimension different from the key dimension.
+With triton installed, CUDA inputs without top-k, straight-through or Gumbel noise go through
+the Triton kernels of :mod:`bsloss.functional.triton_fused_head` instead (``backend``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import NamedTuple
 
 import torch
@@ -72,6 +75,7 @@ __all__ = [
 ]
 
 IGNORE_INDEX = -100
+BACKENDS = ("auto", "triton", "torch")
 # Elements of one logits chunk [rows, vocab]: ~16 MB in float32; a handful of temporaries of that
 # size live at once, so the pass needs ~100 MB whatever N and V.
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
@@ -434,6 +438,7 @@ def fused_expected_inputs(
     row_ids: Tensor | None = None,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
     use_sdpa: bool = True,
+    backend: str = "auto",
 ) -> FusedHeadOutput:
     """``softmax(softcap(h W^T + b) / T) E`` and the targets' log-likelihood, chunked.
 
@@ -455,15 +460,25 @@ def fused_expected_inputs(
         row_ids: ``[N]`` int64 position ids of the rows, which address the noise (default
             ``0 .. N - 1``; the loss passes each row's flat index in its ``[B, L]`` grid, so
             that the dense path's noise for the same seed is the same).
-        chunk_elements: positions x vocabulary entries of one logits chunk (memory bound).
-        use_sdpa: on CUDA, try the memory-efficient SDPA kernel in the plain case.
+        chunk_elements: positions x vocabulary entries of one logits chunk of the PyTorch
+            pass (memory bound).
+        use_sdpa: on CUDA, try the memory-efficient SDPA kernel in the plain case (of the
+            ``"torch"`` backend).
+        backend: ``"auto"`` (the Triton kernels of
+            :mod:`bsloss.functional.triton_fused_head` for CUDA inputs when triton is installed
+            and no ``top_k``, ``straight_through`` or ``gumbel_temperature`` is asked, nor
+            float64; else the PyTorch pass), ``"triton"`` (those kernels or an error; CPU
+            tensors need Triton's interpreter, ``TRITON_INTERPRET=1`` before triton's import)
+            or ``"torch"`` (the chunked PyTorch pass, the reference).
 
     Returns:
-        :class:`FusedHeadOutput` ``(expected [N, c] | None, log_likelihood [N] | None)``.
+        :class:`FusedHeadOutput` ``(expected [N, c] | None, log_likelihood [N] | None,
+        tokens [N])``.
 
     Raises:
-        ValueError: for shapes that do not fit together, ids outside the vocabulary, or
-            non-positive ``softcap``, ``temperature`` or ``chunk_elements``.
+        ValueError: for shapes that do not fit together, ids outside the vocabulary,
+            non-positive ``softcap``, ``temperature`` or ``chunk_elements``, an unknown
+            ``backend``, or ``backend="triton"`` where its kernels cannot run.
         TypeError: when ``output_embeddings`` is neither a tensor nor a module with a weight.
 
     >>> import torch
@@ -487,6 +502,13 @@ def fused_expected_inputs(
         row_ids = None
     if chunk_elements < 1:
         raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+    sampling = {
+        "top_k": top_k,
+        "straight_through": straight_through,
+        "gumbel_temperature": gumbel_temperature,
+    }
+    if _runs_on_triton(backend, hidden_states, weight, sampling):
+        return _triton_pass(hidden_states, weight, bias, table, target_ids, softcap, temperature)
     n, vocab = hidden_states.shape[0], weight.shape[0]
     row_block = max(1, min(n, _MAX_ROW_BLOCK, chunk_elements))
     options = _Options(
@@ -562,6 +584,59 @@ def fused_expected_inputs(
             hard = table[argmax].to(expected.dtype)
             expected = hard + (expected - expected.detach())
     return FusedHeadOutput(expected, log_likelihood, argmax)
+
+
+def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict) -> bool:
+    """Whether the Triton kernels take this call (see ``backend`` in
+    :func:`fused_expected_inputs`); ``backend="triton"`` where they cannot is an error."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch" or hidden.shape[0] == 0:  # no rows: the PyTorch pass's empty result
+        return False
+    unhandled = [name for name, value in sampling.items() if value not in (None, False)]
+    if torch.float64 in (hidden.dtype, weight.dtype):
+        unhandled.append("float64 inputs")
+    installed = importlib.util.find_spec("triton") is not None
+    if backend == "auto":
+        return not unhandled and installed and hidden.is_cuda
+    if unhandled:
+        raise ValueError(
+            f"backend='triton' does not handle {', '.join(unhandled)}; use backend='auto' "
+            "(the PyTorch pass for them) or 'torch'"
+        )
+    if not installed:
+        raise ValueError("backend='triton' needs the triton package (pip install triton)")
+    from bsloss.functional.triton_fused_head import interpreter_active
+
+    if not hidden.is_cuda and not interpreter_active():
+        raise ValueError(
+            f"backend='triton' with hidden_states on {hidden.device} runs only under "
+            "Triton's interpreter: set TRITON_INTERPRET=1 before triton is first imported "
+            "(or use backend='auto' / 'torch')"
+        )
+    return True
+
+
+def _triton_pass(hidden, weight, bias, table, targets, softcap, temperature) -> FusedHeadOutput:
+    """The Triton kernels' pass, with the PyTorch pass's dtype rule (the autocast dtype for
+    the products, float32 results) and its error for non-finite logits."""
+    from bsloss.functional.triton_fused_head import triton_fused_head
+
+    compute_dtype = _matmul_dtype(hidden, weight)
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        out = triton_fused_head(
+            hidden,
+            weight,
+            bias,
+            table,
+            targets,
+            softcap=None if softcap is None else float(softcap),
+            temperature=float(temperature),
+            compute_dtype=compute_dtype,
+        )
+    if not bool(out.finite.all()):
+        raise NonFiniteLogitsError(int((~out.finite).nonzero()[0]))
+    return FusedHeadOutput(out.expected, out.log_likelihood, out.tokens)
 
 
 def _detach(x: Tensor | None) -> Tensor | None:

@@ -1,0 +1,634 @@
+r"""The fused LM-head pass of :mod:`bsloss.functional.fused_expectation` as Triton kernels.
+
+The same mathematics (that module's docstring): for hidden states :math:`h \in \mathbb{R}^{N
+\times d}`, a head :math:`W \in \mathbb{R}^{V \times d}` (bias :math:`b`), a table :math:`E \in
+\mathbb{R}^{V \times c}`, a soft-cap :math:`\kappa` and a temperature :math:`T`,
+
+.. math::
+
+    z = \kappa \tanh\big((h W^\top + b) / \kappa\big), \quad s = z / T, \quad
+    e = \mathrm{softmax}(s)\, E, \quad \log Z = \mathrm{logsumexp}(s), \quad
+    \log Z_1 = \mathrm{logsumexp}(z),
+
+computed without an ``[N, V]`` tensor of logits, as flash attention computes attention with
+queries :math:`h`, keys :math:`W` and values :math:`E` (no :math:`1/\sqrt{d}` scale).
+
+Forward, one kernel: a grid of (row blocks, vocabulary splits, table-column blocks). A program
+walks its split of the vocabulary in ``BLOCK_V`` blocks; each logits tile ``[BLOCK_N,
+BLOCK_V]`` is built in registers by an inner loop over ``d`` (``d = 640`` does not fit one
+tile), soft-capped, and folded into an online softmax (running maximum and normaliser) and the
+accumulator ``p E`` of its ``BLOCK_C`` table columns; the running argmax (the tokens that
+``bridge_mode="retokenize"`` decodes) and a per-row finiteness check come from the same tile.
+The partial statistics of the splits are merged on the host (flash-decoding's split-K: a few
+``[splits, N]`` and ``[splits, N, c]`` tensors), which keeps a GPU full when ``N`` is small
+(2,048 positions are 32 row blocks of 64: a quarter of an H100's 132 multiprocessors without
+splits). A column-block grid axis recomputes the logits once per column block, so the tuned
+configurations prefer one block over all of ``c`` (385 columns for MiniLM pad to 512); the
+alternative, a statistics pass then an expectation pass with a known ``log Z``, computes the
+logits at least twice, always more than one fused pass.
+
+Backward, per chunk of the vocabulary: one kernel over (row blocks, vocabulary blocks)
+recomputes the logits tile from the saved log-normalisers and forms
+
+.. math::
+
+    \frac{\partial L}{\partial z} = \Big[\frac{p \odot (g E^\top - \langle g, e\rangle)}{T}
+    + g_{Z_1}\, \mathrm{softmax}(z)\Big] \odot \big(1 - (z/\kappa)^2\big),
+
+writes it to a ``[N, chunk]`` buffer in the head's dtype and adds its column sums to the bias
+gradient (atomics); ``dh += dz W_{chunk}`` and ``dW_{chunk} = dz^\top h`` are then two cuBLAS
+matrix products. Holding ``dh`` or ``dW`` in registers instead (flash attention's ``dQ`` /
+``dK, dV`` kernels) needs a ``[BLOCK, d]`` float32 accumulator, 160 KiB at ``d = 640`` and 64
+rows; accumulating them with atomics from every ``[128, 128]`` tile (Cut Cross-Entropy's
+scheme) moves ``N V d (1/BLOCK_N + 1/BLOCK_V) * 4`` bytes, about 86 GB at Gemma 3's sizes
+(``N`` = 8,192, ``V`` = 262,144, ``d`` = 640), against about 13 GB to write and read the
+bfloat16 ``dz`` chunks (three passes over ``N V`` two-byte values).
+
+The target log-likelihood is :math:`z_{y} - \log Z_1` with :math:`z_y` from a gathered row of
+the head (``N d`` work, differentiated by autograd: the one-hot part of the CE's gradient), so
+the kernels carry no targets. Tiles accumulate in float32; the products read bfloat16 / float16
+operands when the head is in that dtype (the table and the upstream gradient are cast to it, as
+flash attention's ``P V`` and ``dO V^\top`` are) and float32 ones otherwise (``"ieee"`` precision
+unless :func:`torch.get_float32_matmul_precision` allows TF32).
+
+CPU tensors run under Triton's interpreter, which must be switched on before triton is first
+imported (``TRITON_INTERPRET=1`` in the environment): the tests' path, slow, for small shapes.
+"""
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction
+except ImportError:  # the torch path serves; fused_expected_inputs checks before importing us
+    triton = None
+
+__all__ = ["TritonHeadOutput", "interpreter_active", "triton_fused_head"]
+
+# Vocabulary entries per split is a multiple of every tuned BLOCK_V.
+_SPLIT_ALIGN = 256
+# Elements of one backward dz chunk [N, chunk] (128 MiB in bfloat16): large enough for
+# efficient cuBLAS products, small next to the dense path's [N, V] float32 logits.
+_GRAD_CHUNK_ELEMENTS = 1 << 26
+# The interpreter runs one small configuration, with splits of two blocks so that the host
+# merge of the splits is exercised at the tests' vocabulary sizes.
+_INTERPRETER_BLOCKS = {"BLOCK_N": 16, "BLOCK_V": 32, "BLOCK_D": 16, "BLOCK_C": 16}
+_INTERPRETER_SPLIT = 64
+
+
+class TritonHeadOutput(NamedTuple):
+    """``expected [N, c]`` float32 (``None`` without a table), ``log_likelihood [N]`` (``None``
+    without targets), ``tokens [N]`` the argmax of each row, ``finite [N]`` whether every
+    logit of the row was finite."""
+
+    expected: Tensor | None
+    log_likelihood: Tensor | None
+    tokens: Tensor
+    finite: Tensor
+
+
+def interpreter_active() -> bool:
+    """Whether triton was imported with its interpreter on (``TRITON_INTERPRET=1``): the only
+    way its kernels run on CPU tensors."""
+    return triton is not None and isinstance(tl.sum, InterpretedFunction)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _row_dots(
+        a_ptr,
+        b_ptr,
+        rows,
+        cols,
+        row_ok,
+        col_ok,
+        K,
+        DOT_PRECISION: tl.constexpr,
+        UPCAST_DOT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_K: tl.constexpr,
+    ):
+        """``A[rows] B[cols]^T`` in float32 for row-major ``A [., K]`` and ``B [., K]`` (``h
+        W^T``, ``g E^T``), over ``K`` in ``BLOCK_K`` slices."""
+        acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_ok = ks < K
+            a = tl.load(
+                a_ptr + rows[:, None] * K + ks[None, :],
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            b = tl.load(
+                b_ptr + cols[None, :] * K + ks[:, None],
+                mask=col_ok[None, :] & k_ok[:, None],
+                other=0.0,
+            )
+            if UPCAST_DOT:
+                a, b = a.to(tl.float32), b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        return acc
+
+    @triton.jit
+    def _logits_tile(
+        h_ptr,
+        w_ptr,
+        b_ptr,
+        rows,
+        cols,
+        row_ok,
+        col_ok,
+        D,
+        softcap,
+        HAS_BIAS: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        UPCAST_DOT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        """Soft-capped logits ``z`` of rows x cols in float32."""
+        z = _row_dots(
+            h_ptr, w_ptr, rows, cols, row_ok, col_ok, D, DOT_PRECISION, UPCAST_DOT, BLOCK_N,
+            BLOCK_V, BLOCK_D,
+        )  # fmt: skip
+        if HAS_BIAS:
+            z += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_SOFTCAP:
+            # kappa tanh(x / kappa) from one exp, stable for any sign and size of x
+            t = tl.exp(-2.0 * tl.abs(z / softcap))
+            z = tl.where(z < 0, -softcap, softcap) * (1.0 - t) / (1.0 + t)
+        return z
+
+    @triton.jit
+    def _forward_kernel(
+        h_ptr,  # [N, D] the head's dtype
+        w_ptr,  # [V, D]
+        b_ptr,  # [V] float32 (unused without HAS_BIAS)
+        e_ptr,  # [V, C] the head's dtype (unused without HAS_TABLE)
+        max_ptr,  # [S, N] float32: running maximum of s per split
+        norm_ptr,  # [S, N] float32: sum of exp(s - max)
+        acc_ptr,  # [S, N, C] float32: sum of exp(s - max) E
+        arg_ptr,  # [S, N] int64: first argmax of s
+        check_ptr,  # [S, N] float32: 0, or NaN where some s is not finite
+        max1_ptr,  # [S, N] float32: statistics of z (temperature 1), with Z_STATS
+        norm1_ptr,
+        N,
+        V,
+        D,
+        C,
+        vocab_per_split,
+        softcap,
+        inv_temperature,
+        N_BUCKET,  # the autotuning key's stand-in for N
+        HAS_BIAS: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr,
+        HAS_TABLE: tl.constexpr,
+        Z_STATS: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        UPCAST_DOT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)
+        split = tl.program_id(1)
+        pid_c = tl.program_id(2)
+        rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        row_ok = rows < N
+        table_cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        table_ok = table_cols < C
+        v_begin = split * vocab_per_split
+        v_end = tl.minimum(v_begin + vocab_per_split, V)
+        running_max = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
+        norm = tl.zeros([BLOCK_N], dtype=tl.float32)
+        argmax = tl.zeros([BLOCK_N], dtype=tl.int64)
+        check = tl.zeros([BLOCK_N], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_C], dtype=tl.float32)
+        max1 = tl.full([BLOCK_N], float("-inf"), dtype=tl.float32)
+        norm1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for v0 in range(v_begin, v_end, BLOCK_V):
+            cols = (v0 + tl.arange(0, BLOCK_V)).to(tl.int64)
+            col_ok = cols < v_end
+            z = _logits_tile(  # the logits tile, as in every kernel here
+                h_ptr, w_ptr, b_ptr, rows, cols, row_ok, col_ok, D, softcap, HAS_BIAS,
+                HAS_SOFTCAP, DOT_PRECISION, UPCAST_DOT, BLOCK_N, BLOCK_V, BLOCK_D,
+            )  # fmt: skip
+            s = z * inv_temperature
+            # 0 * s is NaN exactly where s is NaN or infinite: one sum flags the row
+            check += tl.sum(tl.where(col_ok[None, :], s * 0.0, 0.0), axis=1)
+            # (NaN, already flagged, must not reach the argmax: s == s is false only for NaN)
+            s = tl.where(col_ok[None, :] & (s == s), s, float("-inf"))
+            tile_max, tile_arg = tl.max(s, axis=1, return_indices=True)
+            # strict: the first maximum wins across blocks, as argmax over all of V
+            argmax = tl.where(tile_max > running_max, v0 + tile_arg.to(tl.int64), argmax)
+            new_max = tl.maximum(running_max, tile_max)
+            scale = tl.exp(running_max - new_max)
+            p = tl.exp(s - new_max[:, None])
+            norm = norm * scale + tl.sum(p, axis=1)
+            if HAS_TABLE:
+                e = tl.load(
+                    e_ptr + cols[:, None] * C + table_cols[None, :],
+                    mask=col_ok[:, None] & table_ok[None, :],
+                    other=0.0,
+                )
+                acc = acc * scale[:, None]
+                p_e = p.to(e.dtype)  # the product's operand precision, as flash attention's
+                if UPCAST_DOT:
+                    p_e, e = p_e.to(tl.float32), e.to(tl.float32)
+                acc = tl.dot(p_e, e, acc, input_precision=DOT_PRECISION)
+            running_max = new_max
+            if Z_STATS:
+                zm = tl.where(col_ok[None, :], z, float("-inf"))
+                new_max1 = tl.maximum(max1, tl.max(zm, axis=1))
+                norm1 = norm1 * tl.exp(max1 - new_max1) + tl.sum(
+                    tl.exp(zm - new_max1[:, None]), axis=1
+                )
+                max1 = new_max1
+        at = split * N + rows
+        if HAS_TABLE:
+            tl.store(
+                acc_ptr + at[:, None] * C + table_cols[None, :],
+                acc,
+                mask=row_ok[:, None] & table_ok[None, :],
+            )
+        if pid_c == 0:  # every column block computes the same statistics
+            tl.store(max_ptr + at, running_max, mask=row_ok)
+            tl.store(norm_ptr + at, norm, mask=row_ok)
+            tl.store(arg_ptr + at, argmax, mask=row_ok)
+            tl.store(check_ptr + at, check, mask=row_ok)
+            if Z_STATS:
+                tl.store(max1_ptr + at, max1, mask=row_ok)
+                tl.store(norm1_ptr + at, norm1, mask=row_ok)
+
+    @triton.jit
+    def _grad_logits_kernel(
+        h_ptr,  # [N, D]
+        w_ptr,  # [V, D]
+        b_ptr,  # [V] float32
+        e_ptr,  # [V, C] the head's dtype
+        g_ptr,  # [N, C] the head's dtype: grad of the expectation
+        g_dot_e_ptr,  # [N] float32: <g, e>
+        log_z_ptr,  # [N] float32: normaliser of s
+        g_log_z1_ptr,  # [N] float32: grad of log Z_1
+        log_z1_ptr,  # [N] float32: normaliser of z
+        dz_ptr,  # [N, v_end - v_begin] the head's dtype
+        db_ptr,  # [V] float32
+        N,
+        D,
+        C,
+        v_begin,
+        v_end,
+        softcap,
+        inv_temperature,
+        N_BUCKET,
+        HAS_BIAS: tl.constexpr,
+        HAS_SOFTCAP: tl.constexpr,
+        TABLE_GRAD: tl.constexpr,
+        LOG_Z1_GRAD: tl.constexpr,
+        BIAS_GRAD: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        UPCAST_DOT: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+    ):
+        pid_n = tl.program_id(0)
+        pid_v = tl.program_id(1)
+        rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+        row_ok = rows < N
+        cols = (v_begin + pid_v * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
+        col_ok = cols < v_end
+        z = _logits_tile(  # the logits tile, as in every kernel here
+            h_ptr, w_ptr, b_ptr, rows, cols, row_ok, col_ok, D, softcap, HAS_BIAS,
+            HAS_SOFTCAP, DOT_PRECISION, UPCAST_DOT, BLOCK_N, BLOCK_V, BLOCK_D,
+        )  # fmt: skip
+        dz = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+        if TABLE_GRAD:
+            g_e = _row_dots(
+                g_ptr, e_ptr, rows, cols, row_ok, col_ok, C, DOT_PRECISION, UPCAST_DOT,
+                BLOCK_N, BLOCK_V, BLOCK_C,
+            )  # fmt: skip
+            log_z = tl.load(log_z_ptr + rows, mask=row_ok, other=0.0)
+            g_dot_e = tl.load(g_dot_e_ptr + rows, mask=row_ok, other=0.0)
+            p = tl.exp(z * inv_temperature - log_z[:, None])
+            dz = p * (g_e - g_dot_e[:, None]) * inv_temperature
+        if LOG_Z1_GRAD:
+            log_z1 = tl.load(log_z1_ptr + rows, mask=row_ok, other=0.0)
+            g_log_z1 = tl.load(g_log_z1_ptr + rows, mask=row_ok, other=0.0)
+            dz += g_log_z1[:, None] * tl.exp(z - log_z1[:, None])
+        if HAS_SOFTCAP:  # d(kappa tanh(x / kappa)) / dx = 1 - (z / kappa)^2
+            capped = z / softcap
+            dz = dz * (1.0 - capped * capped)
+        dz = tl.where(row_ok[:, None] & col_ok[None, :], dz, 0.0)
+        if BIAS_GRAD:
+            tl.atomic_add(db_ptr + cols, tl.sum(dz, axis=0), mask=col_ok)
+        width = v_end - v_begin
+        tl.store(
+            dz_ptr + rows[:, None] * width + (cols - v_begin)[None, :],
+            dz.to(dz_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & col_ok[None, :],
+        )
+
+    def _prune_table_blocks(configs, named_args, **kwargs):
+        """Without a table ``BLOCK_C`` is idle: one configuration per other setting. With one,
+        the blocks that cover ``c`` (rounded up to a power of two) with the fewest logits
+        passes: none wider than that, none under a quarter of the widest kept."""
+        if not kwargs.get("HAS_TABLE", True):
+            seen, kept = set(), []
+            for config in configs:
+                setting = (config.num_warps, config.num_stages) + tuple(
+                    v for k, v in config.kwargs.items() if k != "BLOCK_C"
+                )
+                if setting not in seen:
+                    seen.add(setting)
+                    kept.append(config)
+            return kept
+        cover = max(16, triton.next_power_of_2(named_args["C"]))
+        fit = [c for c in configs if c.kwargs["BLOCK_C"] <= cover]
+        widest = max((c.kwargs["BLOCK_C"] for c in fit), default=16)
+        fit = [c for c in fit if 4 * c.kwargs["BLOCK_C"] >= widest]
+        smallest = min(c.kwargs["BLOCK_C"] for c in configs)
+        return fit or [c for c in configs if c.kwargs["BLOCK_C"] == smallest]
+
+    def _config(n, v, d, c, warps, stages):
+        blocks = {"BLOCK_N": n, "BLOCK_V": v, "BLOCK_D": d, "BLOCK_C": c}
+        return triton.Config(blocks, num_warps=warps, num_stages=stages)
+
+    # Untuned guesses, chosen among builds for sm_90a (triton.compile with its bundled ptxas,
+    # on a CPU): in the plain case the first three forward and the 64-row backward ones spill
+    # nothing; the 512-column block (one logits pass for c <= 512) spills ~320 B a thread; the
+    # last forward one serves the CE alone (BLOCK_C idle: pruned with a table). To be measured
+    # and tuned on the card (docs/loss.md).
+    _FORWARD_CONFIGS = [
+        _config(64, 32, 64, 256, 8, 2),
+        _config(64, 64, 32, 256, 8, 2),
+        _config(64, 64, 64, 128, 8, 3),
+        _config(64, 32, 32, 512, 8, 2),
+        _config(128, 64, 64, 64, 8, 3),
+    ]
+    _BACKWARD_CONFIGS = [
+        _config(64, 64, 64, 64, 8, 3),
+        _config(128, 64, 64, 64, 8, 3),
+        _config(64, 128, 64, 64, 8, 3),
+        _config(128, 128, 32, 32, 8, 3),
+        _config(64, 64, 32, 32, 4, 3),
+    ]
+    # each kernel's autotuned launcher (the interpreter runs one small configuration instead)
+    _TUNED = {}
+    if not interpreter_active():
+        _TUNED[_forward_kernel] = triton.autotune(
+            _FORWARD_CONFIGS,
+            key=["D", "C", "N_BUCKET", "HAS_TABLE", "Z_STATS"],
+            prune_configs_by={"early_config_prune": _prune_table_blocks},
+        )(_forward_kernel)
+        _TUNED[_grad_logits_kernel] = triton.autotune(
+            _BACKWARD_CONFIGS,
+            key=["D", "C", "N_BUCKET", "TABLE_GRAD", "LOG_Z1_GRAD"],
+            reset_to_zero=["db_ptr"],
+        )(_grad_logits_kernel)
+
+
+def _launch(kernel, grid, *args, **kwargs) -> None:
+    """The autotuned kernel on a GPU; the interpreter's one small configuration on CPU, with
+    the products' half-precision operands converted to float32 first (exact), since the
+    interpreter multiplies the bit patterns of bfloat16 ``tl.dot`` operands
+    (triton-lang/triton#11584)."""
+    if interpreter_active():
+        kernel[grid](*args, **kwargs, UPCAST_DOT=True, **_INTERPRETER_BLOCKS)
+    else:
+        _TUNED[kernel][grid](*args, **kwargs, UPCAST_DOT=False)
+
+
+def _n_bucket(n: int) -> int:
+    """Autotuning key for the number of rows: a power of two, so that the varying number of
+    scored positions of a training run tunes a handful of times, not at every batch."""
+    return min(triton.next_power_of_2(max(n, 1)), 1 << 16)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "ieee"
+
+
+def _vocab_splits(n: int, vocab: int, device: torch.device) -> int:
+    """Vocabulary entries per split: enough splits for two programs per multiprocessor at
+    64-row blocks, each split at least four 256-entry blocks."""
+    if interpreter_active():
+        return _INTERPRETER_SPLIT
+    programs = triton.cdiv(n, 64)
+    processors = torch.cuda.get_device_properties(device).multi_processor_count
+    splits = max(1, min(triton.cdiv(2 * processors, programs), vocab // (4 * _SPLIT_ALIGN)))
+    return triton.cdiv(triton.cdiv(vocab, splits), _SPLIT_ALIGN) * _SPLIT_ALIGN
+
+
+class _Statistics(NamedTuple):
+    expected: Tensor | None  # [N, c] float32
+    log_z: Tensor  # [N] normaliser of s
+    log_z1: Tensor  # [N] normaliser of z (log_z itself when not computed apart)
+    tokens: Tensor
+    finite: Tensor
+
+
+def _forward(hidden, weight, bias, table, softcap, temperature, z_stats) -> _Statistics:
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    width = table.shape[1] if table is not None else 1
+    per_split = _vocab_splits(n, vocab, hidden.device)
+    splits = triton.cdiv(vocab, per_split)
+    f32 = {"dtype": torch.float32, "device": hidden.device}
+    running_max = torch.empty(splits, n, **f32)
+    norm, check = torch.empty_like(running_max), torch.empty_like(running_max)
+    argmax = torch.empty(splits, n, dtype=torch.long, device=hidden.device)
+    acc = torch.empty(splits, n, width, **f32) if table is not None else running_max
+    max1 = torch.empty_like(running_max) if z_stats else running_max
+    norm1 = torch.empty_like(running_max) if z_stats else running_max
+    c_blocks = 1 if table is None else width
+
+    def grid(meta):
+        return (triton.cdiv(n, meta["BLOCK_N"]), splits, triton.cdiv(c_blocks, meta["BLOCK_C"]))
+
+    _launch(
+        _forward_kernel,
+        grid,
+        hidden,
+        weight,
+        bias if bias is not None else running_max,
+        table if table is not None else hidden,
+        running_max,
+        norm,
+        acc,
+        argmax,
+        check,
+        max1,
+        norm1,
+        n,
+        vocab,
+        d,
+        width,
+        per_split,
+        float(softcap or 1.0),
+        1.0 / temperature,
+        _n_bucket(n),
+        HAS_BIAS=bias is not None,
+        HAS_SOFTCAP=softcap is not None,
+        HAS_TABLE=table is not None,
+        Z_STATS=z_stats,
+        DOT_PRECISION=_dot_precision(hidden.dtype),
+    )
+    # flash-decoding's merge of the splits: rescale each to the overall maximum
+    top = running_max.max(dim=0).values
+    weights = torch.exp(running_max - top)
+    total = (norm * weights).sum(dim=0)
+    log_z = top + torch.log(total)
+    expected = None
+    if table is not None:
+        expected = (acc * weights[..., None]).sum(dim=0) / total[:, None]
+    # torch.argmax returns the first split holding the maximum: the first maximum over V
+    tokens = argmax.gather(0, running_max.argmax(dim=0, keepdim=True))[0]
+    finite = torch.isfinite(check.sum(dim=0)) & torch.isfinite(log_z)
+    log_z1 = log_z
+    if z_stats:
+        top1 = max1.max(dim=0).values
+        log_z1 = top1 + torch.log((norm1 * torch.exp(max1 - top1)).sum(dim=0))
+    return _Statistics(expected, log_z, log_z1, tokens, finite)
+
+
+class _TritonFusedHead(torch.autograd.Function):
+    """Forward: the expectation and ``log Z_1`` (the CE's normaliser). Backward: ``dz`` chunk
+    by chunk from the kernel, then ``dh`` and ``dW`` by matrix products."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, table, softcap, temperature, z_stats):
+        stats = _forward(hidden, weight, bias, table, softcap, temperature, z_stats)
+        ctx.softcap, ctx.temperature, ctx.z_stats = softcap, temperature, z_stats
+        ctx.save_for_backward(
+            hidden, weight, bias, table, stats.expected, stats.log_z, stats.log_z1
+        )
+        ctx.mark_non_differentiable(stats.tokens, stats.finite)
+        expected = stats.expected if table is not None else hidden.new_empty(0)
+        return expected, stats.log_z1, stats.tokens, stats.finite
+
+    @staticmethod
+    def backward(ctx, grad_expected, grad_log_z1, _tokens, _finite):
+        hidden, weight, bias, table, expected, log_z, log_z1 = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        table_grad = table is not None and grad_expected is not None
+        log_z1_grad = grad_log_z1 is not None
+        grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=hidden.device)
+        if not (table_grad or log_z1_grad) or not (need_h or need_w or need_b):
+            # nothing reaches the logits: zero gradients
+            return _grads(grad_h if need_h else None, hidden, grad_w, grad_b if need_b else None)
+        n, d = hidden.shape
+        vocab = weight.shape[0]
+        # the product g E^T reads g in the table's dtype; <g, e> uses the same rounded g, so
+        # that the rounding moves g itself, not the difference g E_v - <g, e>
+        g = grad_expected.to(table.dtype).contiguous() if table_grad else hidden
+        g_dot_e = (g.float() * expected).sum(dim=1) if table_grad else log_z
+        g_log_z1 = grad_log_z1.float().contiguous() if log_z1_grad else log_z
+        chunk = max(1, min(vocab, _GRAD_CHUNK_ELEMENTS // max(n, 1)))
+        dz = torch.empty(n, chunk, dtype=hidden.dtype, device=hidden.device)
+        for v0 in range(0, vocab, chunk):
+            v1 = min(v0 + chunk, vocab)
+            part = dz[:, : v1 - v0]
+
+            def grid(meta, width=v1 - v0):
+                return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(width, meta["BLOCK_V"]))
+
+            _launch(
+                _grad_logits_kernel,
+                grid,
+                hidden,
+                weight,
+                bias if bias is not None else log_z,
+                table if table_grad else hidden,
+                g,
+                g_dot_e,
+                log_z,
+                g_log_z1,
+                log_z1,
+                part,
+                grad_b,
+                n,
+                d,
+                table.shape[1] if table_grad else 1,
+                v0,
+                v1,
+                float(ctx.softcap or 1.0),
+                1.0 / ctx.temperature,
+                _n_bucket(n),
+                HAS_BIAS=bias is not None,
+                HAS_SOFTCAP=ctx.softcap is not None,
+                TABLE_GRAD=table_grad,
+                LOG_Z1_GRAD=log_z1_grad,
+                BIAS_GRAD=need_b,
+                DOT_PRECISION=_dot_precision(hidden.dtype),
+            )
+            if need_h:  # each chunk's product rounds to the head's dtype, summed in float32
+                grad_h += (part @ weight[v0:v1]).float()
+            if need_w:
+                torch.mm(part.T, hidden, out=grad_w[v0:v1])
+        return _grads(grad_h if need_h else None, hidden, grad_w, grad_b if need_b else None)
+
+
+def _grads(grad_h, hidden, grad_w, grad_b):
+    grad_h = None if grad_h is None else grad_h.to(hidden.dtype)
+    return grad_h, grad_w, grad_b, None, None, None, None
+
+
+def triton_fused_head(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    table: Tensor | None,
+    targets: Tensor | None,
+    *,
+    softcap: float | None,
+    temperature: float,
+    compute_dtype: torch.dtype,
+) -> TritonHeadOutput:
+    """``softmax(softcap(h W^T + b) / T) E``, the targets' log-likelihood under ``softcap(h W^T
+    + b)`` and the argmax tokens, by the Triton kernels; differentiable in ``hidden``,
+    ``weight`` and ``bias`` (the table is not).
+
+    Inputs are those :func:`bsloss.functional.fused_expectation.fused_expected_inputs` has
+    checked: ``hidden [N, d]``, ``weight [V, d]``, ``bias [V]``, ``table [V, c]`` (or
+    ``None``), ``targets [N]`` (negative ids, the caller's ``-100``, are ignored: 0), and
+    ``compute_dtype`` the dtype of the products (float32, bfloat16 or float16).
+    """
+    hidden = hidden.to(compute_dtype).contiguous()
+    weight = weight.to(compute_dtype).contiguous()
+    bias32 = None if bias is None else bias.float().contiguous()
+    # the products read the table in the head's dtype (a bfloat16 P E, as flash attention's)
+    table = None if table is None else table.detach().to(compute_dtype).contiguous()
+    wants_ll = targets is not None
+    if table is None:  # the CE alone: its softmax is that of z (the argmax is the same)
+        temperature = 1.0
+    z_stats = wants_ll and temperature != 1.0
+    expected, log_z1, tokens, finite = _TritonFusedHead.apply(
+        hidden, weight, bias32, table, softcap, float(temperature), z_stats
+    )
+    log_likelihood = None
+    if wants_ll:
+        ignored = targets < 0
+        ids = targets.clamp(min=0)
+        # z at the target: N gathered rows of the head, differentiated by autograd
+        target_logit = (hidden.float() * weight[ids].float()).sum(dim=1)
+        if bias32 is not None:
+            target_logit = target_logit + bias32[ids]
+        if softcap is not None:
+            target_logit = softcap * torch.tanh(target_logit / softcap)
+        log_likelihood = torch.where(ignored, 0.0, target_logit - log_z1)
+    return TritonHeadOutput(expected if table is not None else None, log_likelihood, tokens, finite)

@@ -1,0 +1,142 @@
+"""Run by tests/test_triton_fused_head.py in a subprocess with ``TRITON_INTERPRET=1`` (triton
+reads it once, at its import, so the interpreter cannot be switched on inside the test process
+without leaking into other tests): each case of ``CASES`` through ``fused_expected_inputs``
+with ``backend="triton"`` (the kernels under Triton's CPU interpreter) and ``backend="torch"``
+(the PyTorch reference, on float32 copies of half-precision inputs), values and gradients of a
+random linear function of the outputs, saved to ``OUT`` (``torch.save``).
+
+    TRITON_INTERPRET=1 python tests/_triton_interpreter_cases.py OUT
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from bsloss.functional.fused_expectation import NonFiniteLogitsError, fused_expected_inputs
+
+# Shapes ragged against the interpreter's blocks (16 rows, 32 vocabulary entries, 16 of d and
+# of c, splits of 64 entries): partial row, vocabulary, d and column blocks everywhere.
+CASES = {
+    "plain": {"n": 8, "d": 16, "vocab": 50, "c": 5},
+    "bias-targets": {"n": 17, "d": 24, "vocab": 257, "c": 9, "bias": True, "targets": True},
+    "softcap-temperature-targets": {
+        "n": 33,
+        "d": 40,
+        "vocab": 300,
+        "c": 20,
+        "bias": True,
+        "targets": True,
+        "softcap": 3.0,
+        "temperature": 0.7,
+    },
+    "cross-entropy-only": {
+        "n": 12,
+        "d": 20,
+        "vocab": 130,
+        "c": None,
+        "targets": True,
+        "softcap": 2.5,
+    },
+    "bf16": {
+        "n": 20,
+        "d": 32,
+        "vocab": 200,
+        "c": 12,
+        "bias": True,
+        "targets": True,
+        "softcap": 4.0,
+        "temperature": 1.3,
+        "dtype": torch.bfloat16,
+    },
+    "bf16-autocast": {"n": 9, "d": 16, "vocab": 70, "c": 6, "targets": True, "autocast": True},
+    # small integer operands: exact logits with many ties across blocks and splits, where the
+    # argmax must be the first maximal token, as torch's
+    "tied-logits": {"n": 16, "d": 8, "vocab": 200, "c": 4, "integer": True},
+}
+
+
+def inputs(
+    n, d, vocab, c, bias=False, targets=False, dtype=torch.float32, integer=False, seed=0, **_
+):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g).to(dtype)
+    weight = (0.5 * torch.randn(vocab, d, generator=g)).to(dtype)
+    if integer:
+        h = torch.randint(-1, 2, (n, d), generator=g).to(dtype)
+        weight = torch.randint(-1, 2, (vocab, d), generator=g).to(dtype)
+    table = None if c is None else torch.randn(vocab, c, generator=g)
+    b = torch.randn(vocab, generator=g).to(dtype) if bias else None
+    y = None
+    if targets:
+        y = torch.randint(0, vocab, (n,), generator=g)
+        y[::5] = -100
+    # the upstream gradients of the expectation and of the log-likelihood
+    grad_e = None if c is None else torch.randn(n, c, generator=g)
+    grad_ll = torch.randn(n, generator=g)
+    return h, weight, b, table, y, grad_e, grad_ll
+
+
+def run(case: dict, backend: str, reference: bool) -> dict:
+    """One pass and its gradients; the ``reference`` runs without autocast on the float32
+    values of the half-precision operands that the kernels' products read."""
+    h, weight, bias, table, y, grad_e, grad_ll = inputs(**case)
+    if reference and case.get("autocast"):
+        h, weight = h.bfloat16(), weight.bfloat16()
+    if reference:
+        h, weight = h.float(), weight.float()
+        bias = None if bias is None else bias.float()
+    leaves = [x.requires_grad_() for x in (h, weight, bias) if x is not None]
+    autocast = case.get("autocast", False) and not reference
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = fused_expected_inputs(
+            h,
+            weight,
+            table,
+            bias=bias,
+            target_ids=y,
+            softcap=case.get("softcap"),
+            temperature=case.get("temperature", 1.0),
+            backend=backend,
+        )
+    loss = 0.0
+    if out.expected is not None:
+        loss = loss + (out.expected * grad_e).sum()
+    if out.log_likelihood is not None:
+        loss = loss + (out.log_likelihood * grad_ll).sum()
+    grads = torch.autograd.grad(loss, leaves)
+    result = {"expected": out.expected, "log_likelihood": out.log_likelihood}
+    result["tokens"] = out.tokens
+    result.update(zip(["grad_h", "grad_w", "grad_b"][: len(grads)], grads, strict=True))
+    return {k: None if v is None else v.detach() for k, v in result.items()}
+
+
+def non_finite_row() -> int | None:
+    """The row that NonFiniteLogitsError names for a NaN in hidden_states row 5."""
+    h, weight, _, table, *_ = inputs(n=9, d=16, vocab=40, c=3)
+    h[5, 2] = float("nan")
+    try:
+        fused_expected_inputs(h, weight, table, backend="triton")
+    except NonFiniteLogitsError as error:
+        return error.row
+    return None
+
+
+def main(out_path: str) -> None:
+    # imported here: the test process reads CASES without importing triton
+    from bsloss.functional.triton_fused_head import interpreter_active
+
+    assert interpreter_active(), "run with TRITON_INTERPRET=1 in the environment"
+    results = {}
+    for name, case in CASES.items():
+        results[name] = {
+            "triton": run(case, "triton", reference=False),
+            "torch": run(case, "torch", reference=True),
+        }
+    results["non_finite_row"] = non_finite_row()
+    torch.save(results, out_path)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,210 @@
+"""The Triton kernels of the fused LM-head pass (bsloss.functional.triton_fused_head) against the
+PyTorch pass (backend="torch", the reference): values, argmax tokens and gradients of h, W and
+b, in float32 and with bfloat16 operands; the backend dispatch and its errors.
+
+Triton's interpreter (the kernels on CPU) is switched on by TRITON_INTERPRET=1 at triton's
+import and cannot be switched off again in a process, so the interpreted cases run once, in a
+subprocess (tests/_triton_interpreter_cases.py), and this process only compares the results."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _triton_interpreter_cases import CASES, inputs
+
+from bsloss.functional.fused_expectation import fused_expected_inputs
+
+REPO = Path(__file__).resolve().parents[1]
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed"
+)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory) -> dict:
+    """Every case of CASES through both backends, under the interpreter (a few seconds)."""
+    out = tmp_path_factory.mktemp("triton") / "cases.pt"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
+    script = str(REPO / "tests" / "_triton_interpreter_cases.py")
+    done = subprocess.run(
+        [sys.executable, script, str(out)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return torch.load(out)
+
+
+# float32: the kernels and torch sum the same float32 products in other orders (blocked
+# tl.dot against one matmul); over d <= 40 and V <= 300 terms of size <= ~20 that moves
+# results by a few 1e-7, so 1e-5 (relative and absolute) leaves a margin and still catches
+# any wrong term (a missing bias, temperature or soft-cap factor is >= 1e-2 here).
+FLOAT32 = {"rtol": 1e-5, "atol": 1e-5}
+# bfloat16 operands: the reference is the PyTorch pass on their float32 values, so the logits
+# agree to float32 order (the log-likelihood: FLOAT32); what the kernels round in addition is
+# one bfloat16 step (2^-9 relative) per rounding: the table and p in p E (two: <= 2^-8 of
+# max |E|, since the p sum to 1), and for the gradients the upstream gradient in g E^T, dz,
+# each chunk's dz W, and the returned bfloat16 gradient (four: 2^-7 of the largest entry).
+BF16_ROUNDINGS_EXPECTED = 2
+BF16_ROUNDINGS_GRADIENT = 4
+
+
+@needs_triton
+@pytest.mark.parametrize("name", list(CASES))
+def test_interpreted_kernels_match_torch_pass(interpreted, name):
+    case = CASES[name]
+    kernels, reference = interpreted[name]["triton"], interpreted[name]["torch"]
+    half = case.get("dtype") == torch.bfloat16 or case.get("autocast", False)
+    assert torch.equal(kernels["tokens"], reference["tokens"])
+    if case["c"] is None:
+        assert kernels["expected"] is None and reference["expected"] is None
+    else:
+        table = inputs(**case)[3]
+        step = BF16_ROUNDINGS_EXPECTED * 2.0**-9 * float(table.abs().max()) if half else None
+        tolerance = {"rtol": 0.0, "atol": step} if half else FLOAT32
+        torch.testing.assert_close(kernels["expected"], reference["expected"], **tolerance)
+    if case.get("targets"):
+        ll = kernels["log_likelihood"]
+        torch.testing.assert_close(ll, reference["log_likelihood"], **FLOAT32)
+        ignored = inputs(**case)[4] == -100
+        assert ignored.any() and (ll[ignored] == 0).all()
+    for grad in ("grad_h", "grad_w", "grad_b"):
+        if reference.get(grad) is None:
+            assert kernels.get(grad) is None
+            continue
+        expected = reference[grad]
+        got = kernels[grad].float()
+        if half:
+            bound = BF16_ROUNDINGS_GRADIENT * 2.0**-9
+            tolerance = {"rtol": bound, "atol": bound * float(expected.abs().max())}
+        else:
+            tolerance = FLOAT32
+        torch.testing.assert_close(got, expected, **tolerance, msg=lambda m, g=grad: f"{g}: {m}")
+
+
+@needs_triton
+def test_interpreted_kernels_name_the_non_finite_row(interpreted):
+    # a NaN in hidden_states row 5: NonFiniteLogitsError(row=5), as the PyTorch pass raises
+    assert interpreted["non_finite_row"] == 5
+
+
+def test_backend_is_checked():
+    h, weight, _, table, *_ = inputs(n=3, d=4, vocab=10, c=2)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        fused_expected_inputs(h, weight, table, backend="cuda")
+    with pytest.raises(ValueError, match="backend='triton' does not handle top_k"):
+        fused_expected_inputs(h, weight, table, top_k=2, backend="triton")
+    with pytest.raises(ValueError, match="backend='triton' does not handle float64"):
+        fused_expected_inputs(h.double(), weight, table, backend="triton")
+
+
+@needs_triton
+def test_triton_backend_on_cpu_needs_the_interpreter():
+    from bsloss.functional.triton_fused_head import interpreter_active
+
+    if interpreter_active():
+        pytest.skip("this process imported triton with TRITON_INTERPRET=1")
+    h, weight, _, table, *_ = inputs(n=3, d=4, vocab=10, c=2)
+    with pytest.raises(ValueError, match=r"backend='triton' .* TRITON_INTERPRET=1"):
+        fused_expected_inputs(h, weight, table, backend="triton")
+
+
+def _compile_for_hopper(kernel, config, constexprs: dict, pointer_types: dict):
+    """``kernel`` compiled for sm_90a by triton's own toolchain (its bundled ptxas), which runs
+    without a GPU; its arguments typed by name (pointers bfloat16 unless told)."""
+    from triton import compile as triton_compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    constexprs = {**constexprs, **config.kwargs, "UPCAST_DOT": False}
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            signature[name] = pointer_types.get(name, "*bf16")
+        else:
+            signature[name] = "fp32" if name in ("softcap", "inv_temperature") else "i32"
+    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+@needs_triton
+def test_kernels_compile_for_hopper():
+    """What the interpreter cannot check (types, layouts, shared memory of the compiled
+    kernels), on a CPU: every kernel, all its options on, builds for an H100."""
+    from bsloss.functional import triton_fused_head as kernels
+
+    if kernels.interpreter_active():
+        pytest.skip("this process imported triton with TRITON_INTERPRET=1")
+    float32 = "*fp32"
+    forward_pointers = {
+        name: float32 for name in ("b_ptr", "max_ptr", "norm_ptr", "acc_ptr", "check_ptr")
+    }
+    forward_pointers.update(max1_ptr=float32, norm1_ptr=float32, arg_ptr="*i64")
+    for has_table in (True, False):
+        options = {"HAS_BIAS": True, "HAS_SOFTCAP": True, "HAS_TABLE": has_table}
+        options.update(Z_STATS=True, DOT_PRECISION="ieee")
+        compiled = _compile_for_hopper(
+            kernels._forward_kernel, kernels._FORWARD_CONFIGS[0], options, forward_pointers
+        )
+        assert compiled.metadata.shared <= 228 * 1024  # an H100's shared memory per block
+    backward_pointers = {
+        name: float32
+        for name in ("b_ptr", "g_dot_e_ptr", "log_z_ptr", "g_log_z1_ptr", "log_z1_ptr", "db_ptr")
+    }
+    options = {"HAS_BIAS": True, "HAS_SOFTCAP": True, "TABLE_GRAD": True, "LOG_Z1_GRAD": True}
+    options.update(BIAS_GRAD=True, DOT_PRECISION="ieee")
+    compiled = _compile_for_hopper(
+        kernels._grad_logits_kernel, kernels._BACKWARD_CONFIGS[0], options, backward_pointers
+    )
+    assert compiled.metadata.shared <= 228 * 1024
+
+
+def test_auto_backend_on_cpu_is_the_torch_pass():
+    h, weight, _, table, *_ = inputs(n=5, d=8, vocab=40, c=3)
+    auto = fused_expected_inputs(h, weight, table)
+    torch_pass = fused_expected_inputs(h, weight, table, backend="torch")
+    assert torch.equal(auto.expected, torch_pass.expected)
+    assert torch.equal(auto.tokens, torch_pass.tokens)
+
+
+@needs_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels need CUDA")
+def test_compiled_kernels_match_torch_pass_on_cuda():
+    """Gemma-like head in bfloat16 at a medium size: the kernels (autotuned) against the
+    PyTorch pass on the float32 values of the same operands."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    n, d, vocab, c = 1000, 640, 32768 + 37, 385
+    h = torch.randn(n, d, device="cuda", generator=g).bfloat16()
+    weight = (torch.randn(vocab, d, device="cuda", generator=g) / math.sqrt(d)).bfloat16()
+    table = torch.randn(vocab, c, device="cuda", generator=g)
+    targets = torch.randint(0, vocab, (n,), device="cuda", generator=g)
+    targets[::7] = -100
+    grad_e = torch.randn(n, c, device="cuda", generator=g)
+    results = {}
+    for backend, (hh, ww) in {
+        "triton": (h, weight),
+        "torch": (h.float(), weight.float()),
+    }.items():
+        hh, ww = hh.clone().requires_grad_(), ww.clone().requires_grad_()
+        out = fused_expected_inputs(
+            hh, ww, table, target_ids=targets, softcap=30.0, backend=backend
+        )
+        loss = (out.expected * grad_e).sum() + out.log_likelihood.sum()
+        results[backend] = (out, torch.autograd.grad(loss, [hh, ww]))
+    (kernels, kernel_grads), (reference, reference_grads) = results["triton"], results["torch"]
+    assert (kernels.tokens == reference.tokens).float().mean() > 0.999  # near-ties may flip
+    step = BF16_ROUNDINGS_EXPECTED * 2.0**-9 * float(table.abs().max())
+    torch.testing.assert_close(kernels.expected, reference.expected, rtol=0.0, atol=step)
+    torch.testing.assert_close(kernels.log_likelihood, reference.log_likelihood, **FLOAT32)
+    bound = BF16_ROUNDINGS_GRADIENT * 2.0**-9
+    for got, expected in zip(kernel_grads, reference_grads, strict=True):
+        atol = bound * float(expected.abs().max())
+        torch.testing.assert_close(got.float(), expected, rtol=bound, atol=atol)
