@@ -49,8 +49,10 @@ Softmax arithmetic is float32 (float64 for float64 inputs) whatever the caller's
 would), else in the inputs' dtype. On CUDA, the plain case (no top-k, soft-cap, straight-through
 or targets) goes through :func:`torch.nn.functional.scaled_dot_product_attention`'s
 memory-efficient backend, which accepts a value dimension different from the key dimension.
-With triton installed, CUDA inputs without top-k, straight-through or Gumbel noise go through
-the Triton kernels of :mod:`bsloss.functional.triton_fused_head` instead (``backend``).
+``backend="triton"`` runs the Triton kernels of :mod:`bsloss.functional.triton_fused_head`
+instead (no top-k, straight-through or Gumbel noise). They are opt-in until they have been
+timed and checked on a GPU: tested against this pass under Triton's interpreter and compiled for
+Hopper on a CPU, they have not yet run on a card, so ``"auto"`` keeps the PyTorch pass.
 """
 
 from __future__ import annotations
@@ -464,12 +466,12 @@ def fused_expected_inputs(
             pass (memory bound).
         use_sdpa: on CUDA, try the memory-efficient SDPA kernel in the plain case (of the
             ``"torch"`` backend).
-        backend: ``"auto"`` (the Triton kernels of
-            :mod:`bsloss.functional.triton_fused_head` for CUDA inputs when triton is installed
-            and no ``top_k``, ``straight_through`` or ``gumbel_temperature`` is asked, nor
-            float64; else the PyTorch pass), ``"triton"`` (those kernels or an error; CPU
-            tensors need Triton's interpreter, ``TRITON_INTERPRET=1`` before triton's import)
-            or ``"torch"`` (the chunked PyTorch pass, the reference).
+        backend: ``"auto"`` (today the PyTorch pass: the Triton kernels become its CUDA
+            choice once measured on a GPU), ``"triton"`` (the kernels of
+            :mod:`bsloss.functional.triton_fused_head`, without ``top_k``,
+            ``straight_through``, ``gumbel_temperature`` or float64, or an error; CPU tensors
+            need Triton's interpreter, ``TRITON_INTERPRET=1`` before triton's import) or
+            ``"torch"`` (the chunked PyTorch pass, the reference).
 
     Returns:
         :class:`FusedHeadOutput` ``(expected [N, c] | None, log_likelihood [N] | None,
@@ -598,7 +600,8 @@ def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict
         unhandled.append("float64 inputs")
     installed = importlib.util.find_spec("triton") is not None
     if backend == "auto":
-        return not unhandled and installed and hidden.is_cuda
+        # Not yet: the kernels are opt-in until timed and checked on a card (module docstring).
+        return False
     if unhandled:
         raise ValueError(
             f"backend='triton' does not handle {', '.join(unhandled)}; use backend='auto' "
