@@ -30,7 +30,8 @@ def _read_lines(path: str, option: str, lines: str = "lines") -> list[str]:
         raise ValueError(f"{option} {path} is a directory, not a text file")
     if not file.exists():
         raise ValueError(
-            f"{option} expects a file of {lines}, one per line; got {path!r}, which is not a file (it does not exist)"
+            f"{option} expects a file of {lines}, one per line; "
+            f"got {path!r}, which is not a file (it does not exist)"
         )
     try:
         with open(file, encoding="utf-8") as handle:
