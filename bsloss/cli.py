@@ -20,15 +20,19 @@ __all__ = ["main"]
 _USER_ERRORS = (ValueError, TypeError, OSError, ImportError)
 
 
-def _read_lines(path: str, option: str) -> list[str]:
-    """The lines of ``path`` (``-``: standard input), with errors that name the option."""
+def _read_lines(path: str, option: str, lines: str = "lines") -> list[str]:
+    """The lines of ``path`` (``-``: standard input), with errors that name the option and say
+    that it takes a file of ``lines`` (a text given in its place is not taken for a file name)."""
     if path == "-":
         return [line.rstrip("\n") for line in sys.stdin]
     file = Path(path)
     if file.is_dir():
         raise ValueError(f"{option} {path} is a directory, not a text file")
     if not file.exists():
-        raise ValueError(f"{option} {path} does not exist")
+        raise ValueError(
+            f"{option} expects a file of {lines}, one per line; "
+            f"got {path!r}, which is not a file (it does not exist)"
+        )
     try:
         with open(file, encoding="utf-8") as handle:
             return [line.rstrip("\n") for line in handle]
@@ -44,7 +48,7 @@ def _check_stdin(paths: list[str]) -> None:
 
 
 def _read_references(paths: list[str]) -> list[str] | list[list[str]]:
-    files = [_read_lines(p, "--references") for p in paths]
+    files = [_read_lines(p, "-r/--references", "reference lines") for p in paths]
     if len(files) == 1:
         return files[0]
     lengths = {len(f) for f in files}
@@ -59,7 +63,7 @@ def _score(args: argparse.Namespace) -> int:
     from bsloss import BERTScorer
 
     _check_stdin([args.candidates, *args.references])
-    cands = _read_lines(args.candidates, "--candidates")
+    cands = _read_lines(args.candidates, "-c/--candidates", "candidate lines")
     refs = _read_references(args.references)
     if len(cands) != len(refs):
         raise ValueError(

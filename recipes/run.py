@@ -441,6 +441,7 @@ class RecipeRun:
             what = "zero-shot" if self.args.init_from is None else "start (--init_from)"
             before, hypotheses = self.evaluate("test", f"{what} evaluation")
             self.results["before"] = before
+            self.results["complete"] = False  # until finish(): a stopped run says so
             self.write_outputs("test_outputs_before.txt", hypotheses)
             self.results_path.write_text(json.dumps(self.results, indent=2))
             self.log.write(kind="eval", split="test", step=0, **before)
@@ -614,6 +615,7 @@ class RecipeRun:
             scored = extra.get("best_step") or self.stopped_at or steps
             self.log.write(kind="eval", split="test", step=scored, **after)
             self.results.update(
+                complete=True,
                 after=after,
                 steps=steps,
                 seed=self.train.seed,

@@ -90,3 +90,14 @@ def test_baseline_command_writes_bert_score_format(tmp_path):
     assert len(out.read_text().splitlines()) == 8
     baseline = read_baseline(out, 6)
     assert torch.all(baseline < 1) and torch.all(baseline > -1)
+
+
+def test_a_text_given_to_c_is_told_that_c_takes_a_file(capsys):
+    """bert-score's -c also takes one sentence; bsloss's takes a file, and says so."""
+    status = main(["score", "-c", "a cat sat on the mat", "-r", str(EXAMPLES / "references.txt")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1, err
+    assert (
+        "-c/--candidates expects a file of candidate lines, one per line; "
+        "got 'a cat sat on the mat', which is not a file"
+    ) in err[0]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_readme import code_blocks
 
 import bsloss
 
@@ -62,8 +63,9 @@ def test_distributed_without_a_process_group_warns_once(scorer):
 
 
 def docs_block(path: str, marker: str) -> str:
-    blocks = re.findall(r"^```python\n(.*?)^```", (REPO / path).read_text(), re.M | re.S)
-    (block,) = [b for b in blocks if marker in b]
+    (block,) = [
+        b.code for b in code_blocks(REPO / path) if b.language == "python" and marker in b.code
+    ]
     return block
 
 

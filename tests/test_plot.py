@@ -39,3 +39,26 @@ def test_scorer_method_draws_the_same_pair(scorer, tmp_path):
     assert (tmp_path / "method.png").stat().st_size > 10_000
     marks = fig.axes[0].collections[0].get_offsets()
     assert torch.equal(torch.tensor(marks[:, 0]).long(), sim.argmax(dim=1))
+
+
+def title_scores(figure) -> list[float]:
+    import re
+
+    title = figure.axes[0].get_title()
+    return [float(re.search(rf"{name}=(-?[0-9.]+)", title).group(1)) for name in "PRF"]
+
+
+def test_soft_heatmap_title_gives_the_soft_matchings_scores(scorer):
+    """The shading is softmax(s / T): the title's P, R, F are the softmax matching's at T (the
+    loss's soft score of the same token ids), not the hard ones."""
+    import bsloss
+
+    cand, ref = "A man with a hard hat is dancing.", "A man wearing a hard hat is dancing."
+    soft_loss = bsloss.BERTScoreLoss(encoder=scorer.encoder, matching="softmax", temperature=0.5)
+    ids = scorer.encoder.tokenizer([cand], return_tensors="pt")["input_ids"]
+    expected = [x.item() for x in soft_loss.score(candidate_ids=ids, references=[ref])]
+    hard = [x.item() for x in scorer.score([cand], [ref])]
+    soft_title = title_scores(plot_example(cand, ref, scorer=scorer, temperature=0.5))
+    assert soft_title == pytest.approx(expected, abs=1e-3)
+    assert min(abs(h - s) for h, s in zip(hard, soft_title, strict=True)) > 0.01  # not the hard
+    assert title_scores(plot_example(cand, ref, scorer=scorer)) == pytest.approx(hard, abs=1e-3)

@@ -498,3 +498,34 @@ def test_lora_adapter_saved_reloaded_and_continued(scorer, tmp_path):
         with_lora(tiny_gpt2(tokenizer), 0, None, tmp_path / "best")
     with pytest.raises(ValueError, match="config train: lora_rank must be >= 0"):
         TrainConfig(steps=1, batch_size=1, learning_rate=1e-3, lora_rank=-1)
+
+
+# --- the output folder and the results file ---------------------------------------------------
+
+
+def test_a_used_output_folder_is_refused_in_one_line_before_anything_loads(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text("{}")
+    done = run_recipe(
+        "finetune.py", "--config", TRANSLATION, "--output_dir", out, *TINY, expect_failure=True
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    error = done.stderr.strip().splitlines()[-1]
+    assert "finetune.py: error: --output_dir" in error
+    assert "--overwrite" in error and "--resume" in error
+    assert not (out / "log.jsonl").exists()  # refused before the run began
+
+
+def test_results_say_whether_the_run_is_complete(tmp_path):
+    """A run stopped after the start's test score leaves results.json with "complete": false;
+    finishing it (--resume) makes it true."""
+    out = tmp_path / "run"
+    settings = [*TINY, "--set", "eval.before=true", "--set", "train.save_every=1"]
+    run_recipe("finetune.py", "--config", TRANSLATION, "--output_dir", out, *settings,
+               "--stop_after", "1")  # fmt: skip
+    stopped = json.loads((out / "results.json").read_text())
+    assert "before" in stopped and "after" not in stopped and stopped["complete"] is False
+    run_recipe("finetune.py", "--config", TRANSLATION, "--output_dir", out, *settings, "--resume")
+    finished = json.loads((out / "results.json").read_text())
+    assert finished["complete"] is True and "after" in finished and "before" in finished
