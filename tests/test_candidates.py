@@ -269,7 +269,7 @@ def test_greedy_answers_in_seq2seq_trainer(loss, tokenizer, tmp_path):
             eos_token_id=[tokenizer.sep_token_id],
         )  # fmt: skip
     model.train()
-    answers = generated_labels(generated, tokenizer.pad_token_id, tokenizer.sep_token_id)
+    answers = generated_labels(generated, tokenizer.sep_token_id)
     term = BERTScoreTerm(loss, tokenizer, causal=False)
 
     def forward(labels):
