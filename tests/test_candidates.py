@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from _models import scorer_vocabulary_tokenizer, tiny_gpt2
+from _models import scorer_vocabulary_tokenizer, scripted, tiny_gpt2
 
 import bsloss
 from bsloss.integrations.candidates import (
@@ -344,19 +344,6 @@ def with_padding(tokenizer, pad_token: str):
     tokenizer = copy.deepcopy(tokenizer)
     tokenizer.pad_token = pad_token
     return tokenizer
-
-
-def scripted(model, answers: list[list[int]]):
-    """``model.generate`` replaced by fixed answers, laid out as ``generate`` lays them out:
-    after the prompts, each answer cut to ``max_new_tokens`` and padded with the call's
-    ``pad_token_id`` (after its end token)."""
-
-    def generate(input_ids, pad_token_id, max_new_tokens, **options):
-        rows = [a[:max_new_tokens] + [pad_token_id] * (max_new_tokens - len(a)) for a in answers]
-        return torch.cat([input_ids, torch.tensor(rows)], dim=1)
-
-    model.generate = generate
-    return model
 
 
 def scripted_answers(tokenizer) -> list[list[int]]:
