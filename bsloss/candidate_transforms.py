@@ -124,7 +124,8 @@ def resolve_candidate_transforms(
         The :class:`CandidateOptions` the kernels take.
 
     Raises:
-        TypeError: an item that is not a :class:`CandidateTransform` (named by position), or a
+        TypeError: an item that is not a :class:`CandidateTransform` (named by position; a
+            transform's class, such as ``TopK`` for ``TopK(k)``, is named as one), or a
             ``straight_through`` that is not a bool.
         ValueError: a transform given twice, or an invalid parameter (named).
 
@@ -137,6 +138,14 @@ def resolve_candidate_transforms(
         raise TypeError(f"straight_through must be a bool, got {straight_through!r}")
     if isinstance(transforms, CandidateTransform):
         transforms = [transforms]
+    if _is_transform_class(transforms):
+        raise TypeError(f"candidate_transforms={_class_hint(transforms)}")
+    if transforms is not None and not isinstance(transforms, Iterable):
+        raise TypeError(
+            f"candidate_transforms must be a CandidateTransform (TopK(k), StraightThrough(), "
+            f"Gumbel(temperature)) or a list of them, got {type(transforms).__name__} "
+            f"{transforms!r}"
+        )
     given = list(transforms or ())
     shorthand: list[CandidateTransform] = []
     if gumbel_temperature is not None:
@@ -147,6 +156,8 @@ def resolve_candidate_transforms(
         shorthand.append(StraightThrough())
     options = CandidateOptions()
     for position, transform in enumerate(given):
+        if _is_transform_class(transform):
+            raise TypeError(f"candidate_transforms[{position}]={_class_hint(transform)}")
         if not isinstance(transform, CandidateTransform):
             raise TypeError(
                 f"candidate_transforms[{position}] must be a CandidateTransform (TopK, "
@@ -156,3 +167,15 @@ def resolve_candidate_transforms(
     for transform in shorthand:
         options = transform.configure(options)
     return options
+
+
+def _is_transform_class(value: object) -> bool:
+    return isinstance(value, type) and issubclass(value, CandidateTransform)
+
+
+def _class_hint(transform: type) -> str:
+    """What to say of a transform's class given where an instance belongs."""
+    example = {"TopK": "TopK(k)", "Gumbel": "Gumbel(temperature)"}.get(
+        transform.__name__, f"{transform.__name__}()"
+    )
+    return f"{transform.__name__} is the class: pass {example}, an instance"

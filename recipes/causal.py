@@ -150,9 +150,7 @@ class CausalCollator:
         )  # fmt: skip
         # generated_labels drops its first column (a seq2seq decoder start): here the last
         # prompt column
-        return generated_labels(
-            sequences[:, batch["prompt_ids"].shape[1] - 1 :], self.pad, self.eos
-        )
+        return generated_labels(sequences[:, batch["prompt_ids"].shape[1] - 1 :], self.eos)
 
     def decode(self, labels: torch.Tensor) -> list[str]:
         """Answers of completion ids: the text's first line (a base model goes on after it)."""

@@ -95,7 +95,7 @@ class Collator:
         sequences = generate_ids(
             model, batch["input_ids"], batch["attention_mask"], max_new_tokens, **options
         )
-        return generated_labels(sequences, self.pad, self.eos)
+        return generated_labels(sequences, self.eos)
 
     def decode(self, labels: torch.Tensor) -> list[str]:
         return decode_texts(self.tokenizer, labels.clamp_min(0).masked_fill(labels < 0, self.pad))

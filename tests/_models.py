@@ -63,3 +63,23 @@ def tiny_seq2seq(kind: str):
     config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(bert, decoder)
     config.decoder_start_token_id, config.pad_token_id = 1, 0
     return transformers.EncoderDecoderModel(config=config)
+
+
+def scripted(model, answers: list[list[int]]):
+    """``model.generate`` replaced by fixed answers, laid out as ``generate`` lays them out:
+    after the prompts, each answer cut after its first end token (the call's ``eos_token_id``)
+    and to ``max_new_tokens``, then padded with the call's ``pad_token_id`` to the longest."""
+
+    def generate(input_ids, pad_token_id, eos_token_id, max_new_tokens, **options):
+        ends = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        rows = []
+        for answer in answers:
+            answer = answer[:max_new_tokens]
+            stops = [i for i, token in enumerate(answer) if token in ends]
+            rows.append(answer[: stops[0] + 1] if stops else answer)
+        width = max(len(row) for row in rows)
+        rows = [row + [pad_token_id] * (width - len(row)) for row in rows]
+        return torch.cat([input_ids, torch.tensor(rows, dtype=input_ids.dtype)], dim=1)
+
+    model.generate = generate
+    return model

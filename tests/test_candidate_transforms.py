@@ -81,6 +81,20 @@ def test_a_transform_twice_or_with_its_keyword_is_refused(encoder):
         bsloss.BERTScoreLoss(encoder=encoder, candidate_transforms=TopK(1))
 
 
+def test_a_transform_class_is_refused_asking_for_an_instance(encoder):
+    """The class where an instance belongs (candidate_transforms=TopK) is named as such, with
+    what to pass; so is something that is neither a transform nor a list of them."""
+    with pytest.raises(TypeError, match=r"candidate_transforms=TopK is the class: pass TopK\(k\)"):
+        bsloss.BERTScoreLoss(encoder=encoder, candidate_transforms=TopK)
+    with pytest.raises(
+        TypeError,
+        match=r"candidate_transforms\[1\]=StraightThrough is the class: pass StraightThrough\(\)",
+    ):
+        resolve_candidate_transforms([TopK(4), StraightThrough])
+    with pytest.raises(TypeError, match="candidate_transforms must be a CandidateTransform"):
+        resolve_candidate_transforms(4)
+
+
 def test_a_new_transform_is_one_small_class(encoder, logits):
     """A subclass that sets existing options works wherever transforms are taken."""
 

@@ -4,9 +4,11 @@ against the term called by hand, fused against dense, the three trainers, and ba
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-from _models import scorer_vocabulary_tokenizer, tiny_gpt2
+from _models import scorer_vocabulary_tokenizer, scripted, tiny_gpt2
 
 import bsloss
 from bsloss.integrations.candidates import (
@@ -267,7 +269,7 @@ def test_greedy_answers_in_seq2seq_trainer(loss, tokenizer, tmp_path):
             eos_token_id=[tokenizer.sep_token_id],
         )  # fmt: skip
     model.train()
-    answers = generated_labels(generated, tokenizer.pad_token_id, tokenizer.sep_token_id)
+    answers = generated_labels(generated, tokenizer.sep_token_id)
     term = BERTScoreTerm(loss, tokenizer, causal=False)
 
     def forward(labels):
@@ -299,12 +301,108 @@ def test_candidate_sources_resolve_and_refuse_named():
         SampledAnswers(top_k=-1)
 
 
+def test_answer_options_take_any_number_type_and_refuse_bools_named():
+    """Numbers of any numeric type (numpy's) are accepted and stored as Python numbers; a
+    bool, a float where an integer belongs or a string is refused, the parameter named."""
+    np = pytest.importorskip("numpy")
+    options = SampledAnswers(max_new_tokens=np.int64(8), top_k=np.int32(5),
+                             top_p=np.float32(0.5), temperature=np.float64(0.7))  # fmt: skip
+    assert options == SampledAnswers(max_new_tokens=8, top_k=5, top_p=0.5, temperature=0.7)
+    assert type(options.max_new_tokens) is int and type(options.top_p) is float
+    for field, value in [
+        ("top_p", True),
+        ("temperature", True),
+        ("max_new_tokens", True),
+        ("top_k", False),
+        ("max_new_tokens", 8.0),
+        ("top_p", "0.9"),
+    ]:
+        with pytest.raises(TypeError, match=rf"SampledAnswers\({field}\)"):
+            SampledAnswers(**{field: value})
+    with pytest.raises(ValueError, match=r"GreedyAnswers\(top_p\) must be in \(0, 1\]"):
+        GreedyAnswers(top_p=float("nan"))
+
+
 def test_generated_labels_end_at_the_first_end_token():
+    """Padding is decided by position: everything after the first end token, never a token
+    before it (a generated padding id is a token of the answer), and the end token is kept
+    also when it is the padding id."""
     sequences = torch.tensor([[9, 5, 7, 2, 5, 0], [9, 3, 0, 4, 1, 5]])
-    assert generated_labels(sequences, pad=0, eos=[2, 1]).tolist() == [
+    assert generated_labels(sequences, eos=[2, 1]).tolist() == [
         [5, 7, 2, -100, -100],
-        [3, -100, 4, 1, -100],
+        [3, 0, 4, 1, -100],
     ]
+    # pad == eos (GPT-2 / Qwen style): an answer that ends at once is its end token
+    assert generated_labels(torch.tensor([[9, 2, 2, 2], [9, 5, 2, 2]]), eos=2).tolist() == [
+        [2, -100, -100],
+        [5, 2, -100],
+    ]
+
+
+def with_padding(tokenizer, pad_token: str):
+    """A copy of ``tokenizer`` whose padding token is ``pad_token``."""
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.pad_token = pad_token
+    return tokenizer
+
+
+def scripted_answers(tokenizer) -> list[list[int]]:
+    """An answer that ends at once, and one with a [PAD] and a [MASK] token inside it."""
+    ids = tokenizer.convert_tokens_to_ids(["cat", "[PAD]", "[MASK]", "sat"])
+    return [[tokenizer.sep_token_id], ids + [tokenizer.sep_token_id]]
+
+
+def scripted_step(loss, tokenizer, pad_token: str):
+    """The greedy answers' joined batch under ``scripted_answers``, the padding token being
+    ``pad_token``, and the term (weight 1) on its one forward pass."""
+    padded = with_padding(tokenizer, pad_token)
+    batch = causal_batch(padded)
+    labels = batch.pop("labels")
+    model = without_dropout(scripted(tiny_gpt2(tokenizer), scripted_answers(tokenizer)))
+    joint = GreedyAnswers(max_new_tokens=6).answer(
+        model, batch, labels, causal=True, pad_token_id=padded.pad_token_id,
+        eos_token_ids=[padded.sep_token_id],
+    )  # fmt: skip
+    model.eval()
+    with torch.no_grad():
+        logits, own = joint.split(model(**joint.inputs).logits)
+        term = BERTScoreTerm(loss, padded, weight=1.0, causal=True)
+        value = term({"logits": logits}, labels, candidate_outputs={"logits": own},
+                     candidate_labels=joint.candidate_labels)  # fmt: skip
+    return batch, labels, joint, value
+
+
+def test_answers_keep_their_end_token_whatever_the_padding_id(loss, tokenizer):
+    """The same generated answers give the same candidates and the same term whether the
+    padding id is the end token [SEP] itself (GPT-2 / Qwen style), [PAD] (0) or [MASK]: each
+    answer keeps its end token (one that ends at once is that token, not an empty candidate
+    that adds nothing to the term)."""
+    answers = scripted_answers(tokenizer)
+    values = []
+    for pad_token in ("[SEP]", "[PAD]", "[MASK]"):
+        batch, labels, joint, value = scripted_step(loss, tokenizer, pad_token)
+        for i, answer in enumerate(answers):
+            prompt = int(batch["attention_mask"][i, : (labels[i] != -100).int().argmax()].sum())
+            got = joint.candidate_labels[i]
+            assert got[prompt : prompt + len(answer)].tolist() == answer, pad_token
+            assert (got[:prompt] == -100).all() and (got[prompt + len(answer) :] == -100).all()
+        values.append(value)
+    for value in values[1:]:
+        torch.testing.assert_close(value, values[0], rtol=0, atol=1e-6)
+
+
+def test_a_generated_padding_id_is_fed_back_as_generated(loss, tokenizer):
+    """A padding id the model generated inside its answer ([MASK] as the padding token) is a
+    token of the answer: fed back to the model as that token (not as id 0), attended, and
+    scored."""
+    batch, labels, joint, _ = scripted_step(loss, tokenizer, "[MASK]")
+    answer = scripted_answers(tokenizer)[1]
+    prompt = int(batch["attention_mask"][1, : (labels[1] != -100).int().argmax()].sum())
+    span = slice(prompt, prompt + len(answer))
+    own_ids, own_mask = joint.inputs["input_ids"][3], joint.inputs["attention_mask"][3]
+    assert own_ids[span].tolist() == answer
+    assert own_mask.sum() == span.stop and own_mask[: span.stop].all()
+    assert joint.candidate_labels[1, span].tolist() == answer
 
 
 def test_bad_batches_are_refused_named(loss, tokenizer, tmp_path):

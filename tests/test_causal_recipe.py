@@ -102,6 +102,26 @@ def test_generated_completions_stop_at_eos(tiny):
         assert not len(ended) or (row[ended[0, 0] + 1 :] == -100).all()
 
 
+def test_generated_completions_keep_their_eos_when_pad_is_eos(tiny):
+    """A tokenizer without a pad token is padded with eos (as TRL's trainers do): a completion
+    still keeps its eos, and one that ends at once is that eos, as with a distinct pad (before:
+    the eos was taken for padding, and such a completion was empty)."""
+    model, tokenizer, _ = tiny
+    no_pad = copy.deepcopy(tokenizer)
+    no_pad.pad_token = None
+    collator = CausalCollator(no_pad, model, "summarization", 32, 12)
+    eos, word = collator.eos, tokenizer.vocab["cat"]
+    assert collator.pad == eos
+    new = torch.tensor([[eos, eos, eos], [word, eos, eos]])  # generate pads with the pad id
+
+    class Recorded(torch.nn.Module):  # generate() output: the prompts, then the new tokens
+        def generate(self, input_ids, **_):
+            return torch.cat([input_ids, new], dim=1)
+
+    labels = collator.generate(Recorded(), collator(EXAMPLES[:2]), 3)
+    assert labels.tolist() == [[eos, -100, -100], [word, eos, -100]]
+
+
 def test_prompt_longer_than_context_names_the_setting(tiny):
     model, tokenizer, _ = tiny
     collator = CausalCollator(tokenizer, model, "summarization", 1000, 40)

@@ -789,3 +789,141 @@ def test_term_bad_input_named_and_state_unchanged(term_parts, corruption, data):
     assert term.pop_metrics() == {} and dict(term._decoded) == decoded
     torch.testing.assert_close(term({"logits": logits}, labels), good)
     assert term.pop_metrics() == pytest.approx(metrics)
+
+
+# ------------------------------------------- the model's answers whatever the padding id
+ANSWER_TOKENS = ["cat", "sat", "the", "[PAD]", "[MASK]", "[SEP]"]  # [SEP]: the end token
+
+
+@FEW
+@given(data=st.data())
+def test_answers_are_the_same_whatever_the_padding_id(term_parts, data):
+    """Any generated answers (end tokens anywhere or nowhere, padding ids inside them) and any
+    prompt lengths give, whether the tokenizer pads with the end token (GPT-2 / Qwen style),
+    [PAD] or [MASK]: each answered row's candidate is its tokens up to and including its first
+    end token (or max_new_tokens of them), at least one, right after its prompt, fed back as
+    generated and attended, padding after; the same candidates and inputs for every padding."""
+    import copy
+
+    from _models import scripted
+
+    from bsloss.integrations.candidates import GreedyAnswers
+
+    _, tokenizer = term_parts
+    ids = tokenizer.convert_tokens_to_ids(ANSWER_TOKENS)
+    eos = tokenizer.sep_token_id
+    rows = data.draw(st.integers(1, 3))
+    answers = [
+        data.draw(st.lists(st.sampled_from(ids), min_size=1, max_size=6)) for _ in range(rows)
+    ]
+    prompts = [
+        data.draw(st.lists(st.sampled_from(ids[:3]), min_size=1, max_size=4)) for _ in range(rows)
+    ]
+    references = [data.draw(st.lists(st.sampled_from(ids[:3]), max_size=3)) for _ in range(rows)]
+    limit = data.draw(st.integers(1, 6))
+    expected = []
+    for answer in answers:
+        answer = answer[:limit]
+        expected.append(answer[: answer.index(eos) + 1] if eos in answer else answer)
+    results = []
+    for pad_token in ("[SEP]", "[PAD]", "[MASK]"):
+        padded = copy.deepcopy(tokenizer)
+        padded.pad_token = pad_token
+        width = max(len(p) + len(r) for p, r in zip(prompts, references, strict=True))
+        pad = padded.pad_token_id
+        input_ids = torch.tensor(
+            [
+                p + r + [pad] * (width - len(p) - len(r))
+                for p, r in zip(prompts, references, strict=True)
+            ]
+        )
+        attention_mask = torch.ones_like(input_ids)
+        for i, (p, r) in enumerate(zip(prompts, references, strict=True)):
+            attention_mask[i, len(p) + len(r) :] = 0
+        labels = torch.tensor(
+            [[-100] * len(p) + r + [-100] * (width - len(p) - len(r))
+             for p, r in zip(prompts, references, strict=True)]
+        )  # fmt: skip
+        model = scripted(torch.nn.Module(), answers)
+        joint = GreedyAnswers(max_new_tokens=limit).answer(
+            model, {"input_ids": input_ids, "attention_mask": attention_mask}, labels,
+            causal=True, pad_token_id=pad, eos_token_ids=[eos],
+        )  # fmt: skip
+        own_ids = joint.inputs["input_ids"][rows:]
+        own_mask = joint.inputs["attention_mask"][rows:]
+        for i, (prompt, answer) in enumerate(zip(prompts, expected, strict=True)):
+            span = slice(len(prompt), len(prompt) + len(answer))
+            assert own_ids[i, : span.stop].tolist() == prompt + answer, pad_token
+            assert own_mask[i].sum() == span.stop and own_mask[i, : span.stop].all()
+            got = joint.candidate_labels[i]
+            if references[i]:
+                assert got[span].tolist() == answer and len(answer) >= 1
+                assert (got[: span.start] == -100).all() and (got[span.stop :] == -100).all()
+            else:  # a row without a reference scores nothing
+                assert (got == -100).all()
+        results.append((joint.candidate_labels, own_ids.masked_fill(own_mask == 0, -1)))
+    for labels_, inputs_ in results[1:]:
+        assert torch.equal(labels_, results[0][0]) and torch.equal(inputs_, results[0][1])
+
+
+# ------------------------------------------------------------------ user-defined term weights
+# what a user's TermWeight returns: a good number, a bad one (NaN, Inf, negative), or a tensor
+# with a gradient, of the CE and term it is passed (a rule without .detach()) or of its own
+WEIGHT_RESULTS = {
+    "good-number": st.floats(0, 1e6, width=32),
+    "bad-number": st.one_of(
+        st.sampled_from([math.nan, math.inf, -math.inf]), st.floats(-1e6, -0.5, width=32)
+    ),
+    "of-inputs": st.just(None),
+    "own-parameter": st.floats(0, 10, width=32),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WEIGHT_RESULTS))
+@settings(FUZZ, max_examples=2)
+@given(data=st.data())
+def test_term_with_user_defined_weights(term_parts, kind, data):
+    """A user's TermWeight: a good result gives the loss and gradient of Fixed(that value),
+    no gradient reaching the CE and term through it nor the rule's own tensor; a bad one a
+    ValueError naming the rule's class and the value, nothing recorded, the next call
+    unaffected."""
+    from bsloss.integrations.huggingface import BERTScoreTerm
+    from bsloss.integrations.term_weights import Fixed, TermWeight
+
+    loss, tokenizer = term_parts
+    logits, labels, causal = data.draw(term_batches(len(tokenizer)))
+    number = data.draw(WEIGHT_RESULTS[kind])
+    scale = torch.tensor(number or 0.0, requires_grad=True)
+
+    class UserWeight(TermWeight):
+        def __call__(self, ce, term):
+            if kind == "of-inputs":  # written without .detach()
+                return (ce + term) / 2
+            if kind == "own-parameter":
+                return scale * (1 + term)
+            return number
+
+    if kind == "bad-number":
+        term = BERTScoreTerm(loss, tokenizer, weight=UserWeight(), causal=causal)
+        with quiet(), pytest.raises(ValueError, match="term weight UserWeight returned") as caught:
+            term({"logits": logits}, labels)
+        assert f"returned {number!r}" in str(caught.value), str(caught.value)
+        assert term.pop_metrics() == {}
+        term.weight = 1.0
+        with quiet():
+            assert torch.isfinite(term({"logits": logits}, labels))
+        return
+
+    def step(weight):
+        x = logits.clone().requires_grad_(True)
+        term = BERTScoreTerm(loss, tokenizer, weight=weight, causal=causal)
+        with quiet():
+            value = term({"logits": x}, labels)
+        value.backward()
+        return value.detach(), x.grad, term.pop_metrics()
+
+    value, grad, metrics = step(UserWeight())
+    want_value, want_grad, _ = step(Fixed(metrics["bertscore_weight"]))
+    torch.testing.assert_close(value, want_value, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-7)
+    assert scale.grad is None

@@ -15,6 +15,7 @@ from bsloss.integrations.huggingface import (
     BERTScoreTrainerMixin,
     bertscore_compute_metrics,
 )
+from bsloss.integrations.term_weights import Fixed, TermWeight
 
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
@@ -89,6 +90,42 @@ def test_term_adds_up_over_gradient_accumulation(loss, tokenizer):
     f = loss.score(logits=logits[:, :-1], candidate_mask=mask, references=REFERENCES).f1
     expected = ce + 0.7 * ((1 - f) * mask.sum(1)).sum() / total
     assert abs(whole.item() - expected.item()) < 1e-5
+
+
+def test_an_empty_candidate_scores_zero_and_counts_as_one_token(loss, tokenizer):
+    """A row that has a completion but an empty candidate (an answer of no token) scores F = 0
+    (the loss's rule for an empty candidate) and counts as one token in the term's mean, on the
+    dense and the fused path alike: answering nothing is the term's worst value (before: the
+    row was dropped and added 0, the term's best)."""
+    from bsloss.integrations.lm_head import lm_head_inputs, token_cross_entropy
+
+    model = tiny_gpt2(tokenizer).eval()
+    batch = causal_batch(tokenizer)
+    labels = batch.pop("labels")
+    own = labels.clone()
+    own[1] = -100  # row 1 answered nothing
+    term = BERTScoreTerm(loss, tokenizer, weight=1.0, causal=True)
+    values = []
+    for fused in (False, True):
+        if fused:
+            with lm_head_inputs(model) as head:
+                outputs = model(**batch)
+        else:
+            head, outputs = None, model(**batch)
+        values.append(term(outputs, labels, head=head, candidate_outputs=outputs,
+                           candidate_labels=own))  # fmt: skip
+    f_logged = term.pop_metrics()["bertscore_f"]
+    with torch.no_grad():
+        logits = model(**batch).logits[:, :-1]
+        ce = token_cross_entropy(labels[:, 1:], logits=logits)
+        candidates = own[:1, 1:] != -100
+        f0 = loss.score(logits=logits[:1], candidate_mask=candidates,
+                        references=term.references_from_labels(labels[:1])).f1[0]  # fmt: skip
+    tokens = candidates.sum()
+    expected = ce + ((1 - f0) * tokens + 1.0) / (tokens + 1)
+    for value in values:
+        torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-5)
+    assert f_logged == pytest.approx(f0.item() / 2, abs=1e-5)  # F = 0 for row 1, in the mean
 
 
 def test_references_are_decoded_once_and_cached(loss, tokenizer, monkeypatch):
@@ -321,6 +358,117 @@ def test_term_weight_refused_named(scorer, weight, error):
     if not isinstance(weight, str):
         with pytest.raises(error, match=r"Balanced\(weight\)"):
             Balanced(weight)
+
+
+class Ratio(TermWeight):
+    """EMO's ratio as the docs invite a rule to be written: no .detach()."""
+
+    def __call__(self, ce, term):
+        return ce / term
+
+
+class DetachedRatio(TermWeight):
+    def __call__(self, ce, term):
+        return (ce / term).detach()
+
+
+class LearnedScale(TermWeight):
+    """A rule whose result carries a gradient of its own (a scale that requires grad)."""
+
+    def __init__(self):
+        self.scale = torch.tensor(1.0, requires_grad=True)
+
+    def __call__(self, ce, term):
+        return self.scale * ce / term
+
+
+def test_a_term_weights_result_is_a_constant(loss, tokenizer):
+    """Whatever a TermWeight returns, no gradient flows through it: a rule without .detach()
+    gives the value and the gradient of the same rule detached (before the fix: the same
+    value, a gradient far off), and a rule's own tensor gets no gradient."""
+    labels = causal_batch(tokenizer)["labels"]
+    torch.manual_seed(2)
+    base = torch.randn(*labels.shape, len(tokenizer))
+
+    def step(weight):
+        logits = base.clone().requires_grad_(True)
+        term = BERTScoreTerm(loss, tokenizer, weight=weight, causal=True)
+        value = term({"logits": logits}, labels)
+        value.backward()
+        return value.detach(), logits.grad
+
+    want_value, want_grad = step(DetachedRatio())
+    learned = LearnedScale()
+    for rule in (Ratio(), learned):
+        value, grad = step(rule)
+        torch.testing.assert_close(value, want_value, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-8)
+    assert learned.scale.grad is None
+
+
+@pytest.mark.parametrize(
+    "result, error, shown",
+    [
+        (float("nan"), ValueError, "returned nan"),
+        (torch.tensor(float("inf")), ValueError, "returned inf"),
+        (-0.5, ValueError, "returned -0.5"),
+        (torch.ones(2), TypeError, "shape [2]"),
+        ("1", TypeError, "str '1'"),
+    ],
+)
+def test_a_term_weights_result_is_checked_named(loss, tokenizer, result, error, shown):
+    """A rule returning NaN, Inf, a negative number or not one number is refused on the step,
+    its class and value named, before any metric is recorded (Fixed and Balanced refuse such
+    weights at construction)."""
+
+    class Custom(TermWeight):
+        def __call__(self, ce, term):
+            return result
+
+    labels = causal_batch(tokenizer)["labels"]
+    logits = torch.randn(*labels.shape, len(tokenizer))
+    term = BERTScoreTerm(loss, tokenizer, weight=Custom(), causal=True)
+    with pytest.raises(error, match="term weight Custom") as caught:
+        term({"logits": logits}, labels)
+    assert shown in str(caught.value), str(caught.value)
+    assert term.pop_metrics() == {}
+
+
+def test_balanced_min_term_must_hold_in_float32(loss, tokenizer):
+    """A floor below float32's smallest normal number rounds to 0 there: refused, named. The
+    smallest accepted floor with the term at 0 gives a finite weight, or, when CE / floor
+    overflows, the rule is refused named on the step (never a NaN loss)."""
+    from bsloss.integrations.term_weights import Balanced
+
+    for floor in (1e-300, 1e-39, 0.0):
+        with pytest.raises(ValueError, match=r"Balanced\(min_term\)"):
+            Balanced(min_term=floor)
+    from bsloss.integrations.term_weights import SMALLEST_TERM, evaluate_term_weight
+
+    zero = torch.tensor(0.0)
+    weight = evaluate_term_weight(Balanced(min_term=SMALLEST_TERM), torch.tensor(2.0), zero)
+    assert torch.isfinite(weight) and weight > 0
+    with pytest.raises(ValueError, match="term weight Balanced returned inf"):
+        evaluate_term_weight(Balanced(min_term=SMALLEST_TERM), torch.tensor(10.0), zero)
+
+
+def test_balanced_needs_the_cross_entropy(loss, tokenizer):
+    """Balanced scales the term to the CE's value: with ce_weight=0 the CE is not in the loss
+    (the loss's value would be the untrained CE, the term's step size would follow it), so the
+    pair is refused, named, however it is set; a fixed weight with ce_weight=0 is fine."""
+    from bsloss.integrations.term_weights import Balanced
+
+    with pytest.raises(ValueError, match="ce_weight=0"):
+        BERTScoreTerm(loss, tokenizer, weight=Balanced(1.0), ce_weight=0)
+    term = BERTScoreTerm(loss, tokenizer, weight=1.0, ce_weight=0)
+    with pytest.raises(ValueError, match="ce_weight=0"):
+        term.weight = Balanced(1.0)
+    term = BERTScoreTerm(loss, tokenizer, weight=Balanced(1.0))
+    with pytest.raises(ValueError, match="ce_weight=0"):
+        term.ce_weight = 0.0
+    assert term.ce_weight == 1.0 and isinstance(term.weight, Balanced)
+    term.weight = 0.5  # a number set later is a Fixed weight, as in the constructor
+    assert term.weight == Fixed(0.5)
 
 
 def test_mixin_logs_loss_as_ce_plus_the_term(loss, tokenizer, tmp_path):

@@ -31,7 +31,7 @@ False
 
 from __future__ import annotations
 
-import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +39,8 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.fused_expectation import IGNORE_INDEX
+from bsloss.functional.matching import check_temperature
+from bsloss.inputs import check_int
 
 __all__ = [
     "CandidateSource",
@@ -102,6 +104,9 @@ class ModelAnswers(CandidateSource):
         temperature: the sampling temperature.
 
     Raises:
+        TypeError: ``max_new_tokens`` or ``top_k`` not an integer (a bool, a float), ``top_p``
+            or ``temperature`` not a number (a bool, a string); each named. Integers and
+            numbers of any type (numpy's included) are stored as Python ``int`` / ``float``.
         ValueError: a ``max_new_tokens`` below 1, a negative ``top_k``, ``top_p`` outside
             ``(0, 1]`` or a ``temperature`` that is not a finite number ``> 0``.
     """
@@ -115,24 +120,21 @@ class ModelAnswers(CandidateSource):
 
     def __post_init__(self):
         name = type(self).__name__
-        if self.max_new_tokens is not None and (
-            isinstance(self.max_new_tokens, bool)
-            or not isinstance(self.max_new_tokens, int)
-            or self.max_new_tokens < 1
-        ):
-            raise ValueError(f"{name}(max_new_tokens) must be None or an int >= 1, got "
-                             f"{self.max_new_tokens!r}")  # fmt: skip
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"{name}(top_k) must be an int >= 0, got {self.top_k!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+        # numbers of any numeric type (numpy's included) are stored as Python ones, so that
+        # generate() and the repr see plain values; a bool is refused (True is not a length)
+        checked = {
+            "top_k": check_int(self.top_k, f"{name}(top_k)", 0),
+            "temperature": check_temperature(self.temperature, f"{name}(temperature)"),
+        }
+        if self.max_new_tokens is not None:
+            checked["max_new_tokens"] = check_int(self.max_new_tokens, f"{name}(max_new_tokens)", 1)
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real):
+            raise TypeError(f"{name}(top_p) must be a number, got {self.top_p!r}")
+        if not 0 < self.top_p <= 1:  # NaN fails this too
             raise ValueError(f"{name}(top_p) must be in (0, 1], got {self.top_p!r}")
-        if not (
-            isinstance(self.temperature, (int, float))
-            and math.isfinite(self.temperature)
-            and self.temperature > 0
-        ):
-            raise ValueError(f"{name}(temperature) must be a finite number > 0, got "
-                             f"{self.temperature!r}")  # fmt: skip
+        checked["top_p"] = float(self.top_p)
+        for field, value in checked.items():  # a frozen dataclass: set past its __setattr__
+            object.__setattr__(self, field, value)
 
     def answer(
         self,
@@ -153,8 +155,10 @@ class ModelAnswers(CandidateSource):
             labels: ``[B, L]``, ``-100`` outside the completion; for a causal model a row's
                 prompt is every position before its first label.
             causal: decoder-only (the prompt is in ``input_ids``) or encoder-decoder.
-            pad_token_id, eos_token_ids: padding and the tokens that end an answer (it keeps
-                its first one).
+            pad_token_id, eos_token_ids: padding and the tokens that end an answer. An answer
+                is every token up to and including its first end token (see
+                :func:`generated_labels`), so it always has one token at least and keeps its
+                end token also where the padding id is an end id.
 
         Raises:
             ValueError: other inputs than ``input_ids`` / ``attention_mask`` (packed or
@@ -185,7 +189,7 @@ class ModelAnswers(CandidateSource):
         )
         if not causal:
             sequences = generate_ids(model, input_ids, attention_mask, **options)
-            answers = generated_labels(sequences, pad_token_id, eos_token_ids)
+            answers = generated_labels(sequences, eos_token_ids)
             answers[~targets.any(1)] = IGNORE_INDEX  # a row without a reference scores nothing
             joined = torch.cat(pad_labels([labels, answers]))
             return JointBatch(
@@ -202,14 +206,14 @@ class ModelAnswers(CandidateSource):
         sequences = generate_ids(model, left, _mask(prompts, "left"), **options)
         # generated_labels drops its first column (a seq2seq decoder start): here the last
         # prompt column
-        answers = generated_labels(sequences[:, left.shape[1] - 1 :], pad_token_id, eos_token_ids)
+        answers = generated_labels(sequences[:, left.shape[1] - 1 :], eos_token_ids)
         rows, row_labels = [], []
         for prompt, answer in zip(prompts, answers, strict=True):
-            kept = (answer != IGNORE_INDEX).nonzero()
-            end = int(kept[-1]) + 1 if len(kept) else 0
-            tokens = answer[:end].clamp_min(0)  # a hole (a generated pad) stays in the input
+            # the answer is a prefix (generated_labels: -100 only after its end token), fed
+            # back as generated: a padding id inside it is a token like any other
+            tokens = answer[: int((answer != IGNORE_INDEX).sum())]
             rows.append(torch.cat([prompt, tokens]))
-            row_labels.append(torch.cat([torch.full_like(prompt, IGNORE_INDEX), answer[:end]]))
+            row_labels.append(torch.cat([torch.full_like(prompt, IGNORE_INDEX), tokens]))
         width = max(labels.shape[1], max(len(r) for r in rows))
         answer_ids = _pad_rows(rows, pad_token_id, side="right", width=width)
         answer_mask = _mask(rows, "right", width=width)
@@ -298,13 +302,22 @@ def pad_labels(label_sets: list[Tensor]) -> list[Tensor]:
     ]
 
 
-def generated_labels(sequences: Tensor, pad: int, eos: int | Sequence[int]) -> Tensor:
+def generated_labels(sequences: Tensor, eos: int | Sequence[int]) -> Tensor:
     """``generate()`` output (a decoder start or the last prompt token first) -> labels-style
-    ids: padding and everything after the first end-of-sequence token are ``-100``."""
+    ids: each answer is its tokens up to and including its first end-of-sequence token, and
+    everything after that is ``-100``.
+
+    What is padding is decided by position, never by id: ``generate`` pads only a finished
+    answer, after its end token. So an answer keeps its end token (and an answer that ends at
+    once is that one token) whether or not the padding id is the end id (GPT-2 / Qwen style),
+    and a padding id the model generated inside its answer is a token of the answer.
+
+    >>> generated_labels(torch.tensor([[9, 5, 0, 2, 2, 2]]), eos=2).tolist()
+    [[5, 0, 2, -100, -100]]
+    """
     labels = sequences[:, 1:].clone()
     ends = torch.isin(labels, torch.as_tensor(eos, device=labels.device).reshape(-1)).long()
-    after_end = (ends.cumsum(1) - ends) > 0
-    labels[after_end | (labels == pad)] = IGNORE_INDEX
+    labels[(ends.cumsum(1) - ends) > 0] = IGNORE_INDEX  # after the first end token
     return labels
 
 

@@ -39,9 +39,11 @@ from torch import Tensor
 from bsloss.integrations.candidates import CandidateSource, resolve_candidates
 from bsloss.integrations.lm_head import IGNORE_INDEX, LMHead, lm_head_inputs, token_cross_entropy
 from bsloss.integrations.term_weights import (
+    Balanced,
     Fixed,
     TermWeight,
     check_weight,
+    evaluate_term_weight,
     resolve_term_weight,
 )
 from bsloss.loss import BERTScoreLoss
@@ -68,14 +70,19 @@ class BERTScoreTerm:
         tokenizer: the generator's tokenizer, to decode the labels into references.
         weight: :math:`\\lambda`, the weight of the BERTScore term, or a
             :class:`~bsloss.integrations.term_weights.TermWeight`: ``Balanced(1.0)`` rescales
-            the term to the CE's value on every step (EMO's balance).
+            the term to the CE's value on every step (EMO's balance). A rule's result is a
+            constant (no gradient flows through it) and is checked on every step: NaN, Inf or
+            a negative value raises a ``ValueError`` naming the rule's class and the value.
         causal: ``True`` for decoder-only models (logits at ``t`` predict label ``t + 1``, as
             in ``SFTTrainer``), ``False`` for encoder-decoder ones (``Seq2SeqTrainer``).
-        ce_weight: weight of the cross-entropy term (``0``: BERTScore only).
+        ce_weight: weight of the cross-entropy term (``0``: BERTScore only, with a fixed
+            weight: ``Balanced`` balances against the CE and is refused with it).
+
+    ``weight`` and ``ce_weight`` may be set again between steps (checked as here).
 
     Raises:
         TypeError: ``loss`` is not a :class:`~bsloss.BERTScoreLoss`.
-        ValueError: a negative weight.
+        ValueError: a negative weight, or a ``Balanced`` weight with ``ce_weight=0``.
 
     >>> import torch, bsloss
     >>> from bsloss.integrations.huggingface import BERTScoreTerm
@@ -98,8 +105,9 @@ class BERTScoreTerm:
     ):
         if not isinstance(loss, BERTScoreLoss):
             raise TypeError(f"loss must be a bsloss.BERTScoreLoss, got {type(loss).__name__}")
-        self.weight = resolve_term_weight(weight, "weight")
-        self.ce_weight = check_weight(ce_weight, "ce_weight")
+        self._weight, self._ce_weight = Fixed(0.0), 1.0  # checked together by the setters
+        self.ce_weight = ce_weight
+        self.weight = weight
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {causal!r}")
         if not callable(getattr(tokenizer, "decode", None)):
@@ -116,6 +124,29 @@ class BERTScoreTerm:
             "train": defaultdict(list),
             "eval": defaultdict(list),
         }
+
+    @property
+    def weight(self) -> TermWeight:
+        """The term's :class:`~bsloss.integrations.term_weights.TermWeight` (a number set
+        here becomes :class:`~bsloss.integrations.term_weights.Fixed`)."""
+        return self._weight
+
+    @weight.setter
+    def weight(self, weight: float | TermWeight) -> None:
+        weight = resolve_term_weight(weight, "weight")
+        _check_balance(weight, self._ce_weight)
+        self._weight = weight
+
+    @property
+    def ce_weight(self) -> float:
+        """The weight of the cross-entropy term."""
+        return self._ce_weight
+
+    @ce_weight.setter
+    def ce_weight(self, ce_weight: float) -> None:
+        ce_weight = check_weight(ce_weight, "ce_weight")
+        _check_balance(self._weight, ce_weight)
+        self._ce_weight = ce_weight
 
     def references_from_labels(self, labels: Tensor) -> list[str]:
         """Each row's completion tokens (``!= -100``) decoded, each distinct row once (the
@@ -165,12 +196,18 @@ class BERTScoreTerm:
                 outputs (as ``outputs``) and their token ids (as ``labels``). The CE stays on
                 ``labels``; the BERTScore term is the candidates' token-weighted ``1 - F``
                 against the references (divided by the candidates' own token count, then
-                scaled like the CE by this micro-batch's share of ``num_items_in_batch``).
-                Default: the teacher-forced distributions of ``labels`` are the candidates.
+                scaled like the CE by this micro-batch's share of ``num_items_in_batch``). An
+                empty candidate of a row that has a completion scores ``F = 0`` and counts as
+                one token (answering nothing is the term's worst value); a row with neither
+                is not scored. Default: the teacher-forced distributions of ``labels`` are the
+                candidates.
 
         Raises:
             ValueError: ``labels`` missing or of the wrong shape, ``references`` of the wrong
-                length, or only one of ``candidate_outputs`` / ``candidate_labels``.
+                length, only one of ``candidate_outputs`` / ``candidate_labels``, or a
+                :class:`~bsloss.integrations.term_weights.TermWeight` whose result is NaN,
+                infinite or negative.
+            TypeError: a ``TermWeight`` whose result is not one number.
         """
         if labels is None:
             raise ValueError("BERTScoreTerm needs labels (-100 outside the completion)")
@@ -198,7 +235,11 @@ class BERTScoreTerm:
             raise ValueError(f"{len(references)} references for a batch of {labels.shape[0]}")
         candidate_mask = candidate_labels != IGNORE_INDEX
         tokens = candidate_mask.sum(dim=1)
-        keep = tokens > 0  # a row without candidate tokens has nothing to score
+        # a row is scored when it has a completion or a candidate; an empty candidate of a row
+        # with a completion scores F = 0 (the loss's rule for an empty candidate) and weighs
+        # as one token, so that answering nothing is the term's worst value, not its best
+        keep = (tokens > 0) | mask.any(dim=1)
+        row_weights = tokens.clamp_min(1) * keep
         f1 = torch.zeros(labels.shape[0], device=logits.device)
         rows = keep.nonzero().squeeze(1)
         kept = {
@@ -222,7 +263,7 @@ class BERTScoreTerm:
             f1 = f1.index_put((rows,), f1_kept.float())
         else:  # no target token at all: a zero on the graph of the hidden states
             ce_sum = logits.sum() * 0.0
-        bertscore_sum = ((1 - f1) * tokens * keep).sum()
+        bertscore_sum = ((1 - f1) * row_weights).sum()
         if training is None:
             training = torch.is_grad_enabled() and logits.requires_grad
         metrics = self._metrics["train" if training else "eval"]
@@ -231,17 +272,18 @@ class BERTScoreTerm:
         # scaled like the CE by this micro-batch's share of num_items_in_batch, so that
         # accumulated micro-batches and processes add up to the whole batch's mean (a mean
         # per micro-batch would count once per micro-batch and process)
-        term_local = bertscore_sum / candidate_mask.sum().clamp(min=1)
+        term_local = bertscore_sum / row_weights.sum().clamp(min=1)
         ce_mean, term_mean = ce_sum / total, term_local * (label_tokens / total)
+        # a per-step weight compares the micro-batch's own means (the share cancels in a ratio,
+        # not in Balanced's floor on the term); this is the one place a TermWeight is applied:
+        # a checked constant whatever the rule returns, checked before anything is recorded
+        weight = evaluate_term_weight(self.weight, ce_sum / label_tokens, term_local)
         metrics["ce"].append((ce_sum / label_tokens).item())
         if keep.any():
             metrics["bertscore_f"].append(f1[keep].mean().item())
         metrics["bertscore_loss"].append(term_local.item())
-        # a per-step weight compares the micro-batch's own means (the share cancels in a ratio,
-        # not in Balanced's floor on the term)
-        weight = self.weight(ce_sum / label_tokens, term_local)
         if not isinstance(self.weight, Fixed):  # a step-by-step weight is logged
-            metrics["bertscore_weight"].append(float(weight))
+            metrics["bertscore_weight"].append(weight.item())
         return self.ce_weight * ce_mean + weight * term_mean
 
     def _aligned(self, outputs: Any, labels: Tensor, name: str) -> tuple[Tensor, Tensor]:
@@ -295,6 +337,18 @@ class BERTScoreTerm:
         means = {k: sum(v) / len(v) for k, v in metrics.items() if v}
         metrics.clear()
         return means
+
+
+def _check_balance(weight: TermWeight, ce_weight: float) -> None:
+    """Refuse :class:`Balanced` without the CE it balances against: with ``ce_weight=0`` the
+    loss's value would be the CE, which is not trained, and the term's step size would follow
+    that CE as it drifts (a BERTScore-only loss takes a fixed weight)."""
+    if isinstance(weight, Balanced) and ce_weight == 0:
+        raise ValueError(
+            f"weight={weight!r} scales the term to the cross-entropy's value, but ce_weight=0 "
+            "leaves the cross-entropy out of the loss: use a number (a fixed weight) for a "
+            "BERTScore-only loss, or a ce_weight > 0"
+        )
 
 
 class _WithReferences:

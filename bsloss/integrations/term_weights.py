@@ -31,13 +31,36 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["TermWeight", "Fixed", "Balanced", "check_weight", "resolve_term_weight"]
+__all__ = [
+    "TermWeight",
+    "Fixed",
+    "Balanced",
+    "check_weight",
+    "evaluate_term_weight",
+    "resolve_term_weight",
+]
+
+# Balanced's floor on the term: a smaller one rounds to 0 in float32, and the ratio to inf
+SMALLEST_TERM = torch.finfo(torch.float32).tiny
 
 
 class TermWeight:
     """The weight :math:`w` of the BERTScore term, from this step's mean CE and mean term
-    ``1 - F`` (both per completion token, as the trainer reduces them). The result is used
-    as a constant (no gradient flows through it)."""
+    ``1 - F`` (both per completion token, as the trainer reduces them; the CE is measured
+    whatever the term's ``ce_weight``).
+
+    :class:`~bsloss.integrations.huggingface.BERTScoreTerm` treats the result as a constant:
+    it passes ``ce`` and ``term`` detached and stops the gradient through the result, so a
+    rule needs no ``.detach()`` of its own. It checks the result on every step: one finite
+    number ``>= 0`` (a float or a one-element tensor), or a ``ValueError`` naming the rule's
+    class, the value and the step's CE and term.
+
+    >>> class Halved(TermWeight):
+    ...     def __call__(self, ce, term):
+    ...         return ce / 2
+    >>> Halved()(torch.tensor(3.0), torch.tensor(0.5))
+    tensor(1.5000)
+    """
 
     def __call__(self, ce: Tensor, term: Tensor) -> Tensor:
         raise NotImplementedError
@@ -77,14 +100,18 @@ class Balanced(TermWeight):
     """:math:`w = \\lambda\\,\\mathrm{sg}(\\mathrm{CE} / (1 - F))`: the term weighs as much as
     the CE on every step (EMO's rescaling; see the module docstring).
 
+    It balances the term against the CE, so it needs the CE in the loss:
+    :class:`~bsloss.integrations.huggingface.BERTScoreTerm` refuses it with ``ce_weight=0``.
+
     Args:
         weight: :math:`\\lambda \\ge 0` (EMO: 1, with the whole loss halved).
         min_term: the term's floor in the ratio, so that a near-perfect F does not blow the
-            weight up.
+            weight up; at least float32's smallest normal number (``1.1754944e-38``), below
+            which it would round to 0 and a term of 0 would make the loss NaN.
 
     Raises:
-        TypeError, ValueError: ``weight`` or ``min_term`` not a finite number (``> 0`` for
-            ``min_term``).
+        TypeError, ValueError: ``weight`` or ``min_term`` not a finite number ``>= 0``, or a
+            ``min_term`` below float32's smallest normal number.
     """
 
     weight: float = 1.0
@@ -93,12 +120,55 @@ class Balanced(TermWeight):
     def __post_init__(self):
         check_weight(self.weight, "Balanced(weight)")
         check_weight(self.min_term, "Balanced(min_term)")
-        if self.min_term == 0:
-            raise ValueError("Balanced(min_term) must be > 0")
+        if self.min_term < SMALLEST_TERM:
+            raise ValueError(
+                f"Balanced(min_term) must be >= {SMALLEST_TERM:.8g} (float32's smallest normal "
+                f"number; the ratio is computed in float32), got {self.min_term!r}"
+            )
 
     def __call__(self, ce: Tensor, term: Tensor) -> Tensor:
-        ratio = ce.detach() / term.detach().clamp_min(self.min_term)
+        ratio = ce.detach().float() / term.detach().float().clamp_min(self.min_term)
         return self.weight * ratio
+
+
+def evaluate_term_weight(rule: TermWeight, ce: Tensor, term: Tensor) -> Tensor:
+    """``rule``'s weight for this step as a constant: ``rule(ce, term)`` on detached inputs,
+    its result detached (a rule written without ``.detach()`` does not send gradient through
+    the weight) and checked.
+
+    Returns:
+        A 0-dim float32 tensor on ``term``'s device, without gradient.
+
+    Raises:
+        TypeError: the result is not a number or a one-element tensor.
+        ValueError: the result is NaN, infinite or negative (the rule's class, the value, the
+            CE and the term named).
+
+    >>> evaluate_term_weight(Balanced(1.0), torch.tensor(2.0), torch.tensor(0.5))
+    tensor(4.)
+    """
+    ce, term = ce.detach(), term.detach()
+    name = type(rule).__name__
+    value = rule(ce, term)
+    try:
+        value = torch.as_tensor(value, dtype=torch.float32, device=term.device).detach()
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(
+            f"the term weight {name} must return a number or a one-element tensor, got "
+            f"{type(value).__name__} {value!r}"
+        ) from None
+    if value.numel() != 1:
+        raise TypeError(
+            f"the term weight {name} must return one number, got a tensor of shape "
+            f"{list(value.shape)}"
+        )
+    number = value.item()
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(
+            f"the term weight {name} returned {number!r} (ce={ce.item():.6g}, "
+            f"term={term.item():.6g}): a weight must be a finite number >= 0"
+        )
+    return value.reshape(())
 
 
 def resolve_term_weight(weight: float | TermWeight, name: str = "weight") -> TermWeight:
