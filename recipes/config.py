@@ -19,6 +19,7 @@ from prompting import chat_template_setting
 from tasks import get_task
 
 from bsloss.functional.matching import SHORTHANDS, check_iterations, check_temperature
+from bsloss.integrations.huggingface import check_balance
 from bsloss.integrations.term_weights import Balanced, Fixed
 
 # train.mixed_precision and --mixed_precision: what every recipe hands on (grpo.py to TRL's bf16 /
@@ -369,6 +370,10 @@ def recipe_loss_settings(loss_section: dict) -> dict:
     check_choice("loss.weighting", settings["weighting"], tuple(TERM_WEIGHTS))
     if settings["weight"] == 0 and settings["ce_weight"] == 0:
         raise ValueError("config loss.weight and loss.ce_weight are both 0: nothing to train")
+    try:  # the trainer's own rule, at load rather than at the first step
+        check_balance(TERM_WEIGHTS[settings["weighting"]](1.0), settings["ce_weight"])
+    except ValueError as error:
+        raise ValueError(f"config loss.weighting / loss.ce_weight: {error}") from None
     check_choice("loss.candidates", settings["candidates"], CANDIDATE_MODES)
     return settings
 

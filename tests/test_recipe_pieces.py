@@ -175,6 +175,17 @@ def test_a_value_its_consumer_refuses_fails_at_load_named(
     assert setting in message and value in message and accepted in message, message
 
 
+def test_a_balanced_term_without_the_cross_entropy_fails_at_load(tmp_path, no_model_loads):
+    """BERTScoreTerm refuses Balanced with ce_weight=0 (nothing to balance against): the
+    config says so at load, naming both settings, not at the first step."""
+    import finetune
+
+    overrides = ["--set", "loss.weighting=balanced", "--set", "loss.ce_weight=0"]
+    overrides += ["--set", "loss.weight=1.0"]
+    with pytest.raises(ValueError, match=r"loss.weighting / loss.ce_weight: .*ce_weight=0"):
+        finetune.main(["--config", str(STAGE2), "--output_dir", str(tmp_path), *overrides])
+
+
 def test_grpo_needs_whole_groups_of_completions_at_load(tmp_path, no_model_loads):
     """rl.num_generations must divide train.batch_size for grpo.py (a step's completions are
     whole groups), refused before any model loads; finetune.py does not read it."""

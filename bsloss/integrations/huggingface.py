@@ -134,7 +134,7 @@ class BERTScoreTerm:
     @weight.setter
     def weight(self, weight: float | TermWeight) -> None:
         weight = resolve_term_weight(weight, "weight")
-        _check_balance(weight, self._ce_weight)
+        check_balance(weight, self._ce_weight)
         self._weight = weight
 
     @property
@@ -145,7 +145,7 @@ class BERTScoreTerm:
     @ce_weight.setter
     def ce_weight(self, ce_weight: float) -> None:
         ce_weight = check_weight(ce_weight, "ce_weight")
-        _check_balance(self._weight, ce_weight)
+        check_balance(self._weight, ce_weight)
         self._ce_weight = ce_weight
 
     def references_from_labels(self, labels: Tensor) -> list[str]:
@@ -339,7 +339,7 @@ class BERTScoreTerm:
         return means
 
 
-def _check_balance(weight: TermWeight, ce_weight: float) -> None:
+def check_balance(weight: TermWeight, ce_weight: float) -> None:
     """Refuse :class:`Balanced` without the CE it balances against: with ``ce_weight=0`` the
     loss's value would be the CE, which is not trained, and the term's step size would follow
     that CE as it drifts (a BERTScore-only loss takes a fixed weight)."""
