@@ -45,10 +45,19 @@ followed by :func:`~bsloss.distributions.expected_inputs`):
   (seed, position, token) that each chunk, and the backward pass, recomputes.
 
 Softmax arithmetic is float32 (float64 for float64 inputs) whatever the caller's autocast; the
-``h W^T`` products run in the autocast dtype when autocast is on (as the model's own LM head
-would), else in the inputs' dtype. On CUDA, the plain case (no top-k, soft-cap, straight-through
-or targets) goes through :func:`torch.nn.functional.scaled_dot_product_attention`'s
-memory-efficient backend, which accepts a value dimension different from the key dimension.
+``h W^T`` products and the table products (``p E`` and ``g E^T``) run in the autocast dtype when
+autocast is on (as the model's own LM head and the dense path's table product would), else in the
+inputs' dtype. The logits stay in that dtype unless a bias, soft-cap, temperature or noise must be
+applied, and the softmax upcasts them as it reads them.
+
+Chunk shapes: on the CPU, ~16 MB chunks of rows x vocabulary (cache-sized); on CUDA, blocks of
+rows over the whole vocabulary, 256 MiB per float32 temporary, so that the online rescaling
+reduces to a plain softmax and a call makes tens of blocks, not hundreds (``chunk_elements``
+overrides both). Nothing inside the loops reads a value back to the host: targets are gathered
+and scattered with clamped indices and a mask, and the rows' finiteness is checked once, after
+the forward loop. On CUDA, the plain case (no top-k, soft-cap, straight-through or targets) goes
+through :func:`torch.nn.functional.scaled_dot_product_attention`'s memory-efficient backend,
+which accepts a value dimension different from the key dimension.
 """
 
 from __future__ import annotations
@@ -80,11 +89,12 @@ _MAX_ROW_BLOCK = 4096
 # CUDA: blocks of rows over the whole vocabulary (no online rescaling), as many rows as make one
 # [rows, V] temporary of the softmax dtype at most 256 MiB (256 rows at Gemma 3's V = 262,144).
 # A GPU pays per kernel launch and per host synchronisation, not per cache miss: the CPU's 16 MB
-# chunks cost ~512 blocks x ~20 launches at Gemma's 8 x 1024 positions, these cost 32. Memory:
-# about three such temporaries live at once (the scores, the probabilities or their gradient,
-# its matmul-dtype copy) besides the float32 gradient of W [V, d] (0.625 GiB at d = 640): ~1.4
-# GiB at Gemma's sizes, 0.045x the dense path's float32 logits and their gradient (32 GiB at
-# 8,192 positions; the goal is <= 0.1x). 1 GiB would save few launches and reach ~0.1x.
+# chunks make ~512 blocks x ~20 launches at Gemma's 8 x 1024 positions, these make 32 blocks.
+# Memory: about three such temporaries live at once (the logits, the probabilities or dz, and a
+# matmul-dtype copy) besides W's float32 gradient [V, d] and its per-block bf16 product (0.94 GiB
+# at d = 640): ~1.7 GiB at Gemma's sizes, 0.053x the dense path's 32 GiB (its float32 logits,
+# softmax and gradients at 8,192 positions; the goal is <= 0.1x). 1 GiB blocks would reach ~0.12x
+# and save only launches, which cost microseconds against a block's ~milliseconds.
 _CUDA_BLOCK_BYTES = 256 << 20
 # A whole-vocabulary block of fewer rows than this would make h W^T a thin GEMM: the vocabulary
 # is then split in chunks again (the online softmax), as on the CPU.
@@ -154,17 +164,17 @@ def _chunk_shape(
     chunk_elements: int | None,
     itemsize: int = 4,
     block_bytes: int = _CUDA_BLOCK_BYTES,
+    min_rows: int = _MIN_CUDA_ROWS,
 ) -> tuple[int, int]:
     """``(row_block, vocab_chunk)`` of the pass: ``chunk_elements`` positions x vocabulary
     entries when the caller sets it; else, on CUDA, rows over the whole vocabulary within
     ``block_bytes`` per ``[rows, V]`` temporary of ``itemsize`` bytes (the vocabulary chunked
-    only when fewer than :data:`_MIN_CUDA_ROWS` rows fit); elsewhere
-    :data:`DEFAULT_CHUNK_ELEMENTS`."""
+    only when fewer than ``min_rows`` rows fit); elsewhere :data:`DEFAULT_CHUNK_ELEMENTS`."""
     if chunk_elements is None and device_type == "cuda":
         rows = block_bytes // (itemsize * vocab)
-        if rows >= min(n, _MIN_CUDA_ROWS):
+        if rows >= min(n, min_rows):
             return max(1, min(n, rows)), vocab
-        rows = max(1, min(n, _MIN_CUDA_ROWS))
+        rows = max(1, min(n, min_rows))
         return rows, max(1, block_bytes // (itemsize * rows))
     elements = DEFAULT_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
     row_block = max(1, min(n, _MAX_ROW_BLOCK, elements))
