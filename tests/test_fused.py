@@ -108,19 +108,20 @@ def test_matches_dense_values_and_gradients(name, chunk_elements, with_targets):
 
 
 # The shapes (row_block, vocab_chunk) the pass can take for problem()'s 9 positions x 257 tokens,
-# each from the policy that makes it: the CPU's default (here one chunk), CUDA's whole-vocabulary
-# row blocks (3 rows: 3 blocks), CUDA's fallback when too few rows fit (the vocabulary split in
-# chunks of 50, online softmax), and a caller's small chunks (9 rows x 4 tokens).
+# each from the policy that makes it: the CPU's default (here one chunk), CUDA's row blocks over
+# the whole vocabulary (made here by capping the rows at 3: 3 blocks), CUDA's tall blocks by
+# vocabulary chunks (a budget of 50 tokens x 9 rows: the online softmax) and a caller's small
+# chunks (9 rows x 4 tokens).
 chunk_shape = fused_expectation._chunk_shape  # the policy, before a test patches it
 
 
 def cuda_whole_vocabulary(n, vocab, device_type, chunk_elements, itemsize=4):
     return chunk_shape(
-        n, vocab, "cuda", None, itemsize, block_bytes=3 * vocab * itemsize, min_rows=1
+        n, vocab, "cuda", None, itemsize, block_bytes=3 * vocab * itemsize, max_rows=3
     )
 
 
-def cuda_vocabulary_split(n, vocab, device_type, chunk_elements, itemsize=4):
+def cuda_vocabulary_chunks(n, vocab, device_type, chunk_elements, itemsize=4):
     return chunk_shape(n, vocab, "cuda", None, itemsize, block_bytes=50 * n * itemsize)
 
 
@@ -130,7 +131,7 @@ def small_chunks(n, vocab, device_type, chunk_elements, itemsize=4):
 
 CHUNK_POLICIES = {
     "cuda-whole-vocabulary": (cuda_whole_vocabulary, (3, 257)),
-    "cuda-vocabulary-split": (cuda_vocabulary_split, (9, 50)),
+    "cuda-vocabulary-chunks": (cuda_vocabulary_chunks, (9, 50)),
     "small-chunks": (small_chunks, (9, 4)),
 }
 # Tolerances between chunk shapes, which change only the order and grouping of sums:
@@ -191,26 +192,25 @@ def test_chunk_shape_changes_neither_values_nor_gradients(monkeypatch, name, pre
 
 
 def test_chunk_shape_policy_by_device():
-    """CPU: the cache-sized chunks (what the caller's chunk_elements also sets). CUDA: rows over
-    the whole vocabulary, 256 MiB per float32 [rows, V] temporary, as many rows as fit (256 at
-    Gemma 3's V = 262,144: 32 blocks for 8 x 1024 positions instead of ~512 chunks); the
-    vocabulary is split only when fewer than 64 rows fit. The estimated peak at Gemma's sizes
-    (three such temporaries and W's float32 gradient with its bf16 product) stays under 0.1x the
-    dense path's 32 GiB."""
+    """CPU: the cache-sized chunks (what the caller's chunk_elements also sets). CUDA: all the
+    rows (up to 16,384) by vocabulary chunks of 256 MiB per float32 temporary, the whole
+    vocabulary when it fits: 32 chunks at Gemma 3's sizes (8 x 1024 positions, V = 262,144)
+    instead of the CPU's 512, W's gradient updated once per chunk. The estimated peak there
+    (three such temporaries and W's float32 gradient) stays under 0.1x the dense path's 32 GiB."""
     n, vocab, d = 8 * 1024, 262_144, 640
     shape = chunk_shape
     assert shape(n, vocab, "cpu", None) == (4096, DEFAULT_CHUNK_ELEMENTS // 4096)
     assert shape(n, vocab, "cuda", 1 << 20) == (4096, 256)  # the caller's override wins
-    assert shape(n, vocab, "cuda", None) == (256, vocab)
-    assert shape(100, vocab, "cuda", None) == (100, vocab)
-    assert shape(n, 32_768, "cuda", None, itemsize=8) == (1024, 32_768)
-    assert shape(n, 1 << 30, "cuda", None) == (64, (256 << 20) // (4 * 64))
-    rows, _ = shape(n, vocab, "cuda", None)
+    assert shape(n, vocab, "cuda", None) == (n, 8192)
+    assert shape(2 * 1024, vocab, "cuda", None) == (2048, 32_768)
+    assert shape(100, 50_000, "cuda", None) == (100, 50_000)  # the whole vocabulary fits
+    assert shape(100_000, vocab, "cuda", None, itemsize=8) == (16_384, 2048)
+    rows, vocab_chunk = shape(n, vocab, "cuda", None)
+    chunks = -(-n // rows) * -(-vocab // vocab_chunk)
+    assert chunks == 32
     gib = 1 << 30
-    peak = 3 * rows * vocab * 4 + vocab * d * (4 + 2)
-    assert peak / gib < 1.8 and peak / (32 * gib) < 0.1
-    blocks = -(-n // rows)
-    assert blocks == 32
+    peak = 3 * rows * vocab_chunk * 4 + vocab * d * 4
+    assert peak / gib < 1.5 and peak / (32 * gib) < 0.1
 
 
 # Ops whose result the host must read back before it goes on (a value or a data-dependent shape):

@@ -50,14 +50,15 @@ autocast is on (as the model's own LM head and the dense path's table product wo
 inputs' dtype. The logits stay in that dtype unless a bias, soft-cap, temperature or noise must be
 applied, and the softmax upcasts them as it reads them.
 
-Chunk shapes: on the CPU, ~16 MB chunks of rows x vocabulary (cache-sized); on CUDA, blocks of
-rows over the whole vocabulary, 256 MiB per float32 temporary, so that the online rescaling
-reduces to a plain softmax and a call makes tens of blocks, not hundreds (``chunk_elements``
-overrides both). Nothing inside the loops reads a value back to the host: targets are gathered
-and scattered with clamped indices and a mask, and the rows' finiteness is checked once, after
-the forward loop. On CUDA, the plain case (no top-k, soft-cap, straight-through or targets) goes
-through :func:`torch.nn.functional.scaled_dot_product_attention`'s memory-efficient backend,
-which accepts a value dimension different from the key dimension.
+Chunk shapes: on the CPU, ~16 MB chunks of rows x vocabulary (cache-sized); on CUDA, all the
+rows (up to 16,384) by vocabulary chunks of 256 MiB per float32 temporary (the whole vocabulary
+when it fits), so that a call makes tens of chunks, not hundreds, and W's gradient is updated
+once per chunk rather than once per row block (``chunk_elements`` overrides both). Nothing
+inside the loops reads a value back to the host: targets are gathered and scattered with clamped
+indices and a mask, and the rows' finiteness is checked once, after the forward loop. On CUDA,
+the plain case (no top-k, soft-cap, straight-through or targets) goes through
+:func:`torch.nn.functional.scaled_dot_product_attention`'s memory-efficient backend, which
+accepts a value dimension different from the key dimension.
 """
 
 from __future__ import annotations
@@ -86,19 +87,21 @@ IGNORE_INDEX = -100
 # so the pass needs ~100 MB whatever N and V.
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
 _MAX_ROW_BLOCK = 4096
-# CUDA: blocks of rows over the whole vocabulary (no online rescaling), as many rows as make one
-# [rows, V] temporary of the softmax dtype at most 256 MiB (256 rows at Gemma 3's V = 262,144).
-# A GPU pays per kernel launch and per host synchronisation, not per cache miss: the CPU's 16 MB
-# chunks make ~512 blocks x ~20 launches at Gemma's 8 x 1024 positions, these make 32 blocks.
+# CUDA: blocks as tall as the positions (up to _MAX_CUDA_ROWS) by vocabulary chunks that make one
+# [rows, chunk] temporary of the softmax dtype at most 256 MiB: the whole vocabulary in one block
+# when it fits (a plain softmax), else 8,192 tokens x 8,192 positions at Gemma 3's sizes (32
+# chunks), not the CPU's ~512 chunks x ~20 launches. Tall rather than whole-vocabulary blocks:
+# every row block adds a read-modify-write of W's float32 gradient [V, d] (and its bf16 product),
+# ~12 bytes x V x d; at 256 rows x the whole vocabulary that is 32 x 2 GB = 64 GB (~21 ms on an
+# H100) at Gemma's 8 x 1024 positions, against one pass here. A vocabulary chunk costs only the
+# online rescaling of [rows] and [rows, c] numbers and a [rows, d] update of h's gradient.
 # Memory: about three such temporaries live at once (the logits, the probabilities or dz, and a
-# matmul-dtype copy) besides W's float32 gradient [V, d] and its per-block bf16 product (0.94 GiB
-# at d = 640): ~1.7 GiB at Gemma's sizes, 0.053x the dense path's 32 GiB (its float32 logits,
-# softmax and gradients at 8,192 positions; the goal is <= 0.1x). 1 GiB blocks would reach ~0.12x
-# and save only launches, which cost microseconds against a block's ~milliseconds.
+# matmul-dtype copy) besides W's float32 gradient (0.625 GiB at d = 640): ~1.4 GiB at Gemma's
+# sizes, 0.044x the dense path's 32 GiB (its float32 logits, softmax and gradients at 8,192
+# positions; the goal is <= 0.1x). A soft-cap adds about two temporaries (~0.06x).
 _CUDA_BLOCK_BYTES = 256 << 20
-# A whole-vocabulary block of fewer rows than this would make h W^T a thin GEMM: the vocabulary
-# is then split in chunks again (the online softmax), as on the CPU.
-_MIN_CUDA_ROWS = 64
+# 16,384 rows keep a 256 MiB float32 chunk >= 4,096 tokens wide (GEMMs of K = 4,096 and more).
+_MAX_CUDA_ROWS = 16_384
 
 
 class FusedHeadOutput(NamedTuple):
@@ -164,18 +167,15 @@ def _chunk_shape(
     chunk_elements: int | None,
     itemsize: int = 4,
     block_bytes: int = _CUDA_BLOCK_BYTES,
-    min_rows: int = _MIN_CUDA_ROWS,
+    max_rows: int = _MAX_CUDA_ROWS,
 ) -> tuple[int, int]:
     """``(row_block, vocab_chunk)`` of the pass: ``chunk_elements`` positions x vocabulary
-    entries when the caller sets it; else, on CUDA, rows over the whole vocabulary within
-    ``block_bytes`` per ``[rows, V]`` temporary of ``itemsize`` bytes (the vocabulary chunked
-    only when fewer than ``min_rows`` rows fit); elsewhere :data:`DEFAULT_CHUNK_ELEMENTS`."""
+    entries when the caller sets it; else, on CUDA, up to ``max_rows`` rows by as much of the
+    vocabulary as keeps one ``[rows, chunk]`` temporary of ``itemsize`` bytes within
+    ``block_bytes``; elsewhere :data:`DEFAULT_CHUNK_ELEMENTS`."""
     if chunk_elements is None and device_type == "cuda":
-        rows = block_bytes // (itemsize * vocab)
-        if rows >= min(n, min_rows):
-            return max(1, min(n, rows)), vocab
-        rows = max(1, min(n, min_rows))
-        return rows, max(1, block_bytes // (itemsize * rows))
+        rows = max(1, min(n, max_rows))
+        return rows, max(1, min(vocab, block_bytes // (itemsize * rows)))
     elements = DEFAULT_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
     row_block = max(1, min(n, _MAX_ROW_BLOCK, elements))
     return row_block, max(1, min(vocab, elements // row_block))
@@ -306,7 +306,7 @@ class _FusedHead(torch.autograd.Function):
                 new = torch.maximum(old, chunk_max)
                 if want_norm:
                     # the rescaling is exp(-inf) = 0 on a row's first chunk: over the whole
-                    # vocabulary (CUDA's blocks) this is a plain softmax
+                    # vocabulary (one chunk, where it fits) this is a plain softmax
                     scale = torch.exp(old - new)
                     p = _exp_shifted(s, new, dt)  # s (and z) are not read again
                     norm[r0:r1] = norm[r0:r1] * scale + p.sum(dim=1)
@@ -560,8 +560,8 @@ def fused_expected_inputs(
             that the dense path's noise for the same seed is the same).
         chunk_elements: positions x vocabulary entries of one logits chunk (memory bound);
             ``None`` (default): chosen by device, :data:`DEFAULT_CHUNK_ELEMENTS` (~16 MB of
-            float32) on the CPU, blocks of rows over the whole vocabulary of up to 256 MiB
-            each on CUDA.
+            float32) on the CPU, up to 16,384 rows by vocabulary chunks of up to 256 MiB on
+            CUDA.
         use_sdpa: on CUDA, try the memory-efficient SDPA kernel in the plain case.
 
     Returns:
