@@ -6,10 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bsloss import BERTScoreLoss, VocabularyBridge
 from bsloss.distributions import expected_inputs, token_distribution
+from bsloss.functional import fused_expectation
 from bsloss.functional.fused_expectation import (
+    DEFAULT_CHUNK_ELEMENTS,
     fused_expected_inputs,
     fused_token_log_likelihood,
 )
@@ -32,6 +35,9 @@ VARIANTS = {
         "softcap": 3.0,
         "temperature": 1.7,
     },
+    # T * tau = 1 scales the scores by 1 but still perturbs them: the CE keeps its own normaliser
+    # (a defect once sat there: the CE took the perturbed scores' normaliser)
+    "gumbel_unit_scale": {"gumbel_temperature": 0.5, "temperature": 2.0},
 }
 GUMBEL_SEED = 12345
 
@@ -99,6 +105,157 @@ def test_matches_dense_values_and_gradients(name, chunk_elements, with_targets):
     torch.testing.assert_close(out.expected, ref, rtol=0, atol=1e-5)
     torch.testing.assert_close(got_h, ref_h, rtol=0, atol=1e-5)
     torch.testing.assert_close(got_w, ref_w, rtol=0, atol=1e-5)
+
+
+# The shapes (row_block, vocab_chunk) the pass can take for problem()'s 9 positions x 257 tokens,
+# each from the policy that makes it: the CPU's default (here one chunk), CUDA's row blocks over
+# the whole vocabulary (made here by capping the rows at 3: 3 blocks), CUDA's tall blocks by
+# vocabulary chunks (a budget of 50 tokens x 9 rows: the online softmax) and a caller's small
+# chunks (9 rows x 4 tokens).
+chunk_shape = fused_expectation._chunk_shape  # the policy, before a test patches it
+
+
+def cuda_whole_vocabulary(n, vocab, device_type, chunk_elements, itemsize=4):
+    return chunk_shape(
+        n, vocab, "cuda", None, itemsize, block_bytes=3 * vocab * itemsize, max_rows=3
+    )
+
+
+def cuda_vocabulary_chunks(n, vocab, device_type, chunk_elements, itemsize=4):
+    return chunk_shape(n, vocab, "cuda", None, itemsize, block_bytes=50 * n * itemsize)
+
+
+def small_chunks(n, vocab, device_type, chunk_elements, itemsize=4):
+    return chunk_shape(n, vocab, device_type, 40, itemsize)
+
+
+CHUNK_POLICIES = {
+    "cuda-whole-vocabulary": (cuda_whole_vocabulary, (3, 257)),
+    "cuda-vocabulary-chunks": (cuda_vocabulary_chunks, (9, 50)),
+    "small-chunks": (small_chunks, (9, 4)),
+}
+# Tolerances between chunk shapes, which change only the order and grouping of sums:
+# - float64 / float32, elementwise: the online softmax rescales and sums the 257 vocabulary terms
+#   in another order; the worst case is ~257 unit roundoffs of the summed magnitude (max
+#   |reference| <= ~10 here): 257 * 1.1e-16 * 10 = 3e-13 (float64), 257 * 6e-8 * 10 = 1.5e-4
+#   (float32; the typical error is its square root's share, ~1e-6, so 1e-5 as against the dense
+#   path above).
+# - bf16 autocast, relative in norm: the logits are the same bf16 numbers whatever the shape, but
+#   the table and gradient products run in bf16 (unit roundoff u = 2^-8): the probabilities are
+#   rounded relative to each chunk's running maximum, the products' outputs once per chunk, dz
+#   once per block. About four roundings of u each put every shape within ~4u of the float32
+#   computation (the CPU default measured at <= 1.1% of the norm, top-k aside, whose bf16 logits
+#   pick other tokens whatever the shape), so two shapes lie within 8u of each other. Elementwise
+#   bounds do not hold: the expectation's rounding reaches every gradient element through
+#   <g, e>, coherently, so one element's error is not bounded by that element's magnitude.
+SHAPE_TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "bf16-autocast": 8 * 2.0**-8}
+
+
+@pytest.mark.parametrize("precision", list(SHAPE_TOLERANCE))
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_chunk_shape_changes_neither_values_nor_gradients(monkeypatch, name, precision):
+    """CE + expectation through every chunk shape the policies give, against the CPU default's
+    single chunk: expected rows, log-likelihoods, argmax tokens and the gradients of h, W and the
+    bias. The CUDA shapes are made on the CPU by calling the CUDA policy."""
+    options = dict(VARIANTS[name])
+    if "gumbel_temperature" in options:
+        options["gumbel_seed"] = GUMBEL_SEED
+    dtype = torch.float64 if precision == "float64" else torch.float32
+    h, weight, table = problem(dtype=dtype)
+    g = torch.Generator().manual_seed(2)
+    bias = (0.3 * torch.randn(weight.shape[0], generator=g, dtype=dtype)).requires_grad_()
+    targets = torch.randint(0, weight.shape[0], (h.shape[0],), generator=g)
+    targets[2] = -100
+    grad = torch.randn(h.shape[0], table.shape[1], generator=g, dtype=dtype)
+
+    def run():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
+            out = fused_expected_inputs(h, weight, table, bias=bias, target_ids=targets, **options)
+        objective = (out.expected * grad).sum() - out.log_likelihood.sum()
+        grads = torch.autograd.grad(objective, [h, weight, bias])
+        return (out.expected, out.log_likelihood, *grads), out.tokens
+
+    assert chunk_shape(9, 257, "cpu", None) == (9, 257)
+    reference, reference_tokens = run()
+    tolerance = SHAPE_TOLERANCE[precision]
+    for policy, shape in CHUNK_POLICIES.values():
+        assert policy(9, 257, "cpu", None, torch.finfo(dtype).bits // 8) == shape
+        monkeypatch.setattr(fused_expectation, "_chunk_shape", policy)
+        got, tokens = run()
+        assert torch.equal(tokens, reference_tokens)
+        for a, b in zip(got, reference, strict=True):
+            if precision == "bf16-autocast":
+                error = torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b)
+                assert error <= tolerance, (shape, float(error))
+            else:
+                torch.testing.assert_close(a, b, rtol=0, atol=tolerance)
+
+
+def test_chunk_shape_policy_by_device():
+    """CPU: the cache-sized chunks (what the caller's chunk_elements also sets). CUDA: all the
+    rows (up to 16,384) by vocabulary chunks of 256 MiB per float32 temporary, the whole
+    vocabulary when it fits: 32 chunks at Gemma 3's sizes (8 x 1024 positions, V = 262,144)
+    instead of the CPU's 512, W's gradient updated once per chunk. The estimated peak there
+    (three such temporaries and W's float32 gradient) stays under 0.1x the dense path's 32 GiB."""
+    n, vocab, d = 8 * 1024, 262_144, 640
+    shape = chunk_shape
+    assert shape(n, vocab, "cpu", None) == (4096, DEFAULT_CHUNK_ELEMENTS // 4096)
+    assert shape(n, vocab, "cuda", 1 << 20) == (4096, 256)  # the caller's override wins
+    assert shape(n, vocab, "cuda", None) == (n, 8192)
+    assert shape(2 * 1024, vocab, "cuda", None) == (2048, 32_768)
+    assert shape(100, 50_000, "cuda", None) == (100, 50_000)  # the whole vocabulary fits
+    assert shape(100_000, vocab, "cuda", None, itemsize=8) == (16_384, 2048)
+    rows, vocab_chunk = shape(n, vocab, "cuda", None)
+    chunks = -(-n // rows) * -(-vocab // vocab_chunk)
+    assert chunks == 32
+    gib = 1 << 30
+    peak = 3 * rows * vocab_chunk * 4 + vocab * d * 4
+    assert peak / gib < 1.5 and peak / (32 * gib) < 0.1
+
+
+# Ops whose result the host must read back before it goes on (a value or a data-dependent shape):
+# on CUDA each one waits for every queued kernel, and one per loop iteration serialises the pass.
+SYNCING_OPS = {
+    torch.ops.aten.nonzero.default,
+    torch.ops.aten._local_scalar_dense.default,  # .item(), bool(), int()
+    torch.ops.aten.is_nonzero.default,
+    torch.ops.aten.masked_select.default,
+}
+
+
+class SyncCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        boolean_index = func is torch.ops.aten.index.Tensor and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]
+        )
+        self.count += func in SYNCING_OPS or boolean_index
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["plain", "softcap", "all", "gumbel_all"])
+def test_no_host_synchronisation_inside_the_loops(name):
+    """Forward and backward through one chunk and through 9 x 65 of them (several row blocks and
+    vocabulary chunks) make the same, constant number of host synchronisations: the targets'
+    range check and the finiteness check, once per call, none per chunk."""
+    options = dict(VARIANTS[name])
+    if "gumbel_temperature" in options:
+        options["gumbel_seed"] = GUMBEL_SEED  # a drawn seed is read from torch's CPU generator
+    h, weight, table = problem()
+    targets = torch.randint(0, weight.shape[0], (h.shape[0],), generator=torch.Generator())
+    targets[2] = -100
+    counts = []
+    for chunk_elements in (None, 4):
+        with SyncCounter() as counter:
+            out = fused_expected_inputs(
+                h, weight, table, target_ids=targets, chunk_elements=chunk_elements, **options
+            )
+            (out.expected.sum() - out.log_likelihood.sum()).backward()
+        counts.append(counter.count)
+    assert counts[0] == counts[1] <= 2, counts
 
 
 def test_row_blocks_and_bias():
@@ -266,8 +423,14 @@ def test_sdpa_path_matches_chunked_on_cuda():
     for use_sdpa in (True, False):
         out = fused_expected_inputs(h, weight, table, use_sdpa=use_sdpa).expected
         outs.append((out, *torch.autograd.grad(out.square().sum(), [h, weight])))
+    # Both paths sum over V = 3,000 vocabulary entries in float32 (SDPA's memory-efficient kernel
+    # in near-float32 3xTF32 tiles over the keys, the chunked pass in cuBLAS GEMMs and an online
+    # softmax), in different orders: the worst case of that reordering is ~V * 2^-24 = 1.8e-4 of
+    # the magnitude of the summed terms, which is each tensor's scale (W's gradient: up to ~400),
+    # not each element's (its median is ~0.13; an elementwise 1e-4 bound failed on an H100 at one
+    # element of 120,000, off by 3.3e-4).
     for a, b in zip(*outs, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a, b, rtol=0, atol=3000 * 2.0**-24 * float(b.abs().max()))
 
 
 # ----------------------------------------------------------------------------- the loss

@@ -45,10 +45,20 @@ followed by :func:`~bsloss.distributions.expected_inputs`):
   (seed, position, token) that each chunk, and the backward pass, recomputes.
 
 Softmax arithmetic is float32 (float64 for float64 inputs) whatever the caller's autocast; the
-``h W^T`` products run in the autocast dtype when autocast is on (as the model's own LM head
-would), else in the inputs' dtype. On CUDA, the plain case (no top-k, soft-cap, straight-through
-or targets) goes through :func:`torch.nn.functional.scaled_dot_product_attention`'s
-memory-efficient backend, which accepts a value dimension different from the key dimension.
+``h W^T`` products and the table products (``p E`` and ``g E^T``) run in the autocast dtype when
+autocast is on (as the model's own LM head and the dense path's table product would), else in the
+inputs' dtype. The logits stay in that dtype unless a bias, soft-cap, temperature or noise must be
+applied, and the softmax upcasts them as it reads them.
+
+Chunk shapes: on the CPU, ~16 MB chunks of rows x vocabulary (cache-sized); on CUDA, all the
+rows (up to 16,384) by vocabulary chunks of 256 MiB per float32 temporary (the whole vocabulary
+when it fits), so that a call makes tens of chunks, not hundreds, and W's gradient is updated
+once per chunk rather than once per row block (``chunk_elements`` overrides both). Nothing
+inside the loops reads a value back to the host: targets are gathered and scattered with clamped
+indices and a mask, and the rows' finiteness is checked once, after the forward loop. On CUDA,
+the plain case (no top-k, soft-cap, straight-through or targets) goes through
+:func:`torch.nn.functional.scaled_dot_product_attention`'s memory-efficient backend, which
+accepts a value dimension different from the key dimension.
 ``backend="triton"`` runs the Triton kernels of :mod:`bsloss.functional.triton_fused_head`
 instead (no top-k, straight-through or Gumbel noise). They are opt-in until they have been
 timed and checked on a GPU: tested against this pass under Triton's interpreter and compiled for
@@ -78,10 +88,26 @@ __all__ = [
 
 IGNORE_INDEX = -100
 BACKENDS = ("auto", "triton", "torch")
-# Elements of one logits chunk [rows, vocab]: ~16 MB in float32; a handful of temporaries of that
-# size live at once, so the pass needs ~100 MB whatever N and V.
+# CPU: elements of one logits chunk [rows, vocab], ~16 MB in float32: a chunk's elementwise
+# passes then run out of the CPU's caches, and a handful of temporaries of that size live at once,
+# so the pass needs ~100 MB whatever N and V.
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
 _MAX_ROW_BLOCK = 4096
+# CUDA: blocks as tall as the positions (up to _MAX_CUDA_ROWS) by vocabulary chunks that make one
+# [rows, chunk] temporary of the softmax dtype at most 256 MiB: the whole vocabulary in one block
+# when it fits (a plain softmax), else 8,192 tokens x 8,192 positions at Gemma 3's sizes (32
+# chunks), not the CPU's ~512 chunks x ~20 launches. Tall rather than whole-vocabulary blocks:
+# every row block adds a read-modify-write of W's float32 gradient [V, d] (and its bf16 product),
+# ~12 bytes x V x d; at 256 rows x the whole vocabulary that is 32 x 2 GB = 64 GB (~21 ms on an
+# H100) at Gemma's 8 x 1024 positions, against one pass here. A vocabulary chunk costs only the
+# online rescaling of [rows] and [rows, c] numbers and a [rows, d] update of h's gradient.
+# Memory: about three such temporaries live at once (the logits, the probabilities or dz, and a
+# matmul-dtype copy) besides W's float32 gradient (0.625 GiB at d = 640): ~1.4 GiB at Gemma's
+# sizes, 0.044x the dense path's 32 GiB (its float32 logits, softmax and gradients at 8,192
+# positions; the goal is <= 0.1x). A soft-cap adds about two temporaries (~0.06x).
+_CUDA_BLOCK_BYTES = 256 << 20
+# 16,384 rows keep a 256 MiB float32 chunk >= 4,096 tokens wide (GEMMs of K = 4,096 and more).
+_MAX_CUDA_ROWS = 16_384
 
 
 class FusedHeadOutput(NamedTuple):
@@ -140,14 +166,41 @@ def _chunks(total: int, size: int):
         yield start, min(start + size, total)
 
 
+def _chunk_shape(
+    n: int,
+    vocab: int,
+    device_type: str,
+    chunk_elements: int | None,
+    itemsize: int = 4,
+    block_bytes: int = _CUDA_BLOCK_BYTES,
+    max_rows: int = _MAX_CUDA_ROWS,
+) -> tuple[int, int]:
+    """``(row_block, vocab_chunk)`` of the pass: ``chunk_elements`` positions x vocabulary
+    entries when the caller sets it; else, on CUDA, up to ``max_rows`` rows by as much of the
+    vocabulary as keeps one ``[rows, chunk]`` temporary of ``itemsize`` bytes within
+    ``block_bytes``; elsewhere :data:`DEFAULT_CHUNK_ELEMENTS`."""
+    if chunk_elements is None and device_type == "cuda":
+        rows = max(1, min(n, max_rows))
+        return rows, max(1, min(vocab, block_bytes // (itemsize * rows)))
+    elements = DEFAULT_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
+    row_block = max(1, min(n, _MAX_ROW_BLOCK, elements))
+    return row_block, max(1, min(vocab, elements // row_block))
+
+
 def _logits(
     h: Tensor, weight: Tensor, bias: Tensor | None, o: _Options, rows: Tensor | None, v0: int
 ) -> tuple[Tensor, Tensor]:
     """Soft-capped logits ``z`` of one chunk (vocabulary ids from ``v0``) and the scores
     ``s = z / T``, or ``(z / T + g) / tau`` with the Gumbel noise ``g`` of positions ``rows``
-    (``s is z`` at T = 1 without noise). In-place steps: a chunk is megabytes, and every fresh
-    one costs page faults."""
-    z = (h.to(o.matmul_dtype) @ weight.to(o.matmul_dtype).T).to(o.dtype)
+    (``s is z`` at T = 1 without noise).
+
+    ``z`` stays in the matmul dtype (bf16 under autocast) when nothing elementwise follows the
+    product: the softmax statistics read it and upcast on the fly, so no softmax-dtype copy of
+    the chunk is made. Otherwise it is upcast once and the steps run in place (a chunk is
+    megabytes to gigabytes, and every fresh one is another pass over memory)."""
+    z = h.to(o.matmul_dtype) @ weight.to(o.matmul_dtype).T
+    if bias is not None or o.softcap is not None or not _scores_are_logits(o):
+        z = z.to(o.dtype)
     if bias is not None:
         z.add_(bias.to(o.dtype))
     if o.softcap is not None:
@@ -164,9 +217,37 @@ def _score_scale(o: _Options) -> float:
     return o.temperature * (1.0 if o.gumbel is None else o.gumbel)
 
 
+def _scores_are_logits(o: _Options) -> bool:
+    """Whether the expectation's softmax is the model's own (T = 1, no noise): then the CE shares
+    its normaliser and its probabilities. Not ``_score_scale(o) == 1``: T = 2 with tau = 0.5
+    scales by 1 and still perturbs the scores."""
+    return o.temperature == 1.0 and o.gumbel is None
+
+
+def _exp_shifted(x: Tensor, shift: Tensor, dtype: torch.dtype) -> Tensor:
+    """``exp(x - shift[:, None])`` in ``dtype``: in place when ``x`` already has that dtype (the
+    caller no longer needs it), else one upcasting subtraction into a fresh chunk."""
+    if x.dtype == dtype:
+        return x.sub_(shift[:, None]).exp_()
+    return torch.sub(x, shift[:, None]).exp_()
+
+
+def _target_columns(targets: Tensor, v0: int, v1: int) -> tuple[Tensor, Tensor]:
+    """The chunk's column of each row's target (clamped into the chunk) and whether the target
+    lies in ``[v0, v1)``: gathers and scatters with a mask, with no data-dependent shapes, so
+    the loop never waits for the device (``-100`` lies in no chunk)."""
+    local = targets - v0
+    inside = (local >= 0) & (local < v1 - v0)
+    return local.clamp(0, v1 - v0 - 1)[:, None], inside
+
+
 class _FusedHead(torch.autograd.Function):
     """Forward: expected rows, target log-likelihoods, argmax and running top-k indices, chunk
-    by chunk. Backward: the chunks recomputed from the saved log-normalisers."""
+    by chunk. Backward: the chunks recomputed from the saved log-normalisers.
+
+    Nothing in the loops synchronises with the device (no ``nonzero``, boolean indexing or
+    ``.item()``): the finiteness of every row is gathered on the device and read once, after
+    the loop."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, table, targets, rows, o: _Options):
@@ -174,9 +255,11 @@ class _FusedHead(torch.autograd.Function):
         device, dt = hidden.device, o.dtype
         want_e = table is not None
         want_ll = targets is not None
-        # the CE's normaliser is that of s = z / T when the expectation tracks it and T == 1;
-        # a pass for the top-k alone computes no softmax statistics at all
-        separate_ce = want_ll and (_score_scale(o) != 1.0 or not want_e)
+        # the CE reuses the expectation's statistics when the scores are the logits; else it
+        # keeps a normaliser of its own. A pass for the top-k alone needs no normaliser at all.
+        shared_ce = want_ll and _scores_are_logits(o)
+        separate_ce = want_ll and not shared_ce
+        want_norm = want_e or shared_ce
         neg_inf = torch.full((n,), float("-inf"), dtype=dt, device=device)
         m, norm = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
         argmax = torch.zeros(n, dtype=torch.long, device=device)
@@ -191,28 +274,27 @@ class _FusedHead(torch.autograd.Function):
             top_values = torch.full((n, o.top_k), float("-inf"), dtype=dt, device=device)
             top_indices = torch.zeros(n, o.top_k, dtype=torch.long, device=device)
         for v0, v1 in _chunks(vocab, o.vocab_chunk):
-            w = weight[v0:v1]
+            # converted once per vocabulary chunk, not once per row block
+            w = weight[v0:v1].to(o.matmul_dtype)
             b = None if bias is None else bias[v0:v1]
-            e = table[v0:v1].to(dt) if want_e else None
+            e = table[v0:v1].to(o.matmul_dtype) if want_e else None
             for r0, r1 in _chunks(n, o.row_block):
                 z, s = _logits(hidden[r0:r1], w, b, o, None if rows is None else rows[r0:r1], v0)
                 # CE and top-k read z and s first: the softmax below overwrites s (z at T = 1)
+                if want_ll:
+                    column, inside = _target_columns(targets[r0:r1], v0, v1)
+                    picked = z.gather(1, column).squeeze(1).to(dt)
+                    target_logit[r0:r1] = torch.where(inside, picked, target_logit[r0:r1])
                 if separate_ce:
                     old1 = m1[r0:r1]
                     new1 = torch.maximum(old1, z.amax(dim=1))
                     norm1[r0:r1] = norm1[r0:r1] * torch.exp(old1 - new1) + (
-                        (z - new1[:, None]).exp_().sum(dim=1)
+                        _exp_shifted(z, new1, dt).sum(dim=1)  # z is not read again
                     )
                     m1[r0:r1] = new1
-                if want_ll:
-                    t = targets[r0:r1]
-                    inside = (t >= v0) & (t < v1)
-                    # not `rows`: that name holds the positions that address the Gumbel noise
-                    hit = inside.nonzero().squeeze(1)
-                    target_logit[r0 + hit] = z[hit, t[hit] - v0]
                 if o.top_k is not None:
                     values, idx = s.topk(min(o.top_k, v1 - v0), dim=1)
-                    values = torch.cat([top_values[r0:r1], values], dim=1)
+                    values = torch.cat([top_values[r0:r1], values.to(dt)], dim=1)
                     idx = torch.cat([top_indices[r0:r1], idx + v0], dim=1)
                     values, order = values.topk(o.top_k, dim=1)
                     top_values[r0:r1] = values
@@ -221,21 +303,26 @@ class _FusedHead(torch.autograd.Function):
                 # bridge_mode="retokenize" decodes) and whether each row's scores are finite:
                 # max propagates NaN and min catches -inf, so one flag per row says all of it.
                 chunk_max, chunk_arg = s.max(dim=1)
+                chunk_max = chunk_max.to(dt)
                 finite[r0:r1] &= torch.isfinite(chunk_max) & torch.isfinite(s.amin(dim=1))
                 old = m[r0:r1]
                 # strict: the first maximum wins across chunks, as argmax over all of V
                 better = chunk_max > old
                 argmax[r0:r1] = torch.where(better, chunk_arg + v0, argmax[r0:r1])
                 new = torch.maximum(old, chunk_max)
-                if want_e:
+                if want_norm:
+                    # the rescaling is exp(-inf) = 0 on a row's first chunk: over the whole
+                    # vocabulary (one chunk, where it fits) this is a plain softmax
                     scale = torch.exp(old - new)
-                    p = s.sub_(new[:, None]).exp_()
+                    p = _exp_shifted(s, new, dt)  # s (and z) are not read again
                     norm[r0:r1] = norm[r0:r1] * scale + p.sum(dim=1)
-                    acc[r0:r1] = torch.addmm(acc[r0:r1] * scale[:, None], p, e)
+                    if want_e:
+                        acc[r0:r1] = acc[r0:r1] * scale[:, None] + _table_product(p, e, dt)
                 m[r0:r1] = new
+        # the one host synchronisation of the pass
         if not bool(finite.all()):
             raise NonFiniteLogitsError(int((~finite).nonzero()[0]))
-        log_z = (m + torch.log(norm)) if want_e else None
+        log_z = (m + torch.log(norm)) if want_norm else None
         expected = (acc / norm[:, None]) if want_e else None
         log_z1 = (m1 + torch.log(norm1)) if separate_ce else log_z
         log_likelihood = None
@@ -243,7 +330,7 @@ class _FusedHead(torch.autograd.Function):
             ignored = targets == IGNORE_INDEX
             log_likelihood = torch.where(ignored, 0.0, target_logit - log_z1)
         ctx.options = o
-        ctx.want_e, ctx.want_ll, ctx.separate_ce = want_e, want_ll, separate_ce
+        ctx.want_e, ctx.want_ll, ctx.shared_ce = want_e, want_ll, shared_ce
         ctx.save_for_backward(
             hidden,
             weight,
@@ -271,7 +358,7 @@ class _FusedHead(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         use_e = ctx.want_e and grad_expected is not None
         use_ll = ctx.want_ll and grad_ll is not None
-        dt = o.dtype
+        dt, mm = o.dtype, o.matmul_dtype
         grad_h = torch.zeros(hidden.shape, dtype=dt, device=hidden.device) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=dt, device=bias.device) if need_b else None
@@ -285,19 +372,26 @@ class _FusedHead(torch.autograd.Function):
                 None,
                 None,
             )
+        # dL/dz = p (g E^T - <g, e>) / scale + gl (onehot(y) - q), p the expectation's softmax,
+        # q the CE's, gl the gradient of the log-likelihoods. When p is q (T = 1, no noise) the
+        # CE's -gl q joins the offset of the first term, so one product and one multiplication
+        # make the whole dz, and the one-hot part is a scatter of N numbers.
         with torch.autocast(device_type=hidden.device.type, enabled=False):
+            fold_ce = use_e and use_ll and ctx.shared_ce
             if use_e:
-                g = grad_expected.to(dt)
-                g_dot_e = (g * expected).sum(dim=1)
+                g = grad_expected.to(dt) / _score_scale(o)
+                offset = -(g * expected).sum(dim=1)
+                g = g.to(mm)
             if use_ll:
-                gl = grad_ll.to(dt)
-                gl = torch.where(targets == IGNORE_INDEX, 0.0, gl)
-                lz1 = log_z1 if ctx.separate_ce else log_z
+                gl = torch.where(targets == IGNORE_INDEX, 0.0, grad_ll.to(dt))
+                lz1 = log_z if ctx.shared_ce else log_z1
+                if fold_ce:
+                    offset = offset - gl
             n = hidden.shape[0]
             for v0, v1 in _chunks(weight.shape[0], o.vocab_chunk):
-                w = weight[v0:v1]
+                w = weight[v0:v1].to(mm)
                 b = None if bias is None else bias[v0:v1]
-                e = table[v0:v1].to(dt) if use_e else None
+                e = table[v0:v1].to(mm) if use_e else None
                 for r0, r1 in _chunks(n, o.row_block):
                     h = hidden[r0:r1]
                     z, s = _logits(h, w, b, o, None if rows is None else rows[r0:r1], v0)
@@ -305,35 +399,42 @@ class _FusedHead(torch.autograd.Function):
                     if o.softcap is not None:  # d(kappa tanh(x / kappa))/dx = 1 - (z / kappa)^2
                         cap_grad = torch.div(z, o.softcap).square_().neg_().add_(1)
                     dz = None
-                    if use_ll:  # before the softmax below overwrites z (at T = 1)
-                        dz = (z - lz1[r0:r1, None]).exp_().mul_(-gl[r0:r1, None])
-                        t = targets[r0:r1]
-                        hit = ((t >= v0) & (t < v1)).nonzero().squeeze(1)
-                        dz[hit, t[hit] - v0] += gl[r0:r1][hit]
+                    if use_ll and not fold_ce:
+                        # the CE's -gl q; z is not read again (s is, only when it is not z)
+                        dz = _exp_shifted(z, lz1[r0:r1], dt).mul_(-gl[r0:r1, None])
                     if use_e:
-                        p = s.sub_(log_z[r0:r1, None]).exp_()
-                        ds = (g[r0:r1] @ e.T).sub_(g_dot_e[r0:r1, None]).mul_(p)
-                        if _score_scale(o) != 1.0:
-                            ds.div_(_score_scale(o))
+                        # g E^T + offset in one product: the offset is the GEMM's added term
+                        centred = torch.addmm(offset[r0:r1, None].to(mm), g[r0:r1], e.T)
+                        ds = _exp_shifted(s, log_z[r0:r1], dt).mul_(centred)
                         dz = ds if dz is None else dz.add_(ds)
+                    if use_ll:
+                        column, inside = _target_columns(targets[r0:r1], v0, v1)
+                        hit = torch.where(inside, gl[r0:r1], 0.0)
+                        dz.scatter_add_(1, column, hit[:, None])
                     if cap_grad is not None:
                         dz.mul_(cap_grad)
-                    same = o.matmul_dtype == dt
+                    # one copy in the matmul dtype serves both products
+                    dz_mm = dz.to(mm)
                     if need_h:
-                        if same:
-                            grad_h[r0:r1].addmm_(dz, w.to(dt))
+                        if mm == dt:
+                            grad_h[r0:r1].addmm_(dz_mm, w)
                         else:
-                            grad_h[r0:r1] += (dz.to(o.matmul_dtype) @ w.to(o.matmul_dtype)).to(dt)
+                            grad_h[r0:r1] += dz_mm @ w
                     if need_w:
-                        if same:
-                            grad_w[v0:v1].addmm_(dz.T, h.to(dt))
+                        if mm == dt:
+                            grad_w[v0:v1].addmm_(dz_mm.T, h.to(mm))
                         else:
-                            part = dz.T.to(o.matmul_dtype) @ h.to(o.matmul_dtype)
-                            grad_w[v0:v1] += part.to(dt)
+                            grad_w[v0:v1] += dz_mm.T @ h.to(mm)
                     if need_b:
                         grad_b[v0:v1] += dz.sum(dim=0)
         grads = _cast(grad_h, hidden), _cast(grad_w, weight), _cast(grad_b, bias)
         return (*grads, None, None, None, None)
+
+
+def _table_product(p: Tensor, table: Tensor, dtype: torch.dtype) -> Tensor:
+    """``p @ table`` in the table's (the matmul) dtype, as the dense path's product under
+    autocast, returned in ``dtype``."""
+    return (p.to(table.dtype) @ table).to(dtype)
 
 
 def _cast(grad: Tensor | None, like: Tensor | None) -> Tensor | None:
@@ -438,7 +539,7 @@ def fused_expected_inputs(
     gumbel_temperature: float | None = None,
     gumbel_seed: int | None = None,
     row_ids: Tensor | None = None,
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
     use_sdpa: bool = True,
     backend: str = "auto",
 ) -> FusedHeadOutput:
@@ -463,7 +564,9 @@ def fused_expected_inputs(
             ``0 .. N - 1``; the loss passes each row's flat index in its ``[B, L]`` grid, so
             that the dense path's noise for the same seed is the same).
         chunk_elements: positions x vocabulary entries of one logits chunk of the PyTorch
-            pass (memory bound).
+            pass (memory bound); ``None`` (default): chosen by device,
+            :data:`DEFAULT_CHUNK_ELEMENTS` (~16 MB of float32) on the CPU, up to 16,384 rows by
+            vocabulary chunks of up to 256 MiB on CUDA.
         use_sdpa: on CUDA, try the memory-efficient SDPA kernel in the plain case (of the
             ``"torch"`` backend).
         backend: ``"auto"`` (today the PyTorch pass: the Triton kernels become its CUDA
@@ -502,7 +605,7 @@ def fused_expected_inputs(
         row_ids = row_ids.to(device=hidden_states.device, dtype=torch.long)
     else:
         row_ids = None
-    if chunk_elements < 1:
+    if chunk_elements is not None and chunk_elements < 1:
         raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
     sampling = {
         "top_k": top_k,
@@ -512,7 +615,10 @@ def fused_expected_inputs(
     if _runs_on_triton(backend, hidden_states, weight, sampling):
         return _triton_pass(hidden_states, weight, bias, table, target_ids, softcap, temperature)
     n, vocab = hidden_states.shape[0], weight.shape[0]
-    row_block = max(1, min(n, _MAX_ROW_BLOCK, chunk_elements))
+    dtype = _accumulate_dtype(hidden_states, weight)
+    row_block, vocab_chunk = _chunk_shape(
+        n, vocab, hidden_states.device.type, chunk_elements, torch.finfo(dtype).bits // 8
+    )
     options = _Options(
         softcap=None if softcap is None else float(softcap),
         temperature=float(temperature),
@@ -522,9 +628,9 @@ def fused_expected_inputs(
         if gumbel_temperature is not None
         else 0,
         row_block=row_block,
-        vocab_chunk=max(1, min(vocab, chunk_elements // row_block)),
+        vocab_chunk=vocab_chunk,
         matmul_dtype=_matmul_dtype(hidden_states, weight),
-        dtype=_accumulate_dtype(hidden_states, weight),
+        dtype=dtype,
     )
     if table is not None:
         table = table.detach()
@@ -676,7 +782,7 @@ def fused_token_log_likelihood(
     *,
     bias: Tensor | None = None,
     softcap: float | None = None,
-    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    chunk_elements: int | None = None,
 ) -> Tensor:
     """``log softmax(softcap(h W^T + b))[target]`` per position ``[N]`` (0 where the target is
     ``-100``), chunked: a cross-entropy without full logits.
