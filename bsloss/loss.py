@@ -54,7 +54,7 @@ from bsloss.inputs import (
     position_of_first,
 )
 from bsloss.scorer.batching import pad_embedded
-from bsloss.scorer.checkpointing import set_gradient_checkpointing
+from bsloss.scorer.checkpointing import Checkpointing, set_gradient_checkpointing
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder
 from bsloss.scorer.weights import IdfSpec, weight_table
@@ -131,7 +131,11 @@ class BERTScoreLoss(nn.Module):
         top_k, straight_through, gumbel_temperature: their keyword shorthands (not with the
             same object in ``candidate_transforms``). ``top_k=1`` is refused: the renormalised
             top-1 weight is always 1, so its gradient is exactly zero.
-        gradient_checkpointing: recompute the scorer's layer activations in the backward pass.
+        gradient_checkpointing: recompute the scorer's layer activations in the backward pass:
+            ``True``, ``False``, or ``"auto"`` (default): only for the calls whose stored
+            activations would exceed 1 GiB (a large scorer or long inputs), where it saves
+            memory; below that it would cost a scorer forward pass for nothing
+            (:mod:`bsloss.scorer.checkpointing`).
         reduction: ``"mean"``, ``"sum"`` or ``"none"``. An empty batch (``B = 0``) gives the
             loss 0 (with a zero gradient) for ``"mean"`` and ``"sum"``.
         long_inputs: reference texts longer than the scorer's maximum: ``"truncate"`` (with a
@@ -199,7 +203,7 @@ class BERTScoreLoss(nn.Module):
         top_k: int | None = None,
         straight_through: bool = False,
         gumbel_temperature: float | None = None,
-        gradient_checkpointing: bool = True,
+        gradient_checkpointing: Checkpointing = "auto",
         reduction: str = "mean",
         device: str | torch.device | None = None,
         long_inputs: str = "truncate",

@@ -295,3 +295,74 @@ def test_the_lm_head_and_targets_must_sit_with_the_hidden_states(encoder):
     targets = torch.zeros(1, 3, dtype=torch.long, device="meta")
     with pytest.raises(ValueError, match="target_ids is on meta but hidden_states is on cpu"):
         loss(hidden_states=hidden, output_embeddings=head, target_ids=targets, references=["a"])
+
+
+# ---------------------------------------------------------------- scorer checkpointing
+def _layer_runs(loss, call) -> int:
+    """How many times the scorer's first layer runs with grad in a forward + backward of
+    ``call()``: 1 without checkpointing, 2 when the backward recomputes it."""
+    from bsloss.scorer.checkpointing import CheckpointedLayer
+    from bsloss.scorer.layers import _find_layer_stack
+
+    owner, leaf = _find_layer_stack(loss.encoder.model)
+    first = getattr(owner, leaf)[0]
+    inner = first.layer if isinstance(first, CheckpointedLayer) else first
+    runs = []
+    forward = inner.forward  # (forward hooks do not fire in checkpoint's recomputation)
+
+    def counted(*args, **kwargs):
+        runs.append(torch.is_grad_enabled())  # the references' encoding runs without grad
+        return forward(*args, **kwargs)
+
+    inner.forward = counted
+    try:
+        call().backward()
+    finally:
+        del inner.forward
+    return sum(runs)
+
+
+def test_auto_checkpointing_recomputes_only_calls_whose_activations_are_large(
+    encoder, pairs, monkeypatch
+):
+    import bsloss.scorer.checkpointing as checkpointing
+
+    cands, refs = pairs
+    logits, mask = one_hot_logits(encoder, cands[:2], value=3.0)
+    logits.requires_grad_(True)
+    loss = BERTScoreLoss(encoder=copy.deepcopy(encoder))  # the default: "auto"
+
+    def call():
+        return loss(logits=logits, candidate_mask=mask, references=refs[:2])
+
+    value = call()
+    (grad,) = torch.autograd.grad(value, logits)
+    assert _layer_runs(loss, call) == 1  # a few tokens of MiniLM: nothing worth recomputing
+    monkeypatch.setattr(checkpointing, "AUTO_BUDGET_BYTES", 0)  # as if the call were large
+    assert _layer_runs(loss, call) == 2
+    torch.testing.assert_close(call(), value)
+    torch.testing.assert_close(torch.autograd.grad(call(), logits)[0], grad)
+    for forced, runs in ((True, 2), (False, 1)):
+        forced_loss = BERTScoreLoss(encoder=copy.deepcopy(encoder), gradient_checkpointing=forced)
+        assert (
+            _layer_runs(
+                forced_loss,
+                lambda fl=forced_loss: fl(logits=logits, candidate_mask=mask, references=refs[:2]),
+            )
+            == runs
+        )
+
+
+def test_the_activation_estimate_puts_a_large_scorer_over_the_budget_and_minilm_under():
+    from bsloss.scorer.checkpointing import AUTO_BUDGET_BYTES, stored_activation_bytes
+
+    minilm = torch.empty(32, 64, 384)  # the H100 measurement's call: checkpointing paid nothing
+    roberta_large = torch.empty(8, 256, 1024)
+    assert stored_activation_bytes(minilm, layers=6) < AUTO_BUDGET_BYTES
+    assert stored_activation_bytes(roberta_large, layers=24) > AUTO_BUDGET_BYTES
+
+
+@pytest.mark.parametrize("bad", ["yes", 1.5, None])
+def test_gradient_checkpointing_takes_true_false_or_auto(encoder, bad):
+    with pytest.raises(ValueError, match="gradient_checkpointing must be True, False or 'auto'"):
+        BERTScoreLoss(encoder=copy.deepcopy(encoder), gradient_checkpointing=bad)
