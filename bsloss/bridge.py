@@ -91,15 +91,25 @@ def token_convention(tokenizer, vocab: dict[str, int] | None = None) -> str:
     return max(counts, key=counts.get)
 
 
+# Settings of the serialised Rust tokenizer that any ordinary call leaves behind
+# (``tokenizer(texts, padding=True, truncation=True)`` switches them on and leaves them so): they
+# change no token's pieces, and keying on them rebuilt the same bridge into another cache file.
+_CALL_SETTINGS = ("padding", "truncation")
+
+
 def tokenizer_fingerprint(tokenizer) -> str:
-    """sha256 of what decides a tokenizer's output: for a fast tokenizer its whole serialised
-    pipeline (vocabulary, merges, normaliser, pre-tokenizer, decoder, added tokens); for a slow
-    one its vocabulary and init options. The class and the special tokens are always included."""
+    """sha256 of what decides a tokenizer's output: for a fast tokenizer its serialised pipeline
+    (vocabulary, merges, normaliser, pre-tokenizer, post-processor, decoder, added tokens) less
+    the padding and truncation settings of its last call; for a slow one its vocabulary and init
+    options. The class and the special tokens are always included."""
     digest = hashlib.sha256()
     digest.update(type(tokenizer).__name__.encode())
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        digest.update(backend.to_str().encode())
+        pipeline = json.loads(backend.to_str())
+        for setting in _CALL_SETTINGS:
+            pipeline.pop(setting, None)
+        digest.update(json.dumps(pipeline, sort_keys=True).encode())
     else:
         digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
         options = {

@@ -313,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
 # The library's messages name its keywords; on the command line they are these flags.
 _FLAGS = (
     (re.compile(r"\bnum_layers=N\b"), "-l N"),
+    # the keyword alone ("num_layers must be between 0 and 6"), not a flag already written
+    (re.compile(r"(?<![-\w])num_layers\b(?!=)"), "-l/--num_layers"),
     (re.compile(r"\bbaseline_path=FILE\b"), "--baseline_path FILE"),
     (re.compile(r"\b(?:model|model_type)=None\b"), "no -m"),
     (re.compile(r"\b(?:model|model_type)='([^']*)'"), r"-m \1"),
@@ -320,12 +322,14 @@ _FLAGS = (
 
 
 def in_cli_words(message: str) -> str:
-    """``message`` with the library's keywords (``num_layers=N``, ``baseline_path=FILE``,
-    ``model='...'``) replaced by the command line's flags (``-l N``, ``--baseline_path FILE``,
-    ``-m ...``).
+    """``message`` with the library's keywords (``num_layers=N``, ``num_layers``,
+    ``baseline_path=FILE``, ``model='...'``) replaced by the command line's flags (``-l N``,
+    ``-l/--num_layers``, ``--baseline_path FILE``, ``-m ...``).
 
     >>> in_cli_words("Pass num_layers=N, or pass baseline_path=FILE")
     'Pass -l N, or pass --baseline_path FILE'
+    >>> in_cli_words("num_layers must be between 0 and 6, got 99")
+    '-l/--num_layers must be between 0 and 6, got 99'
     """
     for pattern, flag in _FLAGS:
         message = pattern.sub(flag, message)

@@ -3,7 +3,7 @@ a migrating script changes ``bert_score.utils`` to ``bsloss.utils`` and nothing 
 
 - ``lang2model``: the model of each language (any other: bert-base-multilingual-cased);
 - ``model2layers``: bsloss's default-layer table (:data:`bsloss.scorer.layers.DEFAULT_LAYERS`:
-  bert_score's layers for the models it holds, and the sentence-transformers scorers);
+  every entry of bert_score 0.3.13's table, and the sentence-transformers scorers);
 - ``sent_encode(tokenizer, sent)``: a sentence's ids, special tokens included, as bert_score
   tokenises;
 - ``get_idf_dict(arr, tokenizer, nthreads=4)``: idf weights of token ids;

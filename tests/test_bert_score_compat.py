@@ -264,3 +264,23 @@ def test_plot_command_accepts_bert_score_show_flags(tmp_path):
     out = tmp_path / "pair.png"
     main(["plot", "-m", FOLDER, "-l", "6", "-r", "a cat sat", "-c", "the cat sat", "-f", str(out)])
     assert out.stat().st_size > 1000
+
+
+def test_model2layers_holds_every_entry_of_bert_score():
+    """A script that swaps ``bert_score.utils`` for ``bsloss.utils`` finds every model."""
+    from bsloss import utils as ours
+
+    theirs = bert_score.utils.model2layers
+    assert len(theirs) == 140
+    assert {name: ours.model2layers.get(name) for name in theirs} == dict(theirs)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["roberta-large-mnli", "microsoft/deberta-v3-large", "google/bert_uncased_L-2_H-128_A-2"],
+)
+def test_default_layer_of_models_only_bert_score_listed(name):
+    """The layer a named scorer gets without num_layers is bert_score's (no model loaded)."""
+    from bsloss.scorer.layers import default_num_layers
+
+    assert default_num_layers(name) == bert_score.utils.model2layers[name]

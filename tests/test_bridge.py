@@ -30,7 +30,7 @@ from _tokenizers import (  # noqa: E402
 
 import bsloss.bridge  # noqa: E402
 from bsloss import BERTScoreLoss, BERTScorer, VocabularyBridge  # noqa: E402
-from bsloss.bridge import token_convention  # noqa: E402
+from bsloss.bridge import token_convention, tokenizer_fingerprint  # noqa: E402
 from bsloss.scorer.default import embedded_model_path  # noqa: E402
 from bsloss.scorer.encoder import ScorerEncoder  # noqa: E402
 
@@ -414,3 +414,37 @@ def test_bridge_cache_roundtrip(trained, encoder, tmp_path, monkeypatch):
     assert list(tmp_path.glob("bridge-*.safetensors")) == files
     loaded = VocabularyBridge.load(files[0])
     assert torch.equal(loaded.pieces, built.pieces)
+
+
+@pytest.mark.parametrize("trained", ["sentencepiece"], indirect=True)
+def test_cache_key_ignores_padding_and_truncation_left_by_a_call(trained, encoder, tmp_path):
+    """Calls with padding/truncation between two builds leave those settings on both tokenizers;
+    the second build still finds the first one's file (the same bridge, one file)."""
+    _, tok = trained
+    before = tokenizer_fingerprint(tok), tokenizer_fingerprint(encoder.tokenizer)
+    VocabularyBridge.build(tok, encoder, cache_dir=tmp_path)
+    for tokenizer in (tok, encoder.tokenizer):
+        tokenizer(["a cat", "the cat sat on a mat"], padding=True, truncation=True, max_length=4)
+    assert (tokenizer_fingerprint(tok), tokenizer_fingerprint(encoder.tokenizer)) == before
+    VocabularyBridge.build(tok, encoder, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("bridge-*.safetensors"))) == 1
+
+
+@pytest.mark.parametrize("trained", ["sentencepiece"], indirect=True)
+def test_cache_key_covers_the_vocabulary(trained):
+    """Two tokens' ids swapped, the rest of the pipeline equal: another fingerprint."""
+    import json
+
+    from transformers import PreTrainedTokenizerFast
+
+    _, tok = trained
+    pipeline = json.loads(tok.backend_tokenizer.to_str())
+    vocab = pipeline["model"]["vocab"]
+    first, second = [token for token in vocab if token.isalpha() and len(token) > 3][:2]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    backend = type(tok.backend_tokenizer).from_str(json.dumps(pipeline))
+    other = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>"
+    )
+    assert other.get_vocab() != tok.get_vocab()
+    assert tokenizer_fingerprint(other) != tokenizer_fingerprint(tok)

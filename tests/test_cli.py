@@ -101,3 +101,13 @@ def test_a_text_given_to_c_is_told_that_c_takes_a_file(capsys):
         "-c/--candidates expects a file of candidate lines, one per line; "
         "got 'a cat sat on the mat', which is not a file"
     ) in err[0]
+
+
+def test_a_layer_out_of_range_is_named_by_its_flag(capsys):
+    """`-l 99` on a 6-layer scorer: the error names -l/--num_layers, the flag the user typed."""
+    lines = str(EXAMPLES / "references.txt")
+    status = main(["score", "-c", lines, "-r", lines, "-l", "99"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1, err
+    assert err[0].startswith("bsloss: error: -l/--num_layers must be between 0 and 6"), err[0]
+    assert "got 99" in err[0]
