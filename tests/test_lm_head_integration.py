@@ -188,6 +188,37 @@ def assert_same_step(fused, dense) -> None:
         torch.testing.assert_close(grads_f[name], grads_d[name], rtol=0, atol=1e-5, msg=name)
 
 
+def term_step(
+    model,
+    batch: dict,
+    term,
+    labels,
+    fused: bool,
+    *,
+    seed: int | None = None,
+    candidate_labels=None,
+    **term_args,
+) -> tuple[torch.Tensor, dict, None]:
+    """BERTScoreTerm's value on ``model(**batch)`` and the model's gradients, the forward inside
+    ``lm_head_inputs`` (its head passed to the term) or dense; ``candidate_labels``: the
+    forward's outputs are the candidates too. ``seed`` is set before the forward (the same
+    dropout masks or Gumbel noise in both passes). As :func:`assert_same_step` compares."""
+    model.zero_grad(set_to_none=True)
+    if seed is not None:
+        torch.manual_seed(seed)
+    if fused:
+        with lm_head_inputs(model) as head:
+            outputs = model(**batch)
+    else:
+        head, outputs = None, model(**batch)
+    if candidate_labels is not None:
+        term_args.update(candidate_outputs=outputs, candidate_labels=candidate_labels)
+    value = term(outputs, labels, head=head, **term_args)
+    value.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return value.detach(), grads, None
+
+
 @pytest.mark.parametrize(
     "tied, softcap", [(True, None), (False, None), (True, 30.0)], ids=["tied", "untied", "softcap"]
 )
@@ -388,24 +419,8 @@ def test_t5gemma_term_fused_equals_dense(scorer):
     term = BERTScoreTerm(
         bsloss.BERTScoreLoss(encoder=scorer.encoder), tokenizer, weight=1.0, causal=False
     )
-
-    def step(fused: bool):
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(0)  # the same dropout masks
-        if fused:
-            with lm_head_inputs(model) as head:
-                outputs = model(**batch)
-        else:
-            head, outputs = None, model(**batch)
-        value = term(outputs, labels, head=head)
-        value.backward()
-        return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    dense_value, dense_grads = step(False)
-    fused_value, fused_grads = step(True)
-    torch.testing.assert_close(fused_value, dense_value, rtol=0, atol=1e-5)
-    for name, grad in dense_grads.items():
-        torch.testing.assert_close(fused_grads[name], grad, rtol=0, atol=1e-5, msg=name)
+    dense = term_step(model, batch, term, labels, fused=False, seed=0)
+    assert_same_step(term_step(model, batch, term, labels, fused=True, seed=0), dense)
 
 
 class _ScaledHead(torch.nn.Linear):  # a head whose output is not h @ W.T + b (LoRA-like)
@@ -526,7 +541,7 @@ def test_own_output_candidates_fused_equal_dense_and_the_formula(gemma_tokenizer
     candidates' token-weighted 1 - F over their own token count; the fused pass (one forward,
     hidden states, LMHead.run) gives the dense value and gradients within 1e-5."""
     from bsloss.integrations.huggingface import BERTScoreTerm
-    from bsloss.integrations.lm_head import lm_head_inputs, token_cross_entropy
+    from bsloss.integrations.lm_head import token_cross_entropy
 
     model = tiny_gemma(gemma_tokenizer, tied=tied)
     batch = collate(gemma_tokenizer)(causal_rows(gemma_tokenizer))
@@ -539,24 +554,10 @@ def test_own_output_candidates_fused_equal_dense_and_the_formula(gemma_tokenizer
         row[positions] = row[positions][torch.randperm(len(positions), generator=generator)]
     own[0, (own[0] != -100).nonzero().squeeze(1)[-2:]] = -100
     term = BERTScoreTerm(gemma_loss, gemma_tokenizer, weight=2.0)
-
-    def step(fused: bool):
-        model.zero_grad(set_to_none=True)
-        if fused:
-            with lm_head_inputs(model) as head:
-                outputs = model(**batch)
-        else:
-            head, outputs = None, model(**batch)
-        value = term(outputs, labels, references=REFERENCES, head=head,
-                     candidate_outputs=outputs, candidate_labels=own)  # fmt: skip
-        value.backward()
-        return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    dense_value, dense_grads = step(False)
-    fused_value, fused_grads = step(True)
-    torch.testing.assert_close(fused_value, dense_value, rtol=0, atol=1e-5)
-    for name, grad in dense_grads.items():
-        torch.testing.assert_close(fused_grads[name], grad, rtol=0, atol=1e-5, msg=name)
+    own_step = {"references": REFERENCES, "candidate_labels": own}
+    dense = term_step(model, batch, term, labels, fused=False, **own_step)
+    assert_same_step(term_step(model, batch, term, labels, fused=True, **own_step), dense)
+    dense_value = dense[0]
     # the formula, by hand on the dense logits
     with torch.no_grad():
         logits = model(**batch).logits[:, :-1]
@@ -602,21 +603,7 @@ def test_gumbel_candidates_with_cross_entropy_fused_equal_dense(
     labels = batch.pop("labels")
     assert (labels != -100).sum() * len(gemma_tokenizer) > 2 * DEFAULT_CHUNK_ELEMENTS
     term = BERTScoreTerm(loss, gemma_tokenizer, weight=1.0)
-
-    def step(fused: bool):
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(3)  # the loss draws its Gumbel seed from torch's generator
-        if fused:
-            with lm_head_inputs(model) as head:
-                outputs = model(**batch)
-        else:
-            head, outputs = None, model(**batch)
-        value = term(outputs, labels, references=references, head=head)
-        value.backward()
-        return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    dense_value, dense_grads = step(False)
-    fused_value, fused_grads = step(True)
-    torch.testing.assert_close(fused_value, dense_value, rtol=0, atol=1e-5)
-    for name, grad in dense_grads.items():
-        torch.testing.assert_close(fused_grads[name], grad, rtol=0, atol=1e-5, msg=name)
+    # the loss draws its Gumbel seed from torch's generator
+    gumbel_step = {"references": references, "seed": 3}
+    dense = term_step(model, batch, term, labels, fused=False, **gumbel_step)
+    assert_same_step(term_step(model, batch, term, labels, fused=True, **gumbel_step), dense)
