@@ -430,10 +430,16 @@ class _ScaledHead(torch.nn.Linear):  # a head whose output is not h @ W.T + b (L
 
 def _refused_models(scorer) -> dict:
     """Models whose head lm_head_inputs cannot account for, and what its message names."""
+    peft = pytest.importorskip("peft")
     tokenizer = scorer_vocabulary_tokenizer(scorer)
     wrapped_head = tiny_gpt2(tokenizer)
     head = wrapped_head.lm_head
     wrapped_head.lm_head = _ScaledHead(head.in_features, head.out_features, bias=False)
+    # LoRA on the head: its weight is not what the head computes with (peft leaves the head
+    # out of "all-linear", as the recipes use it)
+    lora_head = peft.get_peft_model(
+        tiny_gpt2(tokenizer), peft.LoraConfig(r=2, target_modules=["lm_head", "c_attn"])
+    )
     softcap_module = tiny_gpt2(tokenizer)
     softcap_module.logit_softcap = torch.nn.Tanh()  # applied after the head (as Inkling 2's)
     two_caps = tiny_gpt2(tokenizer)
@@ -448,14 +454,17 @@ def _refused_models(scorer) -> dict:
     fixed_cap = tiny_gpt2(tokenizer)
     fixed_cap.config.__class__ = FixedCapConfig
     return {
-        "head": (wrapped_head, r"GPT2LMHeadModel's LM head is a _ScaledHead, not a plain"),
+        "head": (wrapped_head, r"GPT2LMHeadModel's LM head is a test_lm_head_integration\._Sca"),
+        "lora-head": (lora_head, r"PeftModel's LM head is a peft\.tuners\.lora\.layer\.Linear"),
         "softcap-module": (softcap_module, r"GPT2LMHeadModel applies a soft-cap .*logit_softcap"),
         "two-caps": (two_caps, r"GPT2LMHeadModel holds different final logit soft-caps"),
         "read-only-cap": (fixed_cap, r"GPT2LMHeadModel's soft-cap .* cannot be switched off"),
     }
 
 
-@pytest.mark.parametrize("case", ["head", "softcap-module", "two-caps", "read-only-cap"])
+@pytest.mark.parametrize(
+    "case", ["head", "lora-head", "softcap-module", "two-caps", "read-only-cap"]
+)
 def test_lm_head_inputs_refuses_a_head_it_cannot_account_for(scorer, case, tmp_path):
     """A head that is not a plain Linear, a soft-cap after the head it cannot switch off, or
     caps that disagree: refused, naming the model's class and what it could not account for;

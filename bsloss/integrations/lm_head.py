@@ -216,9 +216,9 @@ def _plain_head(model: nn.Module) -> nn.Module:
         )
     if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
         raise ValueError(
-            f"lm_head_inputs: {type(model).__name__}'s LM head is a {type(head).__name__}, not a "
-            "plain torch.nn.Linear: its output is not h @ weight.T + bias; use the dense path "
-            "(bertscore_fused=False)"
+            f"lm_head_inputs: {type(model).__name__}'s LM head is a "
+            f"{type(head).__module__}.{type(head).__qualname__}, not a plain torch.nn.Linear: "
+            "its output is not h @ weight.T + bias; use the dense path (bertscore_fused=False)"
         )
     return head
 
