@@ -8,8 +8,9 @@ normaliser and the BERTScore loss's expected embedding, which
 
 :func:`lm_head_inputs` is the model's own forward with the head taken out: inside the block the
 output-embedding module is a pass-through (so ``outputs.logits`` are the head's input
-:math:`h`), a soft-cap (Gemma 2's ``final_logit_softcapping``) and BART's ``final_logits_bias``
-are off, and the block yields the head (:class:`LMHead`: weight, bias, soft-cap) to give
+:math:`h`), a soft-cap (Gemma 2's ``final_logit_softcapping``, wherever the forward reads it:
+the config, its text config or its decoder's) and BART's ``final_logits_bias`` are off, and the
+block yields the head (:class:`LMHead`: weight, bias, soft-cap) to give
 :class:`~bsloss.BERTScoreLoss` as ``output_embeddings=``. It works for causal and
 encoder-decoder models, tied or untied heads, under DDP (the head's weight is a parameter of the
 model; its gradient arrives in the same backward pass) and under FSDP 2 (``fully_shard``): there
