@@ -303,12 +303,14 @@ class CandidateEncoder:
         seed = None if self.candidates.gumbel_temperature is None else draw_seed()
         if hidden_states is not None:
             check_finite_tensor(hidden_states, "hidden_states")
+            # a decoding bridge decodes the whole candidate, as from logits: the positions cut
+            # from the encoding go through the head too, for their most probable tokens
             inputs, weights, log_likelihood, tokens = self._fused_inputs(
                 seed,
                 hidden_states,
                 head["output_embeddings"],
                 head["target_ids"],
-                candidate_mask,
+                whole_mask if self.bridging.decodes else candidate_mask,
                 table,
                 head["logit_softcap"],
                 head["generator_temperature"],
@@ -383,7 +385,7 @@ class CandidateEncoder:
         if isinstance(weight, Tensor) and weight.dim() == 2:
             self.check_vocab(weight.shape[0], "output_embeddings")
             check_device(weight, "output_embeddings", hidden_states.device, "hidden_states")
-        # Only the positions that are scored or have a target go through the head.
+        # Only the positions that are scored (or decoded) or have a target go through the head.
         selected = candidate_mask
         if target_ids is not None:
             check_tensor(target_ids, "target_ids", "integer")

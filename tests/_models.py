@@ -33,14 +33,25 @@ def tiny_gpt2(tokenizer):
     return GPT2LMHeadModel(config)
 
 
-def tiny_seq2seq(kind: str):
-    """A tiny random BART, T5 or BERT2BERT (vocabulary 97) for the LM-head tests."""
+def tiny_seq2seq(kind: str, vocab_size: int = 97, softcap: float | None = None):
+    """A tiny random BART, T5, BERT2BERT or T5Gemma (whose final logit soft-cap ``softcap`` sits
+    in its decoder's config) over ``vocab_size`` tokens, seeded, for the LM-head tests."""
     import transformers
 
     torch.manual_seed(0)
+    if kind == "t5gemma":
+        module = transformers.T5GemmaModuleConfig(
+            vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=8, pad_token_id=0,
+            bos_token_id=1, eos_token_id=2, final_logit_softcapping=softcap,
+        )  # fmt: skip
+        config = transformers.T5GemmaConfig(
+            encoder=module.to_dict(), decoder=module.to_dict(), vocab_size=vocab_size
+        )
+        return transformers.T5GemmaForConditionalGeneration(config)
     if kind == "bart":
         config = transformers.BartConfig(
-            vocab_size=97, d_model=16, encoder_layers=1, decoder_layers=1,
+            vocab_size=vocab_size, d_model=16, encoder_layers=1, decoder_layers=1,
             encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
             decoder_ffn_dim=32, max_position_embeddings=32,
         )  # fmt: skip
@@ -50,12 +61,12 @@ def tiny_seq2seq(kind: str):
         return model
     if kind == "t5":
         config = transformers.T5Config(
-            vocab_size=97, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+            vocab_size=vocab_size, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
             decoder_start_token_id=0, tie_word_embeddings=True,
         )  # fmt: skip
         return transformers.T5ForConditionalGeneration(config)
     bert = transformers.BertConfig(
-        vocab_size=97, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
         intermediate_size=32, max_position_embeddings=32,
     )  # fmt: skip
     decoder = transformers.BertConfig(**{**bert.to_dict(), "is_decoder": True})
@@ -83,3 +94,25 @@ def scripted(model, answers: list[list[int]]):
 
     model.generate = generate
     return model
+
+
+def tiny_paligemma(vocab_size: int = 97, softcap: float | None = None):
+    """A tiny random PaliGemma over a Gemma 2 text model: a conditional-generation model that
+    reads its final logit soft-cap from ``config.get_text_config()``, as Gemma 3n and 4 do."""
+    import transformers
+
+    torch.manual_seed(0)
+    text = transformers.Gemma2Config(
+        vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8, pad_token_id=0,
+        final_logit_softcapping=softcap,
+    )  # fmt: skip
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        image_size=16, patch_size=8,
+    )  # fmt: skip
+    config = transformers.PaliGemmaConfig(
+        text_config=text.to_dict(), vision_config=vision.to_dict(),
+        image_token_index=vocab_size - 1, projection_dim=16,
+    )  # fmt: skip
+    return transformers.PaliGemmaForConditionalGeneration(config)

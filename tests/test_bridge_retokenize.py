@@ -450,6 +450,39 @@ def test_hidden_states_path_retokenizes_like_logits(gemma_loss, gemma_tokenizer,
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_hidden_states_path_decodes_a_long_candidate_whole_like_logits(brown_tokenizers, encoder):
+    """Issue 43: a candidate of 600 generator positions (200 words of 3 pieces each, 202 scorer
+    pieces) is over the scorer's 510 positions for the gradient's encoding, but its decoded text
+    is scored whole: from hidden states as from logits (the fused path once decoded only the
+    first 510 positions, the rest as token 0, and scored another text). The same
+    distributions give the same text, value and gradients."""
+    tokenizer = brown_tokenizers["sentencepiece"]
+    loss = BERTScoreLoss(encoder=encoder, generator_tokenizer=tokenizer)
+    assert loss.bridge_mode == "retokenize"
+    cat, dog = ([tokenizer.convert_tokens_to_ids(p) for p in ("▁" + w[0], w[1], w[2])]
+                for w in ("cat", "dog"))  # fmt: skip
+    assert tokenizer.unk_token_id not in cat + dog
+    ids = torch.tensor([cat * 180 + dog * 20])
+    assert ids.shape[1] > encoder.tokenization.content_length
+    # a head whose argmax at each position is the id: unit rows, hidden states 50 x the row
+    g = torch.Generator().manual_seed(0)
+    weight = torch.nn.functional.normalize(torch.randn(len(tokenizer), 32, generator=g), dim=-1)
+    hidden = (50 * weight[ids]).requires_grad_()
+    weight.requires_grad_()
+    references = ["cat " * 180 + "dog " * 20]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # over the scorer's limit for the gradient: said
+        dense = loss(logits=hidden @ weight.T, references=references)
+        dense_texts = list(loss.last_texts)
+        dense_grads = torch.autograd.grad(dense, [hidden, weight])
+        fused = loss(hidden_states=hidden, output_embeddings=weight, references=references)
+    assert dense_texts == [tokenizer.decode(ids[0])] and dense_texts[0].endswith("dog dog")
+    assert loss.last_texts == dense_texts
+    torch.testing.assert_close(fused, dense, rtol=0, atol=1e-5)
+    for a, b in zip(torch.autograd.grad(fused, [hidden, weight]), dense_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_bridge_pieces_ignore_the_scorer_tokenizers_padding_state(
     gemma_tokenizer, gemma_bridge, encoder
 ):

@@ -1,7 +1,8 @@
 """Property-based fuzzing of the public API (issue 13): BERTScorer / score, the loss with every
 input kind and matching, the reward and the vocabulary bridge; and (issue 22) the fused LM-head
 path with every option (equal to the dense path on the same logits), the bridge with the fused
-pass and a damaged cache file, and the trainer integration's BERTScoreTerm.
+pass and a damaged cache file, and the trainer integration's BERTScoreTerm; and (issue 43)
+seq2seq models through BERTScoreTrainerMixin, fused equal to dense.
 
 Properties, for any input hypothesis draws:
 - good input: finite scores and finite gradients, batch invariance (a sample scores the same
@@ -930,3 +931,88 @@ def test_term_with_user_defined_weights(term_parts, kind, data):
     torch.testing.assert_close(value, want_value, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-7)
     assert scale.grad is None
+
+
+# ----------------------------------------------------------------------------- seq2seq + mixin
+SEQ2SEQ_MODELS = [("t5gemma", 2.0), ("t5gemma", None), ("t5", None), ("bart", None)]
+
+
+@pytest.fixture(scope="module")
+def seq2seq_trainers(term_parts, tmp_path_factory):
+    """A Seq2SeqTrainer with the BERTScore mixin per tiny model (the scorer's vocabulary; a
+    T5Gemma with its soft-cap in the decoder's config, and without), built on first use."""
+    import transformers
+    from _models import tiny_seq2seq
+
+    from bsloss.integrations.huggingface import BERTScoreTrainerMixin
+
+    class Trainer(BERTScoreTrainerMixin, transformers.Seq2SeqTrainer):
+        pass
+
+    loss, tokenizer = term_parts
+    built = {}
+
+    def trainer(kind: str, softcap: float | None):
+        if (kind, softcap) not in built:
+            model = tiny_seq2seq(kind, len(tokenizer), softcap=softcap)
+            if softcap is not None:
+                with torch.no_grad():  # logits of a few units, which a soft-cap of 2 bends
+                    model.get_output_embeddings().weight.mul_(10.0)
+            args = transformers.Seq2SeqTrainingArguments(
+                output_dir=str(tmp_path_factory.mktemp("fuzz-seq2seq")), report_to=[],
+                use_cpu=True, save_strategy="no",
+            )  # fmt: skip
+            built[kind, softcap] = Trainer(model=model, args=args, processing_class=tokenizer,
+                                           bertscore_loss=loss)  # fmt: skip
+        return built[kind, softcap]
+
+    return trainer
+
+
+@FEW
+@given(data=st.data())
+def test_seq2seq_mixin_fused_equals_dense(seq2seq_trainers, data):
+    """A seq2seq model's training step through BERTScoreTrainerMixin (the decoder inputs built
+    from the labels, the fused path by default: lm_head_inputs, then BERTScoreTerm's chunked
+    pass) gives the dense step's loss and every gradient, whatever the batch, the padding, the
+    weight and the model (T5Gemma with and without its decoder-config soft-cap, T5, BART)."""
+    from bsloss.integrations.term_weights import Balanced, Fixed
+
+    kind, softcap = data.draw(st.sampled_from(SEQ2SEQ_MODELS))
+    trainer = seq2seq_trainers(kind, softcap)
+    model = trainer.model.train()
+    assert trainer.bertscore_fused
+    batch, source, length = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 5)),
+                             data.draw(st.integers(1, 6)))  # fmt: skip
+    generator = torch.Generator().manual_seed(data.draw(st.integers(0, 2**16)))
+    input_ids = torch.randint(1000, 3000, (batch, source), generator=generator)
+    attention_mask = torch.ones(batch, source, dtype=torch.long)
+    labels = torch.randint(1000, 3000, (batch, length), generator=generator)
+    for row in range(batch):  # padding at the ends: -100 after the completion
+        attention_mask[row, data.draw(st.integers(1, source)) :] = 0
+        labels[row, data.draw(st.integers(0, length)) :] = -100
+    weights = st.sampled_from([Fixed(0.5), Fixed(2.0), Balanced(1.0)])
+    trainer.bertscore_term.weight = data.draw(weights)
+
+    def step(fused: bool):
+        trainer.bertscore_fused = fused
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(0)  # the same dropout masks in both passes
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        with quiet():
+            value = trainer.compute_loss(model, inputs)
+        value.backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        return value.detach(), grads
+
+    fused_value, fused_grads = step(True)
+    dense_value, dense_grads = step(False)
+    trainer.bertscore_fused = True
+    assert torch.isfinite(dense_value)
+    torch.testing.assert_close(fused_value, dense_value, atol=TOLERANCE, rtol=0)
+    assert fused_grads.keys() == dense_grads.keys() and dense_grads
+    for name, grad in dense_grads.items():
+        # (float32: the two passes sum in another order, off by ~1e-6 of the gradient's size)
+        torch.testing.assert_close(
+            fused_grads[name], grad, atol=TOLERANCE, rtol=TOLERANCE, msg=name
+        )

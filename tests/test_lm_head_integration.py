@@ -13,7 +13,7 @@ import weakref
 
 import pytest
 import torch
-from _models import tiny_seq2seq
+from _models import scorer_vocabulary_tokenizer, tiny_gpt2, tiny_paligemma, tiny_seq2seq
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import bsloss
@@ -188,6 +188,37 @@ def assert_same_step(fused, dense) -> None:
         torch.testing.assert_close(grads_f[name], grads_d[name], rtol=0, atol=1e-5, msg=name)
 
 
+def term_step(
+    model,
+    batch: dict,
+    term,
+    labels,
+    fused: bool,
+    *,
+    seed: int | None = None,
+    candidate_labels=None,
+    **term_args,
+) -> tuple[torch.Tensor, dict, None]:
+    """BERTScoreTerm's value on ``model(**batch)`` and the model's gradients, the forward inside
+    ``lm_head_inputs`` (its head passed to the term) or dense; ``candidate_labels``: the
+    forward's outputs are the candidates too. ``seed`` is set before the forward (the same
+    dropout masks or Gumbel noise in both passes). As :func:`assert_same_step` compares."""
+    model.zero_grad(set_to_none=True)
+    if seed is not None:
+        torch.manual_seed(seed)
+    if fused:
+        with lm_head_inputs(model) as head:
+            outputs = model(**batch)
+    else:
+        head, outputs = None, model(**batch)
+    if candidate_labels is not None:
+        term_args.update(candidate_outputs=outputs, candidate_labels=candidate_labels)
+    value = term(outputs, labels, head=head, **term_args)
+    value.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return value.detach(), grads, None
+
+
 @pytest.mark.parametrize(
     "tied, softcap", [(True, None), (False, None), (True, 30.0)], ids=["tied", "untied", "softcap"]
 )
@@ -321,6 +352,140 @@ def test_lm_head_inputs_applies_no_softcap_and_yields_it(gemma_tokenizer):
     )
 
 
+def capped_model(kind: str, vocab_size: int = 97):
+    """A tiny model whose forward reads its soft-cap (2) from a sub-config: T5Gemma from its
+    decoder's config, PaliGemma (as Gemma 3n / 4) from its text config; the head scaled so
+    that the cap bends the logits (a random head's are below 0.3)."""
+    if kind == "t5gemma":
+        model = tiny_seq2seq("t5gemma", vocab_size, softcap=2.0)
+    else:
+        model = tiny_paligemma(vocab_size, softcap=2.0)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(30.0)
+    return model.eval()
+
+
+def capped_batch(kind: str) -> dict:
+    if kind == "t5gemma":
+        return {"input_ids": torch.tensor([[5, 6, 7, 8]]),
+                "decoder_input_ids": torch.tensor([[1, 9, 10, 11]])}  # fmt: skip
+    return {"input_ids": torch.tensor([[5, 6, 7, 8]])}
+
+
+@pytest.mark.parametrize("kind", ["t5gemma", "paligemma"])
+def test_lm_head_inputs_finds_a_softcap_kept_in_a_sub_config(kind):
+    """Issue 43: the cap read from a sub-config (T5Gemma: the decoder's; Gemma 3n / 4 and
+    PaliGemma: the text config's) is off inside the block, carried as head.softcap and restored
+    after; the fused CE equals the CE of the model's own logits (once 7.012 against 7.196)."""
+    model = capped_model(kind)
+    config = model.config.decoder if kind == "t5gemma" else model.config.get_text_config()
+    batch = capped_batch(kind)
+    logits = model(**batch).logits
+    assert logits.abs().max() > 1.9  # the cap bends them
+    with lm_head_inputs(model) as head:
+        hidden = model(**batch).logits
+        assert head.softcap == 2.0 and config.final_logit_softcapping is None
+    assert config.final_logit_softcapping == 2.0
+    z = hidden @ head.weight.T
+    torch.testing.assert_close(2.0 * torch.tanh(z / 2.0), logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(model(**batch).logits, logits, rtol=0, atol=0)
+    labels = torch.tensor([[9, 10, 11, 2]])
+    torch.testing.assert_close(
+        token_cross_entropy(labels, hidden_states=hidden.detach(), head=head),
+        token_cross_entropy(labels, logits=logits.detach()),
+        rtol=0,
+        atol=1e-5,
+    )
+
+
+def test_t5gemma_term_fused_equals_dense(scorer):
+    """The mixin's default path for a seq2seq model, on a T5Gemma with cap 2 in its decoder's
+    config: BERTScoreTerm's fused value and gradients equal the dense ones (once 11.3504
+    against 11.3637)."""
+    from bsloss.integrations.huggingface import BERTScoreTerm
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    model = capped_model("t5gemma", len(tokenizer)).train()
+    labels = torch.tensor(
+        [tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
+         for r in ("the cat sleeps .", "a big old house")]
+    )  # fmt: skip
+    batch = {
+        "input_ids": torch.tensor([tokenizer("el gato duerme")["input_ids"]] * 2),
+        "decoder_input_ids": torch.cat(
+            [torch.full((2, 1), tokenizer.cls_token_id), labels[:, :-1]], dim=1
+        ),
+    }
+    term = BERTScoreTerm(
+        bsloss.BERTScoreLoss(encoder=scorer.encoder), tokenizer, weight=1.0, causal=False
+    )
+    dense = term_step(model, batch, term, labels, fused=False, seed=0)
+    assert_same_step(term_step(model, batch, term, labels, fused=True, seed=0), dense)
+
+
+class _ScaledHead(torch.nn.Linear):  # a head whose output is not h @ W.T + b (LoRA-like)
+    def forward(self, hidden):
+        return 2.0 * super().forward(hidden)
+
+
+def _refused_models(scorer) -> dict:
+    """Models whose head lm_head_inputs cannot account for, and what its message names."""
+    peft = pytest.importorskip("peft")
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    wrapped_head = tiny_gpt2(tokenizer)
+    head = wrapped_head.lm_head
+    wrapped_head.lm_head = _ScaledHead(head.in_features, head.out_features, bias=False)
+    # LoRA on the head: its weight is not what the head computes with (peft leaves the head
+    # out of "all-linear", as the recipes use it)
+    lora_head = peft.get_peft_model(
+        tiny_gpt2(tokenizer), peft.LoraConfig(r=2, target_modules=["lm_head", "c_attn"])
+    )
+    softcap_module = tiny_gpt2(tokenizer)
+    softcap_module.logit_softcap = torch.nn.Tanh()  # applied after the head (as Inkling 2's)
+    two_caps = tiny_gpt2(tokenizer)
+    two_caps.config.final_logit_softcapping = 2.0
+    two_caps.final_logit_softcapping = 3.0  # a copy the forward could read instead
+
+    class FixedCapConfig(type(two_caps.config)):
+        @property
+        def final_logit_softcapping(self):  # read-only: cannot be switched off
+            return 2.0
+
+    fixed_cap = tiny_gpt2(tokenizer)
+    fixed_cap.config.__class__ = FixedCapConfig
+    return {
+        "head": (wrapped_head, r"GPT2LMHeadModel's LM head is a test_lm_head_integration\._Sca"),
+        "lora-head": (lora_head, r"PeftModel's LM head is a peft\.tuners\.lora\.layer\.Linear"),
+        "softcap-module": (softcap_module, r"GPT2LMHeadModel applies a soft-cap .*logit_softcap"),
+        "two-caps": (two_caps, r"GPT2LMHeadModel holds different final logit soft-caps"),
+        "read-only-cap": (fixed_cap, r"GPT2LMHeadModel's soft-cap .* cannot be switched off"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["head", "lora-head", "softcap-module", "two-caps", "read-only-cap"]
+)
+def test_lm_head_inputs_refuses_a_head_it_cannot_account_for(scorer, case, tmp_path):
+    """A head that is not a plain Linear, a soft-cap after the head it cannot switch off, or
+    caps that disagree: refused, naming the model's class and what it could not account for;
+    the model is left as it was, and the mixin's default takes the dense path."""
+    model, message = _refused_models(scorer)[case]
+    before = model.config.to_dict()
+    head = model.get_output_embeddings()
+    with pytest.raises(ValueError, match=message), lm_head_inputs(model):
+        pass
+    assert model.get_output_embeddings() is head and model.config.to_dict() == before
+
+    class Trainer(BERTScoreTrainerMixin, transformers.Trainer):
+        pass
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    loss = bsloss.BERTScoreLoss(encoder=scorer.encoder)
+    trainer = Trainer(model=model, args=trainer_args(tmp_path), processing_class=tokenizer,
+                      bertscore_loss=loss)  # fmt: skip
+    assert trainer.bertscore_fused is False
+
+
 def test_lm_head_inputs_refuses_what_it_cannot_serve():
     with (
         pytest.raises(ValueError, match="has no output embedding"),
@@ -385,7 +550,7 @@ def test_own_output_candidates_fused_equal_dense_and_the_formula(gemma_tokenizer
     candidates' token-weighted 1 - F over their own token count; the fused pass (one forward,
     hidden states, LMHead.run) gives the dense value and gradients within 1e-5."""
     from bsloss.integrations.huggingface import BERTScoreTerm
-    from bsloss.integrations.lm_head import lm_head_inputs, token_cross_entropy
+    from bsloss.integrations.lm_head import token_cross_entropy
 
     model = tiny_gemma(gemma_tokenizer, tied=tied)
     batch = collate(gemma_tokenizer)(causal_rows(gemma_tokenizer))
@@ -398,24 +563,10 @@ def test_own_output_candidates_fused_equal_dense_and_the_formula(gemma_tokenizer
         row[positions] = row[positions][torch.randperm(len(positions), generator=generator)]
     own[0, (own[0] != -100).nonzero().squeeze(1)[-2:]] = -100
     term = BERTScoreTerm(gemma_loss, gemma_tokenizer, weight=2.0)
-
-    def step(fused: bool):
-        model.zero_grad(set_to_none=True)
-        if fused:
-            with lm_head_inputs(model) as head:
-                outputs = model(**batch)
-        else:
-            head, outputs = None, model(**batch)
-        value = term(outputs, labels, references=REFERENCES, head=head,
-                     candidate_outputs=outputs, candidate_labels=own)  # fmt: skip
-        value.backward()
-        return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    dense_value, dense_grads = step(False)
-    fused_value, fused_grads = step(True)
-    torch.testing.assert_close(fused_value, dense_value, rtol=0, atol=1e-5)
-    for name, grad in dense_grads.items():
-        torch.testing.assert_close(fused_grads[name], grad, rtol=0, atol=1e-5, msg=name)
+    own_step = {"references": REFERENCES, "candidate_labels": own}
+    dense = term_step(model, batch, term, labels, fused=False, **own_step)
+    assert_same_step(term_step(model, batch, term, labels, fused=True, **own_step), dense)
+    dense_value = dense[0]
     # the formula, by hand on the dense logits
     with torch.no_grad():
         logits = model(**batch).logits[:, :-1]
@@ -461,21 +612,7 @@ def test_gumbel_candidates_with_cross_entropy_fused_equal_dense(
     labels = batch.pop("labels")
     assert (labels != -100).sum() * len(gemma_tokenizer) > 2 * DEFAULT_CHUNK_ELEMENTS
     term = BERTScoreTerm(loss, gemma_tokenizer, weight=1.0)
-
-    def step(fused: bool):
-        model.zero_grad(set_to_none=True)
-        torch.manual_seed(3)  # the loss draws its Gumbel seed from torch's generator
-        if fused:
-            with lm_head_inputs(model) as head:
-                outputs = model(**batch)
-        else:
-            head, outputs = None, model(**batch)
-        value = term(outputs, labels, references=references, head=head)
-        value.backward()
-        return value.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
-
-    dense_value, dense_grads = step(False)
-    fused_value, fused_grads = step(True)
-    torch.testing.assert_close(fused_value, dense_value, rtol=0, atol=1e-5)
-    for name, grad in dense_grads.items():
-        torch.testing.assert_close(fused_grads[name], grad, rtol=0, atol=1e-5, msg=name)
+    # the loss draws its Gumbel seed from torch's generator
+    gumbel_step = {"references": references, "seed": 3}
+    dense = term_step(model, batch, term, labels, fused=False, **gumbel_step)
+    assert_same_step(term_step(model, batch, term, labels, fused=True, **gumbel_step), dense)

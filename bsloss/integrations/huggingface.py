@@ -37,7 +37,13 @@ import torch
 from torch import Tensor
 
 from bsloss.integrations.candidates import CandidateSource, resolve_candidates
-from bsloss.integrations.lm_head import IGNORE_INDEX, LMHead, lm_head_inputs, token_cross_entropy
+from bsloss.integrations.lm_head import (
+    IGNORE_INDEX,
+    LMHead,
+    lm_head_inputs,
+    lm_head_refusal,
+    token_cross_entropy,
+)
 from bsloss.integrations.term_weights import (
     Balanced,
     Fixed,
@@ -384,10 +390,12 @@ class BERTScoreTrainerMixin:
             trainer's column removal and collator); ``None``: the decoded labels.
         bertscore_fused: the training step's CE and BERTScore from one chunked pass over the
             LM head (:mod:`bsloss.integrations.lm_head`): the model's forward stops before its
-            head and no ``[B, L, V]`` logits exist. ``None`` (default): on when the model has
-            an output embedding. Under FSDP 2 (``fully_shard``) the head's weight is gathered
-            for the chunked pass by its unit (:meth:`~bsloss.integrations.lm_head.LMHead.run`);
-            FSDP 1's wrapper is refused, named. Evaluation
+            head and no ``[B, L, V]`` logits exist. ``None`` (default): on when
+            :func:`~bsloss.integrations.lm_head.lm_head_refusal` finds nothing to refuse (a
+            plain ``nn.Linear`` head, a soft-cap it can switch off). Under FSDP 2
+            (``fully_shard``) the head's weight is gathered for the chunked pass by its unit
+            (:meth:`~bsloss.integrations.lm_head.LMHead.run`); FSDP 1's wrapper is refused,
+            named. Evaluation
             (``prediction_step``, which hands the logits to ``compute_metrics``) runs the
             model's full forward either way.
         bertscore_candidates: where the term's candidates come from
@@ -448,9 +456,8 @@ class BERTScoreTrainerMixin:
         bertscore_loss.to(self.args.device)
         config = getattr(self.model, "config", None)
         causal = not getattr(config, "is_encoder_decoder", False)
-        if bertscore_fused is None:
-            head = getattr(self.model, "get_output_embeddings", lambda: None)()
-            bertscore_fused = isinstance(getattr(head, "weight", None), torch.Tensor)
+        if bertscore_fused is None:  # fused where lm_head_inputs can account for the head
+            bertscore_fused = lm_head_refusal(self.model) is None
         self.bertscore_fused = bertscore_fused
         self.bertscore_term = BERTScoreTerm(bertscore_loss, tokenizer, bertscore_weight, causal)
         if self.bertscore_candidates.generates:

@@ -8,8 +8,9 @@ normaliser and the BERTScore loss's expected embedding, which
 
 :func:`lm_head_inputs` is the model's own forward with the head taken out: inside the block the
 output-embedding module is a pass-through (so ``outputs.logits`` are the head's input
-:math:`h`), a soft-cap (Gemma 2's ``final_logit_softcapping``) and BART's ``final_logits_bias``
-are off, and the block yields the head (:class:`LMHead`: weight, bias, soft-cap) to give
+:math:`h`), a soft-cap (Gemma 2's ``final_logit_softcapping``, wherever the forward reads it:
+the config, its text config or its decoder's) and BART's ``final_logits_bias`` are off, and the
+block yields the head (:class:`LMHead`: weight, bias, soft-cap) to give
 :class:`~bsloss.BERTScoreLoss` as ``output_embeddings=``. It works for causal and
 encoder-decoder models, tied or untied heads, under DDP (the head's weight is a parameter of the
 model; its gradient arrives in the same backward pass) and under FSDP 2 (``fully_shard``): there
@@ -37,7 +38,7 @@ from torch import Tensor, nn
 from bsloss.functional.fused_expectation import IGNORE_INDEX, fused_token_log_likelihood
 from bsloss.inputs import check_targets_shape
 
-__all__ = ["IGNORE_INDEX", "LMHead", "lm_head_inputs", "token_cross_entropy"]
+__all__ = ["IGNORE_INDEX", "LMHead", "lm_head_inputs", "lm_head_refusal", "token_cross_entropy"]
 
 
 class LMHead(nn.Module):
@@ -85,15 +86,14 @@ def _head_forward(call: Callable[..., Any], *args: Any) -> Any:
     return call(*args)
 
 
-def _fsdp2_owner(model: nn.Module, head: nn.Module) -> nn.Module | None:
-    """The ``fully_shard`` unit that manages the head's weight (the head itself or its nearest
-    sharded ancestor), prepared for :meth:`LMHead.run`; None when nothing is sharded."""
+def _fsdp2_owner(chain: list[nn.Module]) -> nn.Module | None:
+    """The ``fully_shard`` unit that manages the head's weight (of ``chain``, the modules from
+    the model down to the head, the nearest sharded one), prepared for :meth:`LMHead.run`;
+    None when nothing is sharded."""
     try:
         from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
     except ImportError:  # a torch without FSDP 2
         return None
-    path = next(name for name, module in model.named_modules() if module is head).split(".")
-    chain = [model.get_submodule(".".join(path[:depth])) for depth in range(len(path) + 1)]
     owner = next((m for m in reversed(chain) if isinstance(m, FSDPModule)), None)
     if owner is not None and not hasattr(owner, "_bsloss_head_forward"):
         owner._bsloss_head_forward = _head_forward
@@ -116,10 +116,135 @@ def _refuse_fsdp1(model: nn.Module) -> None:
             )
 
 
+SOFTCAP_ATTRIBUTE = "final_logit_softcapping"
+
+
+def _module_chain(model: nn.Module, module: nn.Module) -> tuple[list[nn.Module], str]:
+    """The modules from ``model`` down to ``module`` (a descendant), and its name in its
+    parent."""
+    for path, candidate in model.named_modules():
+        if candidate is module and path:
+            names = path.split(".")
+            depths = range(len(names) + 1)
+            return [model.get_submodule(".".join(names[:depth])) for depth in depths], names[-1]
+    raise ValueError(
+        f"lm_head_inputs: the output embedding is not a submodule of {type(model).__name__}"
+    )
+
+
+def _configs_read_for_the_cap(model: nn.Module, modules: list[nn.Module]) -> list[Any]:
+    """The configs a forward that applies the head may read its soft-cap from: each module's
+    own (Gemma 2 / 3: ``self.config``), its text config (Gemma 3n / 4 conditional generation:
+    ``config.get_text_config()``) and decoder sub-config (T5Gemma: ``get_decoder().config``)."""
+    configs = [getattr(m, "config", None) for m in modules]
+    for config in list(configs):
+        configs += [getattr(config, name, None) for name in ("text_config", "decoder", "generator")]
+        if hasattr(config, "get_text_config"):
+            # (it refuses when several text configs exist; those are collected by name above)
+            with contextlib.suppress(ValueError):
+                configs.append(config.get_text_config())
+    get_decoder = getattr(model, "get_decoder", None)
+    if callable(get_decoder):
+        with contextlib.suppress(AttributeError, NotImplementedError):  # has no decoder
+            configs.append(getattr(get_decoder(), "config", None))
+    unique = {id(c): c for c in configs if c is not None and hasattr(c, SOFTCAP_ATTRIBUTE)}
+    return list(unique.values())
+
+
+def _softcap_places(model: nn.Module, modules: list[nn.Module]) -> tuple[list[Any], float | None]:
+    """Every object whose ``final_logit_softcapping`` the forward may read (the configs above and
+    a module that copied it, as DiffusionGemma does), and the one cap they hold.
+
+    Raises ValueError naming ``model``'s class for a cap it cannot account for: holders that
+    disagree, or another soft-cap after the head (a ``*softcap*`` attribute or submodule of
+    the modules that run the head, such as Inkling 2's ``logit_softcap``)."""
+    cls = type(model).__name__
+    places = _configs_read_for_the_cap(model, modules)
+    for module in modules:
+        for name, value in {**vars(module), **module._modules}.items():
+            if name == SOFTCAP_ATTRIBUTE:
+                places.append(module)
+            elif "softcap" in name and value is not None:
+                raise ValueError(
+                    f"lm_head_inputs: {cls} applies a soft-cap after its LM head that cannot be "
+                    f"switched off ({type(module).__name__}.{name} = {value!r}); use the dense "
+                    "path (bertscore_fused=False)"
+                )
+    caps = {getattr(place, SOFTCAP_ATTRIBUTE) for place in places} - {None}
+    if len(caps) > 1:
+        held = [f"{type(place).__name__}: {getattr(place, SOFTCAP_ATTRIBUTE)}" for place in places]
+        raise ValueError(
+            f"lm_head_inputs: {cls} holds different final logit soft-caps "
+            f"({', '.join(held)}); cannot tell which its forward applies; use the dense path "
+            "(bertscore_fused=False)"
+        )
+    return places, next(iter(caps), None)
+
+
+@contextlib.contextmanager
+def _softcap_off(model: nn.Module, places: list[Any]) -> Iterator[None]:
+    """``final_logit_softcapping = None`` on every place that holds a cap, for the block; each
+    restored after. Refused, named, where a place does not take it."""
+    switched: list[tuple[Any, float]] = []
+    try:
+        for place in places:
+            cap = getattr(place, SOFTCAP_ATTRIBUTE)
+            if cap is None:
+                continue
+            with contextlib.suppress(AttributeError, TypeError):  # a read-only attribute
+                setattr(place, SOFTCAP_ATTRIBUTE, None)
+                switched.append((place, cap))
+            if getattr(place, SOFTCAP_ATTRIBUTE) is not None:
+                raise ValueError(
+                    f"lm_head_inputs: {type(model).__name__}'s soft-cap "
+                    f"{type(place).__name__}.{SOFTCAP_ATTRIBUTE} cannot be switched off; use "
+                    "the dense path (bertscore_fused=False)"
+                )
+        yield
+    finally:
+        for place, cap in switched:
+            setattr(place, SOFTCAP_ATTRIBUTE, cap)
+
+
+def _plain_head(model: nn.Module) -> nn.Module:
+    """The model's output embedding, refused, named, unless it is a plain ``nn.Linear`` (its
+    output is ``h Wᵀ + b``, which the chunked pass recomputes from the weight and bias; a LoRA,
+    quantised or wrapped head computes something else)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or not isinstance(getattr(head, "weight", None), Tensor):
+        raise ValueError(
+            f"lm_head_inputs: {type(model).__name__} has no output embedding (LM head) with a "
+            "weight; pass the model itself, not a wrapper (accelerator.unwrap_model(model))"
+        )
+    if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
+        raise ValueError(
+            f"lm_head_inputs: {type(model).__name__}'s LM head is a "
+            f"{type(head).__module__}.{type(head).__qualname__}, not a plain torch.nn.Linear: "
+            "its output is not h @ weight.T + bias; use the dense path (bertscore_fused=False)"
+        )
+    return head
+
+
+def lm_head_refusal(model: nn.Module) -> str | None:
+    """Why :func:`lm_head_inputs` refuses ``model`` (its error message), or None when it serves
+    it. :class:`~bsloss.integrations.huggingface.BERTScoreTrainerMixin` takes the fused path by
+    default only when this is None."""
+    try:
+        with lm_head_inputs(model):
+            pass
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 @contextlib.contextmanager
 def lm_head_inputs(model: nn.Module) -> Iterator[LMHead]:
     """Within the block ``model(...)`` returns the LM head's input ``[B, L, d]`` as its
     ``.logits``; yields the :class:`LMHead` to score them with.
+
+    The final logit soft-cap is found wherever the forward reads it (``final_logit_softcapping``
+    of the model's config, its text config or decoder sub-config, or the model's own attribute),
+    switched off there for the block, restored after, and carried as ``head.softcap``.
 
     Args:
         model: a transformers model with an output embedding (``get_output_embeddings()``),
@@ -127,8 +252,10 @@ def lm_head_inputs(model: nn.Module) -> Iterator[LMHead]:
             run the forward).
 
     Raises:
-        ValueError: the model has no output embedding, or is wrapped in FSDP 1's
-            ``FullyShardedDataParallel``.
+        ValueError: naming the model's class: it has no output embedding, its head is not a
+            plain ``nn.Linear`` (LoRA, quantised, wrapped), it applies a soft-cap after the head
+            that cannot be switched off or holds different caps in different configs, or it is
+            wrapped in FSDP 1's ``FullyShardedDataParallel``.
 
     >>> import torch, transformers
     >>> config = transformers.GPT2Config(
@@ -141,46 +268,34 @@ def lm_head_inputs(model: nn.Module) -> Iterator[LMHead]:
     >>> hidden.shape, torch.allclose(hidden @ head.weight.T, model(input_ids=ids).logits)
     (torch.Size([1, 3, 8]), True)
     """
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None or not isinstance(getattr(head, "weight", None), Tensor):
-        raise ValueError(
-            f"lm_head_inputs: {type(model).__name__} has no output embedding (LM head) with a "
-            "weight; pass the model itself, not a wrapper (accelerator.unwrap_model(model))"
-        )
+    head = _plain_head(model)
     _refuse_fsdp1(model)
-    parent, name = next(
-        (module, child_name)
-        for module in model.modules()
-        for child_name, child in module.named_children()
-        if child is head
-    )
+    chain, name = _module_chain(model, head)
+    parent, runs_the_head = chain[-2], chain[:-1]
+    places, softcap = _softcap_places(model, runs_the_head)
     bias = head.bias
     extra = getattr(model, "final_logits_bias", None)  # BART adds it after the head
     if isinstance(extra, Tensor):
         bias = extra[0] if bias is None else bias + extra[0]
-        model.final_logits_bias = torch.zeros_like(extra[:, :1])
-    # A soft-capping model applies its cap after the head: off here, given to the loss instead.
-    config = getattr(model, "config", None)
-    softcap = getattr(config, "final_logit_softcapping", None)
-    if softcap is not None:
-        config.final_logit_softcapping = None
-    owner = _fsdp2_owner(model, head)
-    setattr(parent, name, _PassThrough())
-    try:
-        yield LMHead(
-            head.weight,
-            bias,
-            softcap,
-            module=head,
-            extra_bias=extra if isinstance(extra, Tensor) else None,
-            owner=owner,
-        )
-    finally:
-        setattr(parent, name, head)
-        if softcap is not None:
-            config.final_logit_softcapping = softcap
-        if isinstance(extra, Tensor):
-            model.final_logits_bias = extra
+    # the soft-cap is applied after the head: off in the model, given to the loss instead
+    with _softcap_off(model, places):
+        owner = _fsdp2_owner(chain)
+        try:
+            if isinstance(extra, Tensor):
+                model.final_logits_bias = torch.zeros_like(extra[:, :1])
+            setattr(parent, name, _PassThrough())
+            yield LMHead(
+                head.weight,
+                bias,
+                softcap,
+                module=head,
+                extra_bias=extra if isinstance(extra, Tensor) else None,
+                owner=owner,
+            )
+        finally:
+            setattr(parent, name, head)
+            if isinstance(extra, Tensor):
+                model.final_logits_bias = extra
 
 
 def token_cross_entropy(
