@@ -286,6 +286,29 @@ class Timer:
         return round(time.process_time() - self.cpu_start, 2)
 
 
+def memory_reading() -> str:
+    """This process's resident memory now and its peak so far (``/proc/self/status``: VmRSS,
+    VmHWM), for the phase lines: what each phase adds to the run's peak. Empty where there is
+    no ``/proc`` (macOS, Windows)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return ""
+    kib = {
+        line.split(":")[0]: int(line.split()[1])
+        for line in status.splitlines()
+        if line.startswith(("VmRSS:", "VmHWM:"))
+    }
+    if len(kib) < 2:
+        return ""
+    return f"memory {kib['VmRSS'] / 2**20:.2f} GiB, peak {kib['VmHWM'] / 2**20:.2f} GiB"
+
+
+def _memory_suffix() -> str:
+    memory = memory_reading()
+    return f" ({memory})" if memory else ""
+
+
 class RecipeRun:
     """What every recipe does around its own training step: config, accelerator, data, scorer,
     generator, collator, evaluator; resume and the test score before training; periodic
@@ -409,11 +432,12 @@ class RecipeRun:
 
     @contextmanager
     def phase(self, what: str):
-        """A line when a phase starts and one with its duration when it ends."""
+        """A line when a phase starts and one with its duration and the process's memory (now
+        and peak) when it ends."""
         start = time.perf_counter()
         self.say(f"{what} ...")
         yield
-        self.say(f"{what}: done in {time.perf_counter() - start:.1f} s")
+        self.say(f"{what}: done in {time.perf_counter() - start:.1f} s{_memory_suffix()}")
 
     @property
     def device(self) -> torch.device:
@@ -538,7 +562,7 @@ class RecipeRun:
         every = max(1, self.train.steps // 10)
         if step % every == 0 or step == self.train.steps:
             losses = ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if k != "lr")
-            self.say(f"step {step}/{self.train.steps}: {losses}")
+            self.say(f"step {step}/{self.train.steps}: {losses}{_memory_suffix()}")
         eval_every = self.train.eval_every
         if eval_every and step % eval_every == 0:
             if self.accelerator.is_main_process:
