@@ -547,3 +547,28 @@ def test_a_run_into_a_log_file_has_no_bars_and_its_lines_give_the_memory(tmp_pat
     assert all(re.search(r"\(memory \d+\.\d\d GiB, peak \d+\.\d\d GiB\)$", e) for e in ended)
     steps = [line for line in done.stdout.splitlines() if "] step " in line]
     assert steps and all("peak" in line for line in steps)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not Path("/proc/self/status").exists(),
+    reason="glibc's malloc_trim and /proc",
+)
+def test_memory_a_phase_freed_is_handed_back():
+    """Tensors under glibc's raised mmap threshold (a training step's activations) stay resident
+    after they are freed until malloc_trim: the run's lines then show the memory a phase
+    holds, not the one it had."""
+    from run import release_freed_memory
+
+    def resident_gib() -> float:
+        status = Path("/proc/self/status").read_text()
+        return int(status.split("VmRSS:")[1].split()[0]) / 2**20
+
+    freed = torch.ones(6_000_000)  # glibc raises its mmap threshold to a freed chunk's size
+    del freed
+    tensors = []
+    for i in range(100):  # 4 to 12 MB each, each followed by a small one that pins the heap
+        tensors += [torch.ones(1_000_000 * (1 + i % 3)), torch.ones(16)]
+    held = resident_gib()
+    del tensors
+    release_freed_memory()
+    assert resident_gib() < held - 0.5
