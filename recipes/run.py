@@ -6,6 +6,7 @@ with a total limit) and resume; the final model, test scores, results file and p
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import sys
@@ -286,6 +287,43 @@ class Timer:
         return round(time.process_time() - self.cpu_start, 2)
 
 
+def memory_reading() -> str:
+    """This process's resident memory now and its peak so far (``/proc/self/status``: VmRSS,
+    VmHWM), for the phase lines: what each phase adds to the run's peak. Empty where there is
+    no ``/proc`` (macOS, Windows)."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return ""
+    kib = {
+        line.split(":")[0]: int(line.split()[1])
+        for line in status.splitlines()
+        if line.startswith(("VmRSS:", "VmHWM:"))
+    }
+    if len(kib) < 2:
+        return ""
+    return f"memory {kib['VmRSS'] / 2**20:.2f} GiB, peak {kib['VmHWM'] / 2**20:.2f} GiB"
+
+
+def release_freed_memory() -> None:
+    """Hand the memory a phase freed back to the system (glibc's ``malloc_trim``). A training
+    step's activations (about 3 GB for Gemma 3 270M at batch 8 with sampled candidates) are
+    mostly tensors under glibc's mmap threshold, freed into its heap, which kept them: the
+    process stayed at the step's peak between steps, and the heap's fragmentation added to the
+    next peak. Only the resident pages go; what the next step allocates is faulted in again, so
+    nothing computed changes. A no-op without glibc (musl, macOS, Windows)."""
+    try:
+        libc = ctypes.CDLL(None)  # the C library this process already runs on
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):  # no dlopen of the process, or not glibc
+        pass
+
+
+def _memory_suffix() -> str:
+    memory = memory_reading()
+    return f" ({memory})" if memory else ""
+
+
 class RecipeRun:
     """What every recipe does around its own training step: config, accelerator, data, scorer,
     generator, collator, evaluator; resume and the test score before training; periodic
@@ -409,11 +447,13 @@ class RecipeRun:
 
     @contextmanager
     def phase(self, what: str):
-        """A line when a phase starts and one with its duration when it ends."""
+        """A line when a phase starts and one with its duration and the process's memory (now
+        and peak) when it ends."""
         start = time.perf_counter()
         self.say(f"{what} ...")
         yield
-        self.say(f"{what}: done in {time.perf_counter() - start:.1f} s")
+        release_freed_memory()
+        self.say(f"{what}: done in {time.perf_counter() - start:.1f} s{_memory_suffix()}")
 
     @property
     def device(self) -> torch.device:
@@ -535,10 +575,11 @@ class RecipeRun:
         if not math.isfinite(entry["loss"]):
             raise FloatingPointError(f"step {step}: the loss is {entry['loss']}")
         self.log.write(kind="train", step=step, time=self.timer(), cpu=self.timer.cpu(), **entry)
+        release_freed_memory()
         every = max(1, self.train.steps // 10)
         if step % every == 0 or step == self.train.steps:
             losses = ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if k != "lr")
-            self.say(f"step {step}/{self.train.steps}: {losses}")
+            self.say(f"step {step}/{self.train.steps}: {losses}{_memory_suffix()}")
         eval_every = self.train.eval_every
         if eval_every and step % eval_every == 0:
             if self.accelerator.is_main_process:

@@ -4,6 +4,8 @@ collator giving the decoder inputs the recipes used to build by hand."""
 
 from __future__ import annotations
 
+import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -414,3 +416,35 @@ def test_scst_sequence_log_prob_is_the_mean_token_log_probability():
     log_probs = torch.log_softmax(logits, dim=-1)
     want = torch.stack([log_probs[0, [0, 1, 2], [1, 2, 3]].mean(), log_probs[1, 0, 4]])
     torch.testing.assert_close(sequence_log_prob(logits, labels), want)
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal, as a person's screen does."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_evaluation_shows_progress_bars_on_a_terminal_only(terminal, scorer, monkeypatch):
+    """Generation (with the decoding step inside a batch), scoring and the teacher-forced CE
+    each show a bar when stderr is a terminal; a log file gets none of it."""
+    from _models import scorer_vocabulary_tokenizer, tiny_gpt2
+    from causal import CausalCollator
+    from evaluation import Evaluator
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    model = tiny_gpt2(tokenizer)
+    collator = CausalCollator(tokenizer, model, "summarization", 32, 6)
+    evaluator = Evaluator("summarization", scorer, EvalConfig(max_new_tokens=4, batch_size=2))
+    stderr = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    metrics, hypotheses = evaluator(model, tokenizer, collator, EXAMPLES, "cpu")
+    shown = stderr.getvalue()
+    assert len(hypotheses) == len(EXAMPLES) and 0.0 <= metrics["f_bert"] <= 1.0
+    if not terminal:
+        assert shown == ""
+        return
+    for bar in ("generating:", "bsloss: encoding:", "teacher-forced CE:"):
+        assert f"{bar}   0%" in shown, bar  # each bar drawn at its start
+    assert "token 1/4" in shown  # the streamer advances the bar inside a batch

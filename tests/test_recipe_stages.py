@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -529,3 +530,45 @@ def test_results_say_whether_the_run_is_complete(tmp_path):
     run_recipe("finetune.py", "--config", TRANSLATION, "--output_dir", out, *settings, "--resume")
     finished = json.loads((out / "results.json").read_text())
     assert finished["complete"] is True and "after" in finished and "before" in finished
+
+
+# --- what a run prints ------------------------------------------------------------------------
+
+
+def test_a_run_into_a_log_file_has_no_bars_and_its_lines_give_the_memory(tmp_path):
+    """stderr not a terminal (here a pipe, as a log file): no tqdm bar, not even the training
+    bar's; the phase and step lines say the process's memory, now and its peak."""
+    out = tmp_path / "run"
+    done = run_recipe("finetune.py", "--config", TRANSLATION, "--output_dir", out, *TINY,
+                      "--set", "eval.before=true")  # fmt: skip
+    assert "\r" not in done.stderr and "it/s]" not in done.stderr, done.stderr[-2000:]
+    ended = [line for line in done.stdout.splitlines() if ": done in " in line]
+    assert len(ended) >= 4  # scorer, generator, loss, the evaluations
+    assert all(re.search(r"\(memory \d+\.\d\d GiB, peak \d+\.\d\d GiB\)$", e) for e in ended)
+    steps = [line for line in done.stdout.splitlines() if "] step " in line]
+    assert steps and all("peak" in line for line in steps)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not Path("/proc/self/status").exists(),
+    reason="glibc's malloc_trim and /proc",
+)
+def test_memory_a_phase_freed_is_handed_back():
+    """Tensors under glibc's raised mmap threshold (a training step's activations) stay resident
+    after they are freed until malloc_trim: the run's lines then show the memory a phase
+    holds, not the one it had."""
+    from run import release_freed_memory
+
+    def resident_gib() -> float:
+        status = Path("/proc/self/status").read_text()
+        return int(status.split("VmRSS:")[1].split()[0]) / 2**20
+
+    freed = torch.ones(6_000_000)  # glibc raises its mmap threshold to a freed chunk's size
+    del freed
+    tensors = []
+    for i in range(100):  # 4 to 12 MB each, each followed by a small one that pins the heap
+        tensors += [torch.ones(1_000_000 * (1 + i % 3)), torch.ones(16)]
+    held = resident_gib()
+    del tensors
+    release_freed_memory()
+    assert resident_gib() < held - 0.5
