@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _tokenizers import data_file
 
 pytestmark = pytest.mark.slow  # one run of the whole script, 1-2 minutes on 2 cores
@@ -25,8 +24,11 @@ def rows_of(results: dict, section: str) -> list[dict]:
     return results["sections"][section]["rows"]
 
 
-def measured(rows: list[dict], **cells) -> list[dict]:
-    """The rows with these cells that carry a time (not skipped, not failed)."""
+def measured(rows: list[dict], name: str | None = None, **cells) -> list[dict]:
+    """The rows with these cells (``name``: the fused section's ``pass``) that carry a time
+    (not skipped, not failed)."""
+    if name is not None:
+        cells["pass"] = name
     return [
         r for r in rows if all(r.get(k) == v for k, v in cells.items()) and r.get("ms") is not None
     ]
@@ -80,10 +82,10 @@ def test_fused_section_has_every_pass_at_both_sizes_with_values_that_agree(smoke
     rows = rows_of(results, "fused")
     for tokens in ("2x32", "2x16"):
         for name in ("torch CE, bf16 logits", "torch CE, float32 logits"):
-            assert measured(rows, tokens=tokens, **{"pass": name}), (tokens, name)
-        dense = measured(rows, tokens=tokens, **{"pass": "bsloss dense, CE + term (logits=)"})
-        fused = measured(rows, tokens=tokens, backend="torch", **{"pass": "bsloss fused, CE + term"})
-        term = measured(rows, tokens=tokens, backend="torch", **{"pass": "bsloss fused, term only"})
+            assert measured(rows, name, tokens=tokens), (tokens, name)
+        dense = measured(rows, "bsloss dense, CE + term (logits=)", tokens=tokens)
+        fused = measured(rows, "bsloss fused, CE + term", tokens=tokens, backend="torch")
+        term = measured(rows, "bsloss fused, term only", tokens=tokens, backend="torch")
         assert dense and fused and term, tokens
         assert fused[0]["ce"] == pytest.approx(dense[0]["ce"], rel=1e-3)
         assert fused[0]["term"] == pytest.approx(dense[0]["term"], rel=1e-3)
