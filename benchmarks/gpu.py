@@ -267,6 +267,7 @@ COLUMNS: dict[str, list[tuple[str, str, Callable[[Any], str], str]]] = {
         ("vs_dense", "time / dense", _ratio, "r"),
         ("mem_vs_dense", "memory / dense", _ratio, "r"),
         ("ce", "CE value", _float, "r"),
+        ("ce_diff", "abs ΔCE vs torch fp32", _float, "r"),
         ("term", "term value", _float, "r"),
         ("note", "note", _text, "l"),
     ],
@@ -305,10 +306,20 @@ COLUMNS: dict[str, list[tuple[str, str, Callable[[Any], str], str]]] = {
 }
 
 
+METHOD = (
+    "on CUDA, CUDA events around each pass after one warm-up pass (its seconds: 'first pass "
+    "s'), the median of up to 5 timed passes; 'peak extra' = torch.cuda.max_memory_allocated() "
+    "over the timed passes minus the memory allocated before them (parameters, optimiser state, "
+    "cached references left out; the gradients a pass makes counted). On the CPU (smoke): wall "
+    "time and the RSS high-water mark"
+)
+
+
 def render(results: dict) -> str:
     """The markdown report of whatever ``results`` holds so far."""
     env = results.get("env") or {}
     versions = ", ".join(f"{k} {v}" for k, v in env.get("versions", {}).items())
+    mode = "SMOKE (tiny sizes on the CPU: a test of the script, not a measurement)"
     lines = [
         "# bsloss GPU benchmark (issue 45)",
         "",
@@ -316,32 +327,21 @@ def render(results: dict) -> str:
         f"- date (UTC): {results['date']}; git {results['git']}",
         f"- device: {env.get('device', 'unknown (no section has reported yet)')}",
         f"- versions: {versions or 'unknown'}",
-        f"- mode: {'SMOKE (tiny sizes on the CPU: a test of the script, not a measurement)' if results['smoke'] else 'full sizes'}; "  # noqa: E501
-        f"budget {results['budget_s']:.0f} s, wall so far {results.get('wall_s', 0):.0f} s",
+        f"- mode: {mode if results['smoke'] else 'full sizes'}; budget {results['budget_s']:.0f} "
+        f"s, wall so far {results.get('wall_s', 0):.0f} s",
+        f"- method: {METHOD}",
         *(f"- {note}" for note in results.get("notes", [])),
         "",
         "## Goals",
         "",
     ]
     goals = [g for name in SECTIONS for g in results["sections"].get(name, {}).get("goals", [])]
-    lines.append(
-        harness.markdown_table(
-            ["goal", "where", "measured", "target", "result"],
-            [
-                (
-                    _text(g["goal"]),
-                    _text(g.get("where")),
-                    _float(g["ratio"]),
-                    g["target"],
-                    g["result"],
-                )  # fmt: skip
-                for g in goals
-            ],
-            "llrll",
-        )
-        if goals
-        else "(no goal measured yet)"
-    )
+    rows = [
+        [_text(g["goal"]), _text(g["where"]), _float(g["ratio"]), g["target"], g["result"]]
+        for g in goals
+    ]
+    header = ["goal", "where", "measured", "target", "result"]
+    lines.append(harness.markdown_table(header, rows, "llrll") if rows else "(none measured)")
     for name in SECTIONS:
         section = results["sections"].get(name, {"status": "not run"})
         lines += ["", f"## {TITLES[name]}", ""]
@@ -887,7 +887,7 @@ def section_placement(ctx: Context, section: Section) -> None:
     device = str(ctx.device)
     refs = ctx.references(4)
     cands = ctx.sentences()[4:8]
-    state: dict = {}
+    encoder = functools.cache(ctx.encoder)  # loaded once, by the first check that needs it
 
     def check(name: str, run: Callable[[], str]) -> None:
         try:
@@ -898,15 +898,13 @@ def section_placement(ctx: Context, section: Section) -> None:
             harness.log(traceback.format_exc())
 
     def loss_forward_backward() -> str:
-        state["encoder"] = ctx.encoder()
-        loss = BERTScoreLoss(encoder=state["encoder"])
-        vocab = state["encoder"].input_embeddings.num_embeddings
+        loss = BERTScoreLoss(encoder=encoder())
+        vocab = encoder().input_embeddings.num_embeddings
         logits = torch.randn(len(refs), 12, vocab, device=ctx.device, requires_grad=True)
         value = loss(logits=logits, references=refs)
         value.backward()
         if not torch.isfinite(value) or logits.grad is None:
             raise AssertionError(f"value {value.item()}, gradient {logits.grad}")
-        state["loss"] = loss
         return f"loss {value.item():.4f} on {value.device}, gradient on {logits.grad.device}"
 
     check(
@@ -919,7 +917,7 @@ def section_placement(ctx: Context, section: Section) -> None:
         scorer = BERTScorer(model_type=str(ctx.scorer_folder()), num_layers=ctx.scorer_layers,
                             device=device)  # fmt: skip
         f1 = scorer.score(cands, refs)[2]
-        shared = BERTScorer(encoder=state.get("encoder") or ctx.encoder()).score(cands, refs)[2]
+        shared = BERTScorer(encoder=encoder()).score(cands, refs)[2]
         if not torch.allclose(f1, shared):
             raise AssertionError(f"the two scorers differ: {f1} vs {shared}")
         return f"F {[round(x, 4) for x in f1.tolist()]} on {f1.device}"
@@ -927,24 +925,28 @@ def section_placement(ctx: Context, section: Section) -> None:
     check(f"BERTScorer(folder, device={device!r}).score and BERTScorer(encoder=...)", metric)
 
     def reward() -> str:
-        scorer = BERTScorer(encoder=state.get("encoder") or ctx.encoder())
-        scores = BERTScoreReward(scorer=scorer)(completions=cands, reference=refs)
+        own = BERTScoreReward(str(ctx.scorer_folder()), ctx.scorer_layers, device=device)
+        shared = BERTScoreReward(scorer=BERTScorer(encoder=encoder()))
+        scores = own(completions=cands, reference=refs)
+        again = shared(completions=cands, reference=refs)
         if len(scores) != len(cands) or not all(math.isfinite(s) for s in scores):
             raise AssertionError(f"scores {scores}")
+        if not all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(scores, again, strict=True)):
+            raise AssertionError(f"the two rewards differ: {scores} vs {again}")
         return f"rewards {[round(s, 4) for s in scores]}"
 
-    check("BERTScoreReward(scorer=BERTScorer(encoder=...))(completions, reference)", reward)
+    check(f"BERTScoreReward(folder, device={device!r}) and BERTScoreReward(scorer=...)", reward)
 
     for fused in (True, False):
         check(
             f"Trainer + BERTScoreTrainerMixin, one step (bertscore_fused={fused})",
-            functools.partial(trainer_step, ctx, state, fused),
+            lambda fused=fused: trainer_step(ctx, encoder(), fused),
         )
 
     if ctx.cuda:
 
         def refused() -> str:
-            loss = state.get("loss") or BERTScoreLoss(encoder=ctx.encoder())
+            loss = BERTScoreLoss(encoder=encoder())
             vocab = loss.encoder.input_embeddings.num_embeddings
             try:
                 loss(logits=torch.randn(2, 5, vocab), references=refs[:2])
@@ -963,7 +965,7 @@ def section_placement(ctx: Context, section: Section) -> None:
     )
 
 
-def trainer_step(ctx: Context, state: dict, fused: bool) -> str:
+def trainer_step(ctx: Context, encoder: Any, fused: bool) -> str:
     """One optimisation step of ``Trainer`` + the mixin on a tiny GPT-2 over the scorer's
     vocabulary; the model is built on the CPU and the trainer places it."""
     import torch
@@ -978,7 +980,7 @@ def trainer_step(ctx: Context, state: dict, fused: bool) -> str:
     class Trainer(BERTScoreTrainerMixin, transformers.Trainer):
         pass
 
-    loss = BERTScoreLoss(encoder=state.get("encoder") or ctx.encoder())
+    loss = BERTScoreLoss(encoder=encoder)
     tokenizer = scorer_vocabulary_tokenizer(loss)
     texts = ["the cat sat on the mat", "a dog ran in the park"]  # the same length: no padding
     ids = [tokenizer(t)["input_ids"] for t in texts]
@@ -1184,6 +1186,7 @@ def fused_ratios(section: Section, tokens: str, rows: list[dict]) -> None:
 
     cce = find("Cut Cross-Entropy linear_cross_entropy")
     dense = find("bsloss dense, CE + term (logits=)")
+    reference = find("torch CE, float32 logits")
     if cce is None:
         section.note(f"{tokens}: no Cut Cross-Entropy time, so no goal against it (see its row)")
     for row in rows:
@@ -1192,6 +1195,8 @@ def fused_ratios(section: Section, tokens: str, rows: list[dict]) -> None:
         row["vs_cce"] = ratio(row["ms"], cce and cce["ms"])
         row["vs_dense"] = ratio(row["ms"], dense and dense["ms"])
         row["mem_vs_dense"] = ratio(row["peak_mib"], dense and dense["peak_mib"])
+        if reference and row.get("ce") is not None and row is not reference:
+            row["ce_diff"] = abs(row["ce"] - reference["ce"])
     section.store()
     for row in rows:
         if row["pass"] != "bsloss fused, CE + term" or row.get("ms") is None:
