@@ -824,6 +824,15 @@ def forced_backend(backend: str | None) -> Iterator[None]:
             module.fused_expected_inputs = original
 
 
+def measured_loss(ctx: Context, **options: Any):
+    """``BERTScoreLoss(**options)`` for the sections that time it, moved to the device: whether
+    it follows its encoder by itself is section 1's question, and a missed buffer must not cost
+    the measurements."""
+    from bsloss import BERTScoreLoss
+
+    return BERTScoreLoss(**options).to(ctx.device)
+
+
 def backend_label(backend: str | None) -> str:
     return "(no backend=)" if backend is None else backend
 
@@ -1020,8 +1029,6 @@ def trainer_step(ctx: Context, encoder: Any, fused: bool) -> str:
 def section_fused(ctx: Context, section: Section) -> None:
     import torch
 
-    from bsloss import BERTScoreLoss
-
     sizes = ctx.sizes
     vocab, dim = sizes.fused_vocab, sizes.fused_dim
     generator = torch.Generator(device=ctx.device).manual_seed(0)
@@ -1029,9 +1036,8 @@ def section_fused(ctx: Context, section: Section) -> None:
     weight = torch.randn(vocab, dim, device=ctx.device, generator=generator) * (2 / dim**0.5)
     weight = weight.to(torch.bfloat16).requires_grad_()
     encoder = ctx.encoder()
-    loss = BERTScoreLoss(
-        encoder=encoder, bridge=synthetic_bridge(vocab, encoder.input_embeddings.num_embeddings)
-    )
+    bridge = synthetic_bridge(vocab, encoder.input_embeddings.num_embeddings)
+    loss = measured_loss(ctx, encoder=encoder, bridge=bridge)
     cce = optional_fused_ce(ctx, "cut_cross_entropy")
     liger = optional_fused_ce(ctx, "liger_kernel")
     backends = fused_backends()
@@ -1247,7 +1253,6 @@ GEMMA_MEMORY = harness.Goal("Gemma step, mixin fused CE + term / the model's CE 
 def section_gemma_step(ctx: Context, section: Section) -> None:
     import torch
 
-    from bsloss import BERTScoreLoss
     from bsloss.integrations.huggingface import BERTScoreTerm
     from bsloss.integrations.lm_head import lm_head_inputs, token_cross_entropy
 
@@ -1263,7 +1268,7 @@ def section_gemma_step(ctx: Context, section: Section) -> None:
     refs = ctx.references(batch)
     encoder = ctx.encoder()
     bridge = synthetic_bridge(vocab, encoder.input_embeddings.num_embeddings)
-    loss = BERTScoreLoss(encoder=encoder, bridge=bridge)
+    loss = measured_loss(ctx, encoder=encoder, bridge=bridge)
     loss.encode_references(refs)
     term = BERTScoreTerm(loss, ReferencesGiven(), weight=1.0, causal=True)
     section.note(
@@ -1349,8 +1354,6 @@ BF16_SPEED = harness.Goal("loss fwd + bwd: bf16 autocast / fp32 time (faster: be
 def section_precision(ctx: Context, section: Section) -> None:
     import torch
 
-    from bsloss import BERTScoreLoss
-
     batch, length = ctx.sizes.precision_shape
     encoder = ctx.encoder()
     vocab = encoder.input_embeddings.num_embeddings
@@ -1369,7 +1372,7 @@ def section_precision(ctx: Context, section: Section) -> None:
     )
     settings = checkpointing_settings()
     for setting, flag in settings:
-        loss = BERTScoreLoss(encoder=encoder, gradient_checkpointing=flag)
+        loss = measured_loss(ctx, encoder=encoder, gradient_checkpointing=flag)
         loss.encode_references(refs)
         fp32_ms = None
         for precision, dtype in precisions:
@@ -1411,7 +1414,6 @@ def section_checkpointing(ctx: Context, section: Section) -> None:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from bsloss import BERTScoreLoss
     from bsloss.scorer.encoder import ScorerEncoder
 
     folder = ctx.scorer_folder()
@@ -1440,7 +1442,7 @@ def section_checkpointing(ctx: Context, section: Section) -> None:
     rows = {}
     for setting, flag in checkpointing_settings():
         ctx.log(f"checkpointing {setting}: {layers}-layer scorer, {batch}x{length}")
-        loss = BERTScoreLoss(encoder=encoder, gradient_checkpointing=flag)
+        loss = measured_loss(ctx, encoder=encoder, gradient_checkpointing=flag)
         loss.encode_references(refs)
 
         def run(loss=loss) -> torch.Tensor:
