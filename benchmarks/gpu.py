@@ -511,6 +511,9 @@ def run_parent(args) -> int:
             results["sections"].update(child["sections"])
             results["wall_s"] = time.time() - start
             write_results(results, out, json_path)
+            for name in group:
+                status = results["sections"][name]["status"]
+                harness.log(f"[{results['wall_s']:6.1f}s] {name}: {status}; {out} written")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results["wall_s"] = time.time() - start
