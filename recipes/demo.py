@@ -250,7 +250,8 @@ def draw(comparison: Comparison, live_log: list[dict] | None, path: Path) -> Pat
                                          "+100 steps\nCE + term"])  # fmt: skip
     scorer_note = " (dashed: mpnet, never trained against)" if len(scorers) > 1 else ""
     levels.set_title(f"test F_BERT, {comparison.examples} verses{scorer_note}", fontsize=9)
-    levels.set_ylabel("F_BERT (solid: MiniLM, the training scorer)")
+    solid = "solid: " if len(scorers) > 1 else ""
+    levels.set_ylabel(f"F_BERT ({solid}MiniLM, the training scorer)")
     levels.legend(fontsize=8)
     rows = [(f"seed {s}", comparison.per_seed[s]) for s in seeds]
     rows.append((f"mean of {len(seeds)}" if len(seeds) > 1 else "the seed", comparison.pooled))
@@ -288,12 +289,10 @@ def draw(comparison: Comparison, live_log: list[dict] | None, path: Path) -> Pat
         live.legend(fontsize=8)
     pooled = comparison.pooled["f_bert"]
     figure.suptitle(
-        "What the BERTScore term did: CE + the term on the model's sampled answers vs CE alone, "
-        "the same start and batches\n"
-        f"{_cell(pooled[0], 'f_bert', True)} F_BERT (MiniLM), 95% interval "
-        f"[{_cell(pooled[1], 'f_bert', True)}, {_cell(pooled[2], 'f_bert', True)}], a gain in "
-        f"{pooled[3]} of {len(seeds)} seed{'s' * (len(seeds) > 1)} "
-        f"({comparison.examples} test verses; Gemma 3 270M, Spanish→English; the committed study)",
+        "What the BERTScore term did: CE + term on sampled answers vs CE alone, same start\n"
+        f"{_cell(pooled[0], 'f_bert', True)} F_BERT (MiniLM) [{_cell(pooled[1], 'f_bert', True)}"
+        f", {_cell(pooled[2], 'f_bert', True)}], a gain in {pooled[3]}/{len(seeds)} seeds, "
+        f"{comparison.examples} test verses (the committed study; Gemma 3 270M, es→en)",
         fontsize=10,
     )
     figure.tight_layout()
