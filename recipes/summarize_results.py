@@ -72,14 +72,17 @@ def _lines(path: Path) -> list[str]:
 
 
 @functools.cache
-def scorers() -> dict:
-    """The training scorer and the independent one, loaded once for every task."""
+def scorers(independent: bool = True) -> dict:
+    """The training scorer and (``independent``) the independent one, loaded once for every
+    task."""
     import bsloss
 
-    return {
-        "f_bert": bsloss.BERTScorer(device="cpu"),
-        "f_bert_mpnet": bsloss.BERTScorer("all-mpnet-base-v2", num_layers=12, device="cpu"),
-    }
+    # every list of outputs is scored against the same references: embed them once
+    kept = {"device": "cpu", "reference_cache_size": 10_000}
+    loaded = {"f_bert": bsloss.BERTScorer(**kept)}
+    if independent:
+        loaded["f_bert_mpnet"] = bsloss.BERTScorer("all-mpnet-base-v2", num_layers=12, **kept)
+    return loaded
 
 
 # A stored score is keyed by everything it depends on (the texts, the task, the scorers and
@@ -97,9 +100,16 @@ class Scores:
     of any subset of examples. With ``store`` (a folder), per-example scores are also kept on
     disk, so that a summary re-run as a study's runs arrive re-scores only the new outputs."""
 
-    def __init__(self, task: Task, references: list[str], store: Path | None = None):
+    def __init__(
+        self,
+        task: Task,
+        references: list[str],
+        store: Path | None = None,
+        independent: bool = True,
+    ):
         self.task, self.references, self.store = task, references, store
-        self.scorers = scorers()
+        # independent=False: the training scorer alone (where all-mpnet-base-v2 is not installed)
+        self.scorers = scorers(independent)
         self._cache: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
         self._statistics: dict[tuple[str, ...], dict[str, np.ndarray]] = {}
         self._corpus_metrics = task.corpus_metrics()
