@@ -19,8 +19,7 @@ from prompting import chat_template_setting
 from tasks import get_task
 
 from bsloss.functional.matching import SHORTHANDS, check_iterations, check_temperature
-from bsloss.integrations.huggingface import check_balance
-from bsloss.integrations.term_weights import Balanced, Fixed
+from bsloss.integrations.term_weights import Balanced, Fixed, check_balance
 
 # train.mixed_precision and --mixed_precision: what every recipe hands on (grpo.py to TRL's bf16 /
 # fp16 flags, which have no fp8; accelerate's fp8 also needs a backend the recipes do not set up)

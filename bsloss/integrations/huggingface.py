@@ -45,9 +45,9 @@ from bsloss.integrations.lm_head import (
     token_cross_entropy,
 )
 from bsloss.integrations.term_weights import (
-    Balanced,
     Fixed,
     TermWeight,
+    check_balance,
     check_weight,
     evaluate_term_weight,
     resolve_term_weight,
@@ -343,18 +343,6 @@ class BERTScoreTerm:
         means = {k: sum(v) / len(v) for k, v in metrics.items() if v}
         metrics.clear()
         return means
-
-
-def check_balance(weight: TermWeight, ce_weight: float) -> None:
-    """Refuse :class:`Balanced` without the CE it balances against: with ``ce_weight=0`` the
-    loss's value would be the CE, which is not trained, and the term's step size would follow
-    that CE as it drifts (a BERTScore-only loss takes a fixed weight)."""
-    if isinstance(weight, Balanced) and ce_weight == 0:
-        raise ValueError(
-            f"weight={weight!r} scales the term to the cross-entropy's value, but ce_weight=0 "
-            "leaves the cross-entropy out of the loss: use a number (a fixed weight) for a "
-            "BERTScore-only loss, or a ce_weight > 0"
-        )
 
 
 class _WithReferences:

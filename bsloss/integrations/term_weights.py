@@ -35,6 +35,7 @@ __all__ = [
     "TermWeight",
     "Fixed",
     "Balanced",
+    "check_balance",
     "check_weight",
     "evaluate_term_weight",
     "resolve_term_weight",
@@ -181,3 +182,15 @@ def resolve_term_weight(weight: float | TermWeight, name: str = "weight") -> Ter
         raise type(error)(
             f"{name} must be a finite number >= 0 or a TermWeight (Fixed, Balanced), got {weight!r}"
         ) from None
+
+
+def check_balance(weight: TermWeight, ce_weight: float) -> None:
+    """Refuse :class:`Balanced` without the CE it balances against: with ``ce_weight=0`` the
+    loss's value would be the CE, which is not trained, and the term's step size would follow
+    that CE as it drifts (a BERTScore-only loss takes a fixed weight)."""
+    if isinstance(weight, Balanced) and ce_weight == 0:
+        raise ValueError(
+            f"weight={weight!r} scales the term to the cross-entropy's value, but ce_weight=0 "
+            "leaves the cross-entropy out of the loss: use a number (a fixed weight) for a "
+            "BERTScore-only loss, or a ce_weight > 0"
+        )
