@@ -80,15 +80,36 @@ class CausalCollator:
             self._completions[target] = ids + [self.eos]
         return self._completions[target]
 
-    def __call__(self, examples) -> dict[str, torch.Tensor]:
-        prompts = [self._prompt(e.source) for e in examples]
+    def _prompt_ids(self, sources: list[str]) -> list[list[int]]:
+        prompts = [self._prompt(source) for source in sources]
         width = max(len(p) for p in prompts)
         if self.context is not None and width + self.max_target > self.context:
             raise ValueError(
                 f"a prompt of {width} tokens plus data.max_target_length={self.max_target} "
                 f"exceeds the model's context of {self.context}; lower data.max_source_length"
             )
-        prompts = self._pad(prompts, "left")
+        return prompts
+
+    def training_batch(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        """Training rows (``source``, ``target``) as a language model's batch, as a trainer
+        takes it: ``input_ids`` each row's prompt then its completion, right-padded, with
+        ``attention_mask``, and ``labels`` (``-100`` on the prompt and the padding)."""
+        prompts = self._prompt_ids([row["source"] for row in rows])
+        completions = [self._completion(row["target"]) for row in rows]
+        padded = self._pad([p + c for p, c in zip(prompts, completions, strict=True)], "right")
+        width = padded["input_ids"].shape[1]
+        labels = [
+            [IGNORE_INDEX] * len(p) + c + [IGNORE_INDEX] * (width - len(p) - len(c))
+            for p, c in zip(prompts, completions, strict=True)
+        ]
+        return {
+            "input_ids": padded["input_ids"],
+            "attention_mask": padded["attention_mask"],
+            "labels": torch.tensor(labels),
+        }
+
+    def __call__(self, examples) -> dict[str, torch.Tensor]:
+        prompts = self._pad(self._prompt_ids([e.source for e in examples]), "left")
         completions = self._pad([self._completion(e.target) for e in examples], "right")
         labels = completions["input_ids"].masked_fill(
             completions["attention_mask"] == 0, IGNORE_INDEX

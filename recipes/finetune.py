@@ -3,46 +3,61 @@
     accelerate launch recipes/finetune.py --config recipes/configs/xsum-bert2bert.yaml \\
         --output_dir runs/xsum [--set loss.weight=1.0 --set loss.matching=softmax] [--resume]
 
-The generator is an encoder-decoder (``xsum-bert2bert.yaml``) or a decoder-only LM prompted with
-the source (``xsum-gemma.yaml``: Gemma 3 270M, see :mod:`causal`); CE and the BERTScore term are
-over the target (completion) tokens only. The step's loss is the library's training term
-(:class:`bsloss.integrations.huggingface.BERTScoreTerm`, the one a ``Trainer`` uses): CE and
-the term from one chunked pass over the LM head, the term the token-weighted mean of each
-target's ``1 - F``, its weight fixed or balanced (``loss.weighting``).
+A transformers ``Trainer`` with the library's :class:`~bsloss.integrations.huggingface.
+BERTScoreTrainerMixin`, as a user would write it: the mixin's training step (CE and the term from
+one chunked pass over the LM head; the model's own greedy or sampled answers as the candidates
+with ``loss.candidates: greedy`` / ``sample``), the term's weight fixed or balanced
+(``loss.weighting``, :mod:`bsloss.integrations.term_weights`), the trainer's optimiser,
+schedule, clipping and checkpoints. Around it the recipe's run (:class:`run.RecipeRun`): the
+config, data, scorer and generator, held-out generation and scoring before and after training,
+dev evaluations with early stopping (:class:`trainer_run.RecipeCallback`).
 
-The task, data, generator, scorer, loss and schedule come from the YAML config (see
-``recipes/configs/``); ``--set key=value`` overrides an entry. Candidate distributions are the
-teacher-forced next-token distributions (``loss.candidates: teacher_forced``), or the model's own
-greedy or sampled output re-scored under teacher forcing (``greedy`` / ``sample``). Writes
-``log.jsonl``, ``curves.png``, ``checkpoints/checkpoint_N`` (for ``--resume``), ``model/``,
+The generator is an encoder-decoder (``xsum-bert2bert.yaml``) or a decoder-only LM prompted with
+the source (``xsum-gemma.yaml``: Gemma 3 270M, see :mod:`causal`); CE and the term are over the
+target (completion) tokens only. The task, data, generator, scorer, loss and schedule come from
+the YAML config (``recipes/configs/``); ``--set key=value`` overrides an entry. Writes
+``log.jsonl``, ``curves.png``, ``checkpoints/checkpoint-N`` (for ``--resume``), ``model/``,
 ``test_outputs.txt`` and ``results.json`` (test metrics before and after; ``"complete": false``
 until the run has finished) under ``--output_dir``.
 """
 
 from __future__ import annotations
 
-import torch
 from config import (
     CANDIDATE_LABELS,
-    CANDIDATE_MODES,
     RECIPE_LOSS_KEYS,
     TERM_WEIGHTS,
     RecipeConfig,
-    TrainConfig,
     base_arguments,
     recipe_loss_settings,
 )
+from examples import batch_indices
 from run import RecipeRun, check_fresh_output, linear_warmup
+from trainer_run import RecipeCallback, resume_point, train, trainer_arguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from bsloss import BERTScoreLoss
-from bsloss.integrations.huggingface import BERTScoreTerm
-from bsloss.integrations.lm_head import lm_head_inputs, token_cross_entropy
+from bsloss.integrations.candidates import GreedyAnswers, SampledAnswers, TeacherForced
+from bsloss.integrations.huggingface import BERTScoreTrainerMixin
 from bsloss.scorer.encoder import ScorerEncoder
 
-__all__ = ["CANDIDATE_MODES", "build_loss", "build_optimizer", "main", "recipe_loss_settings"]
+__all__ = ["RecipeTrainer", "build_loss", "build_trainer", "main", "training_examples"]
+
+# the trainer's log keys kept in log.jsonl, under the recipe's names
+LOGGED = {"loss": "loss", "ce": "ce", "bertscore_loss": "bertscore_loss",
+          "bertscore_f": "bertscore_f", "bertscore_weight": "term_weight",
+          "learning_rate": "lr"}  # fmt: skip
+REFERENCE_COLUMN = "reference"  # the training examples' target text, the term's reference
+
+
+class RecipeTrainer(BERTScoreTrainerMixin, Trainer):
+    """A ``Trainer`` with the BERTScore term: all of it is the library's."""
 
 
 def build_loss(config: RecipeConfig, encoder: ScorerEncoder, generator_tokenizer) -> BERTScoreLoss:
+    """The config's ``loss`` section (its keys other than the recipe's own) as a
+    :class:`~bsloss.BERTScoreLoss` over the run's scorer, with a vocabulary bridge when the
+    generator's vocabulary is not the scorer's."""
     options = {k: v for k, v in config.loss.items() if k not in RECIPE_LOSS_KEYS}
     same_vocabulary = generator_tokenizer.get_vocab() == encoder.tokenizer.get_vocab()
     try:
@@ -56,26 +71,78 @@ def build_loss(config: RecipeConfig, encoder: ScorerEncoder, generator_tokenizer
         raise TypeError(f"config section loss: {error}") from error
 
 
-def build_optimizer(model, train: TrainConfig, num_processes: int = 1):
-    """AdamW and the learning-rate schedule ``train.lr_scheduler_type`` of transformers
-    (``get_scheduler``: linear, cosine, constant_with_warmup, ...) over ``train.steps`` optimizer
-    steps, ``train.lr_warmup_steps`` of them warm-up. accelerate steps a prepared scheduler once
-    per process at each optimizer step, so its step counts are scaled by ``num_processes``."""
-    from transformers import get_scheduler
+def candidate_source(mode: str, max_new_tokens: int):
+    """``loss.candidates`` as the mixin's candidate source; answers are as long as the data's
+    ``max_target_length`` allows a target to be."""
+    if mode == "teacher_forced":
+        return TeacherForced()
+    answers = SampledAnswers if mode == "sample" else GreedyAnswers
+    return answers(max_new_tokens=max_new_tokens)
 
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],  # train.freeze_embeddings
-        lr=train.learning_rate,
-        weight_decay=train.weight_decay,
+
+def training_examples(run: RecipeRun) -> list[dict]:
+    """The training examples in the order the recipes have always drawn them
+    (:func:`examples.batch_indices`: a seeded permutation per epoch), one batch after another
+    for every micro-batch of the run; the trainer reads them in that order."""
+    train, examples = run.train, run.data["train"]
+    batches = batch_indices(len(examples), train.batch_size, train.seed, 0)
+    rows = []
+    for _ in range(train.steps * train.gradient_accumulation_steps):
+        for index in next(batches):
+            example = examples[index]
+            rows.append({"source": example.source, "target": example.target,
+                         REFERENCE_COLUMN: example.target})  # fmt: skip
+    return rows
+
+
+class TermWeightWarmup(TrainerCallback):
+    """``loss.warmup_steps``: the term's weight grows linearly to ``loss.weight`` over them,
+    set on the trainer's term before each step."""
+
+    def __init__(self, trainer: RecipeTrainer, settings: dict):
+        self.trainer, self.settings = trainer, settings
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        settings = self.settings
+        weight = linear_warmup(settings["weight"], settings["warmup_steps"], state.global_step + 1)
+        self.trainer.bertscore_term.weight = TERM_WEIGHTS[settings["weighting"]](weight)
+
+
+def build_trainer(run: RecipeRun, start: int = 0) -> RecipeTrainer:
+    """The recipe's trainer: the config's loss as the mixin's term, the run's collator, the
+    training examples in the recipes' order, the callbacks that keep the run's log."""
+    config = run.config
+    settings = recipe_loss_settings(config.loss)
+    with run.phase("building the loss (the vocabulary bridge when the vocabularies differ)"):
+        loss_fn = build_loss(config, run.encoder, run.tokenizer)
+    run.log_setup(bridge=None if loss_fn.bridge is None else loss_fn.bridge.fidelity())
+    # the model's answers end where the collator ends a target; a training forward keeps no
+    # cache (generation sets its own)
+    run.model.generation_config.eos_token_id = run.collator.eos
+    run.model.config.use_cache = False
+    trainer = RecipeTrainer(
+        model=run.model,
+        args=trainer_arguments(
+            run,
+            TrainingArguments,
+            train_sampling_strategy="sequential",
+            remove_unused_columns=False,
+        ),  # fmt: skip
+        train_dataset=training_examples(run),
+        data_collator=run.collator.training_batch,
+        processing_class=run.tokenizer,
+        bertscore_loss=loss_fn,
+        bertscore_weight=TERM_WEIGHTS[settings["weighting"]](settings["weight"]),
+        bertscore_ce_weight=settings["ce_weight"],
+        bertscore_candidates=candidate_source(
+            settings["candidates"], config.data.max_target_length
+        ),
+        bertscore_reference_column=REFERENCE_COLUMN,
+        callbacks=[RecipeCallback(run, start, LOGGED, marker="loss")],
     )
-    # the name is one the recipes can run, checked at load (config.check_lr_scheduler_type)
-    scheduler = get_scheduler(
-        train.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=train.lr_warmup_steps * num_processes,
-        num_training_steps=train.steps * num_processes,
-    )
-    return optimizer, scheduler
+    if settings["warmup_steps"]:
+        trainer.add_callback(TermWeightWarmup(trainer, settings))
+    return trainer
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -85,89 +152,16 @@ def main(argv: list[str] | None = None) -> dict:
         check_fresh_output(args.output_dir, args.resume, args.overwrite)
     except FileExistsError as refused:
         parser.error(str(refused))
-    run = RecipeRun(args)
-    config, train_spec = run.config, run.train
-    loss_spec = recipe_loss_settings(config.loss)
-    mode = loss_spec["candidates"]
-    with run.phase("building the loss (the vocabulary bridge when the vocabularies differ)"):
-        loss_fn = build_loss(config, run.encoder, run.tokenizer)
-    run.log_setup(bridge=None if loss_fn.bridge is None else loss_fn.bridge.fidelity())
-    # the library's training term (its weight set each step: loss.warmup_steps); completion
-    # logits come aligned with their labels from the collator, hence causal=False
-    term = BERTScoreTerm(loss_fn, run.tokenizer, ce_weight=loss_spec["ce_weight"], causal=False)
-    optimizer, scheduler = build_optimizer(run.model, train_spec, run.accelerator.num_processes)
-    model, optimizer, scheduler, start_step = run.prepare(optimizer, scheduler)
-
-    accelerator, collator = run.accelerator, run.collator
-    accumulation = accelerator.gradient_accumulation_steps
-    max_target_length = config.data.max_target_length
-    batches = run.batches(start_step)
-    stop = run.last_step(start_step)
-    from tqdm.auto import tqdm
-
-    progress = tqdm(
-        total=train_spec.steps,
-        initial=start_step,
-        disable=None if accelerator.is_main_process else True,  # on a terminal only
-        desc="train",
-    )
-    model.train()
-    for step in range(start_step + 1, stop + 1):
-        weight = linear_warmup(loss_spec["weight"], loss_spec["warmup_steps"], step)
-        if weight > 0:
-            term.weight = TERM_WEIGHTS[loss_spec["weighting"]](weight)
-        totals = {"loss": 0.0, "ce": 0.0}
-        if weight > 0:
-            totals.update(bertscore_loss=0.0, term_weight=0.0)
-        for _ in range(accumulation):
-            examples = next(batches)
-            batch = run.collate(examples)
-            with accelerator.accumulate(model), accelerator.autocast():
-                label_sets = [batch["labels"]]
-                if weight > 0 and mode != "teacher_forced":
-                    label_sets.append(
-                        collator.generate(
-                            run.unwrapped, batch, max_target_length, sample=mode == "sample"
-                        )
-                    )
-                if weight > 0:
-                    # The LM head's input and weight instead of [B, L, V] logits: the library's
-                    # term takes the CE and the BERTScore term from one chunked pass over them.
-                    with lm_head_inputs(run.unwrapped) as head:
-                        hidden = collator.teacher_forced_logits(model, batch, label_sets)
-                    own = {}
-                    if len(label_sets) > 1:  # the model's own outputs are the candidates
-                        own = {"candidate_outputs": {"logits": hidden[1]},
-                               "candidate_labels": label_sets[1]}  # fmt: skip
-                    references = [e.target for e in examples]
-                    loss = term({"logits": hidden[0]}, batch["labels"], None, references,
-                                training=True, head=head, **own)  # fmt: skip
-                    logged = term.pop_metrics()
-                    parts = {
-                        "ce": logged["ce"],
-                        "bertscore_loss": logged["bertscore_loss"],
-                        "term_weight": logged.get("bertscore_weight", weight),
-                    }
-                else:
-                    logits = collator.teacher_forced_logits(model, batch, label_sets)
-                    loss = token_cross_entropy(batch["labels"], logits=logits[0])
-                    parts = {"ce": loss.item()}
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and train_spec.max_grad_norm:
-                    accelerator.clip_grad_norm_(model.parameters(), train_spec.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            totals["loss"] += loss.item() / accumulation
-            for key, value in parts.items():
-                totals[key] += value / accumulation
-        progress.update(1)
-        progress.set_postfix(loss=f"{totals['loss']:.3f}")
-        if run.end_of_step(step, weight=weight, lr=scheduler.get_last_lr()[0], **totals):
-            break  # early stopping
-    progress.close()
-    term_label = f"{loss_fn.matching.name} matching, {CANDIDATE_LABELS[mode]}"
-    return run.finish(stop, f"{config.task}: {args.config.name}", term=term_label)
+    run = RecipeRun(args, gradient_accumulation=False)  # the trainer accumulates
+    start, checkpoint = resume_point(run)
+    trainer = build_trainer(run, start)
+    run.unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    run.begin(start)
+    last_step = train(trainer, run, start, checkpoint)
+    settings = recipe_loss_settings(run.config.loss)
+    term = f"{trainer.bertscore_term.loss.matching.name} matching, "
+    term += CANDIDATE_LABELS[settings["candidates"]]
+    return run.finish(last_step, f"{run.config.task}: {args.config.name}", term=term)
 
 
 if __name__ == "__main__":

@@ -23,22 +23,19 @@ the mean ``reward``, ``time`` and ``cpu``), ``dev_outputs/``, ``test_outputs.txt
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import torch
 from config import base_arguments
 from prompting import answer
 from run import RecipeRun
-from transformers import TrainerCallback
+from trainer_run import RecipeCallback, resume_point, train, trainer_arguments
 
 from bsloss import BERTScoreReward
 from bsloss.reward import completion_text
 
 # TRL's log keys kept in log.jsonl, under the recipe's names
-LOGGED = {"reward_std": "reward_std", "completions/mean_length": "completion_length",
-          "learning_rate": "lr"}  # fmt: skip
-TIMER_FILE = "recipe_timer.json"  # in each TRL checkpoint: the log's time and cpu so far
+LOGGED = {"loss": "loss", "reward": "reward", "reward_std": "reward_std",
+          "completions/mean_length": "completion_length", "learning_rate": "lr"}  # fmt: skip
 
 
 class FirstLineReward:
@@ -52,77 +49,19 @@ class FirstLineReward:
         return self.reward(completions=texts, **columns)
 
 
-class RecipeCallback(TrainerCallback):
-    """The recipe's side of TRL's loop: each logged step into ``log.jsonl``, the dev evaluation
-    every ``train.eval_every`` steps, the timer saved with each checkpoint, ``--stop_after``."""
-
-    def __init__(self, run: RecipeRun, start_step: int):
-        self.run, self.start_step = run, start_step
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs:
-            return
-        run, step = self.run, state.global_step
-        entry = {"loss": logs.get("loss"), "reward": logs["reward"]}
-        entry |= {ours: logs[theirs] for theirs, ours in LOGGED.items() if theirs in logs}
-        run.log.write(kind="train", step=step, time=run.timer(), cpu=run.timer.cpu(), **entry)
-        if run.train.eval_every and step % run.train.eval_every == 0:
-            run.validate(step)
-
-    def on_save(self, args, state, control, **kwargs):
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        timer = {"time": self.run.timer(), "cpu": self.run.timer.cpu()}
-        (folder / TIMER_FILE).write_text(json.dumps(timer))
-
-    def on_step_end(self, args, state, control, **kwargs):
-        stop_after = self.run.args.stop_after
-        if stop_after is not None and state.global_step - self.start_step >= stop_after:
-            control.should_training_stop = True
-
-
-def grpo_settings(run: RecipeRun, checkpoints: Path):
-    """TRL's ``GRPOConfig`` from the recipe config's ``train``, ``rl`` and ``data`` sections."""
+def grpo_settings(run: RecipeRun):
+    """TRL's ``GRPOConfig``: the recipes' trainer arguments, and the ``rl`` section's."""
     from trl import GRPOConfig
 
-    train, rl = run.train, run.config.rl  # checked for GRPO at load (config.check_grpo)
-    mixed = run.args.mixed_precision or train.mixed_precision
-    return GRPOConfig(
-        output_dir=str(checkpoints),
-        max_steps=train.steps,
-        per_device_train_batch_size=train.batch_size,
-        gradient_accumulation_steps=train.gradient_accumulation_steps,
-        learning_rate=train.learning_rate,
-        lr_scheduler_type=train.lr_scheduler_type,
-        warmup_steps=train.lr_warmup_steps,
-        weight_decay=train.weight_decay,
-        max_grad_norm=train.max_grad_norm or 0.0,
-        seed=train.seed,
-        data_seed=train.seed,
-        gradient_checkpointing=train.gradient_checkpointing,
-        bf16=mixed == "bf16",
-        fp16=mixed == "fp16",
-        use_cpu=run.args.cpu or not torch.cuda.is_available(),
+    rl = run.config.rl  # checked for GRPO at load (config.check_grpo)
+    return trainer_arguments(
+        run,
+        GRPOConfig,
         num_generations=rl.num_generations,
         temperature=rl.temperature,
         beta=rl.beta,
         max_completion_length=run.config.data.max_target_length,
-        logging_steps=1,
-        save_strategy="steps" if train.save_every else "no",
-        save_steps=train.save_every or 1,
-        save_total_limit=train.checkpoints_total_limit,
-        report_to="none",
-        disable_tqdm=True,
-        # the recipe's Accelerator (RecipeRun) is TRL's too: without this the arguments would
-        # reset its state, and the recipe's evaluation would lose its device
-        accelerator_config={"use_configured_state": True},
     )
-
-
-def last_checkpoint(checkpoints: Path) -> Path:
-    saved = sorted(checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    if not saved:
-        raise FileNotFoundError(f"--resume: no checkpoint under {checkpoints}")
-    return saved[-1]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -136,38 +75,23 @@ def main(argv: list[str] | None = None) -> dict:
             f"model.generator {run.config.model.generator!r} is an encoder-decoder; GRPO here "
             "is for decoder-only LMs"
         )
-    checkpoints = run.output_dir / "checkpoints"
-    settings = grpo_settings(run, checkpoints)
+    settings = grpo_settings(run)
     run.log_setup(num_generations=run.config.rl.num_generations)
     run.unwrapped = run.model  # TRL prepares it; the recipe evaluates the same module
-    start, resume_from = 0, None
-    if args.resume:
-        resume_from = last_checkpoint(checkpoints)
-        start = int(resume_from.name.split("-")[1])
-        run.log.truncate_after(start)
-        timer = json.loads((resume_from / TIMER_FILE).read_text())
-        run.timer.continue_from(timer["time"], timer["cpu"])
+    start, checkpoint = resume_point(run)
     run.begin(start)
-    train = [
+    train_rows = [
         {"prompt": run.collator.prompt(e.source), "reference": e.target} for e in run.data["train"]
     ]
     trainer = GRPOTrainer(
         model=run.model,
         reward_funcs=FirstLineReward(BERTScoreReward(scorer=run.scorer)),
         args=settings,
-        train_dataset=datasets.Dataset.from_list(train),
+        train_dataset=datasets.Dataset.from_list(train_rows),
         processing_class=run.tokenizer,
-        callbacks=[RecipeCallback(run, start)],
+        callbacks=[RecipeCallback(run, start, LOGGED, marker="reward")],
     )
-    if resume_from is not None and start >= settings.max_steps:
-        # stopped after its last checkpoint, before the final evaluation: transformers' Trainer,
-        # resumed at max_steps, would still take one more optimizer step (it checks the step
-        # count only after a step), so the checkpoint's weights go straight to the evaluation
-        trainer._load_from_checkpoint(str(resume_from))
-        last_step = start
-    else:
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-        last_step = trainer.state.global_step
+    last_step = train(trainer, run, start, checkpoint)
     curve = [
         {"step": e["step"], "reward": e["reward"], "reward_std": e.get("reward_std")}
         for e in run.log.entries()

@@ -570,8 +570,20 @@ class RecipeRun:
         return steps if stop_after is None else min(steps, start_step + stop_after)
 
     def end_of_step(self, step: int, **entry) -> bool:
-        """Log the step; validate and save a checkpoint when their turn comes. Returns whether
-        early stopping ends the run here."""
+        """A recipe's own loop (rl_scst.py): :meth:`record_step`, :meth:`validation_turn`, and
+        accelerate's checkpoint every ``train.save_every`` steps. Returns whether early stopping
+        ends the run here."""
+        self.record_step(step, **entry)
+        stop = self.validation_turn(step)
+        save_every = self.train.save_every
+        if save_every and step % save_every == 0:
+            self.progress.step = step
+            self.accelerator.save_state()
+        return stop
+
+    def record_step(self, step: int, **entry) -> None:
+        """The step's line in ``log.jsonl`` (with the time and CPU so far), and one on the
+        screen every tenth of the run; a loss that is not finite stops the run, named."""
         if not math.isfinite(entry["loss"]):
             raise FloatingPointError(f"step {step}: the loss is {entry['loss']}")
         self.log.write(kind="train", step=step, time=self.timer(), cpu=self.timer.cpu(), **entry)
@@ -580,6 +592,10 @@ class RecipeRun:
         if step % every == 0 or step == self.train.steps:
             losses = ", ".join(f"{k} {v:.4f}" for k, v in entry.items() if k != "lr")
             self.say(f"step {step}/{self.train.steps}: {losses}{_memory_suffix()}")
+
+    def validation_turn(self, step: int) -> bool:
+        """The dev evaluation when ``train.eval_every`` says (its best weights kept under
+        ``best/`` with early stopping); returns whether early stopping ends the run here."""
         eval_every = self.train.eval_every
         if eval_every and step % eval_every == 0:
             if self.accelerator.is_main_process:
@@ -587,10 +603,6 @@ class RecipeRun:
                 if self.train.early_stopping_patience:
                     self.keep_if_best(step, metrics)
             self.share_early_stop()
-        save_every = self.train.save_every
-        if save_every and step % save_every == 0:
-            self.progress.step = step
-            self.accelerator.save_state()
         return self.stopped_at is not None
 
     def share_early_stop(self) -> None:

@@ -73,6 +73,11 @@ class Collator:
         ]
         return dict(self.padding(features))
 
+    def training_batch(self, rows: list[dict]) -> dict[str, torch.Tensor]:
+        """Training rows (``source``, ``target``) as the trainer takes them: the batch of
+        :meth:`__call__`."""
+        return self([Example(row["source"], row["target"]) for row in rows])
+
     def content_mask(self, labels: torch.Tensor) -> torch.Tensor:
         """Positions that hold a target token (not padding, not the final eos)."""
         return (labels != IGNORE_INDEX) & (labels != self.eos) & (labels != self.pad)

@@ -8,6 +8,7 @@ import csv
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,9 @@ import torch
 from _models import scorer_vocabulary_tokenizer, tiny_gpt2
 from config import DataConfig, ModelConfig, TrainConfig, load_config
 from examples import SPLITS, check_dev_split, load_splits
-from finetune import build_optimizer
 from generators import check_init_from, freeze_embeddings, load_generator
 from run import EarlyStopping
+from test_recipe_pieces import recipe_optimizer
 from test_recipes import TINY, TRANSLATION, read_log, run_recipe
 
 from bsloss.integrations.lm_head import token_cross_entropy
@@ -261,7 +262,8 @@ def test_init_from_another_model_is_refused(tmp_path, scorer):
 def _train_a_few_steps(model, trainable_check) -> dict[str, torch.Tensor]:
     before = {k: v.detach().clone() for k, v in model.named_parameters()}
     spec = TrainConfig(steps=3, batch_size=2, learning_rate=1e-2, freeze_embeddings=True)
-    optimizer, _ = build_optimizer(model, spec)
+    with tempfile.TemporaryDirectory() as folder:
+        optimizer, _ = recipe_optimizer(model, spec, Path(folder))
     trainable_check(optimizer)
     vocab = model.get_input_embeddings().weight.shape[0]
     ids = torch.randint(0, vocab, (2, 12), generator=torch.Generator().manual_seed(0))

@@ -123,10 +123,11 @@ def test_checkpoints_rotate_and_resume_continues_their_numbering(tmp_path):
     ]  # fmt: skip
     run_recipe("finetune.py", *settings, "--set", "train.steps=3", "--stop_after", "3")
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert names == ["checkpoint_1", "checkpoint_2"]  # steps 2 and 3; step 1's was rotated out
+    # the trainer's checkpoints, named by step: step 1's was rotated out
+    assert names == ["checkpoint-2", "checkpoint-3"]
     run_recipe("finetune.py", *settings, "--set", "train.steps=4", "--resume")
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert names == ["checkpoint_2", "checkpoint_3"]
+    assert names == ["checkpoint-3", "checkpoint-4"]
     assert [e["step"] for e in read_log(out) if e["kind"] == "train"] == [1, 2, 3, 4]
 
 

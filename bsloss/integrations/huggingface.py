@@ -144,6 +144,12 @@ class BERTScoreTerm:
         self._weight = weight
 
     @property
+    def scores(self) -> bool:
+        """Whether the BERTScore term is computed: not under a fixed weight of 0, where the loss
+        is the CE alone, at the CE's cost (no scoring, no answers generated)."""
+        return not (isinstance(self._weight, Fixed) and self._weight.weight == 0)
+
+    @property
     def ce_weight(self) -> float:
         """The weight of the cross-entropy term."""
         return self._ce_weight
@@ -220,6 +226,10 @@ class BERTScoreTerm:
         if (candidate_outputs is None) != (candidate_labels is None):
             raise ValueError("candidate_outputs and candidate_labels go together: pass both")
         logits, labels = self._aligned(outputs, labels, "labels")
+        if training is None:
+            training = torch.is_grad_enabled() and logits.requires_grad
+        if not self.scores:
+            return self._cross_entropy_alone(logits, labels, num_items_in_batch, head, training)
         own = candidate_outputs is not None
         if own:
             candidate_logits, candidate_labels = self._aligned(
@@ -270,8 +280,6 @@ class BERTScoreTerm:
         else:  # no target token at all: a zero on the graph of the hidden states
             ce_sum = logits.sum() * 0.0
         bertscore_sum = ((1 - f1) * row_weights).sum()
-        if training is None:
-            training = torch.is_grad_enabled() and logits.requires_grad
         metrics = self._metrics["train" if training else "eval"]
         label_tokens = mask.sum().clamp(min=1)
         # the term is the candidates' token-weighted mean (own candidates: their own count),
@@ -304,12 +312,32 @@ class BERTScoreTerm:
             )
         return logits, labels
 
+    def _cross_entropy_alone(
+        self,
+        logits: Tensor,
+        labels: Tensor,
+        num_items_in_batch: Tensor | int | None,
+        head: LMHead | None,
+        training: bool,
+    ) -> Tensor:
+        """``ce_weight`` times the CE, normalised as the full loss is, and recorded (the term
+        under a fixed weight of 0: nothing else is computed)."""
+        if head is None:
+            ce_sum = token_cross_entropy(labels, logits=logits, reduction="sum")
+        else:
+            ce_sum = head.run(_fused_cross_entropy_sum, logits, labels)
+        label_tokens = (labels != IGNORE_INDEX).sum().clamp(min=1)
+        total = label_tokens if num_items_in_batch is None else num_items_in_batch
+        total = torch.as_tensor(total, device=logits.device).clamp(min=1)
+        self._metrics["train" if training else "eval"]["ce"].append((ce_sum / label_tokens).item())
+        return self.ce_weight * ce_sum / total
+
     def _fused_own_scores(
         self, head: LMHead, hidden: Tensor, labels: Tensor, candidate_hidden: Tensor, kept: dict
     ) -> tuple[Tensor, Tensor]:
         """(the CE summed over ``labels``' tokens, the candidates' target score per kept row),
         each chunked over ``head`` (called through :meth:`LMHead.run`)."""
-        ce_sum = token_cross_entropy(labels, hidden_states=hidden, head=head, reduction="sum")
+        ce_sum = _fused_cross_entropy_sum(head, hidden, labels)
         if not kept["references"]:
             return ce_sum, ce_sum.new_zeros(0)
         prf = self.loss.score(
@@ -343,6 +371,12 @@ class BERTScoreTerm:
         means = {k: sum(v) / len(v) for k, v in metrics.items() if v}
         metrics.clear()
         return means
+
+
+def _fused_cross_entropy_sum(head: LMHead, hidden: Tensor, labels: Tensor) -> Tensor:
+    """The CE summed over ``labels``' tokens, chunked over ``head`` (through
+    :meth:`LMHead.run`)."""
+    return token_cross_entropy(labels, hidden_states=hidden, head=head, reduction="sum")
 
 
 class _WithReferences:
@@ -385,7 +419,9 @@ class BERTScoreTrainerMixin:
             (:meth:`~bsloss.integrations.lm_head.LMHead.run`); FSDP 1's wrapper is refused,
             named. Evaluation
             (``prediction_step``, which hands the logits to ``compute_metrics``) runs the
-            model's full forward either way.
+            model's full forward either way. Fused, arguments that leave
+            ``ddp_find_unused_parameters`` open (``None``) get ``False``: the head is used after
+            the forward, which DDP's search for unused parameters takes for a second use.
         bertscore_candidates: where the term's candidates come from
             (:mod:`bsloss.integrations.candidates`): ``"teacher_forced"`` (default, the labels'
             next-token distributions), ``"sample"`` / ``"greedy"`` (the model's own answers to
@@ -394,6 +430,11 @@ class BERTScoreTrainerMixin:
             ``SampledAnswers(top_k=50, max_new_tokens=64)``. Sampled answers with
             ``bertscore_weight=Balanced(1.0)`` are the setting that beat continued CE in the
             efficacy study (``recipes/RESULTS.md``). Evaluation scores the labels.
+        bertscore_ce_weight: the weight of the cross-entropy (``0``: the BERTScore term alone,
+            BERTTune's objective, with a fixed ``bertscore_weight``).
+
+    A fixed ``bertscore_weight`` of ``0`` (``trainer.bertscore_term.weight = 0`` between steps
+    too) makes the step the CE alone, at its cost: nothing is scored and no answer generated.
 
     ``ce`` and ``bertscore_f`` are logged with the trainer's loss (``eval_``-prefixed in
     evaluation). The loss is normalised by ``num_items_in_batch`` as the trainer's own loss is.
@@ -417,12 +458,24 @@ class BERTScoreTrainerMixin:
         bertscore_reference_column: str | None = None,
         bertscore_fused: bool | None = None,
         bertscore_candidates: str | CandidateSource = "teacher_forced",
+        bertscore_ce_weight: float = 1.0,
         **kwargs,
     ):
         self.bertscore_reference_column = bertscore_reference_column
         self.bertscore_candidates = resolve_candidates(bertscore_candidates, "bertscore_candidates")
         if bertscore_fused not in (None, True, False):
             raise TypeError(f"bertscore_fused must be None or a bool, got {bertscore_fused!r}")
+        model = kwargs.get("model", args[0] if args else None)
+        if bertscore_fused is None:  # fused where lm_head_inputs can account for the head
+            bertscore_fused = model is not None and lm_head_refusal(model) is None
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if bertscore_fused and getattr(training_args, "ddp_find_unused_parameters", 0) is None:
+            # The fused pass uses the LM head after the model's forward. DDP told to look for
+            # unused parameters (the trainer's choice when the arguments leave it open and
+            # there is no gradient checkpointing) marks the head ready at the end of the
+            # forward, then again in the backward pass: an error. Every parameter is used in
+            # every step here, so there is nothing to look for.
+            training_args.ddp_find_unused_parameters = False
         if "processing_class" in kwargs:
             kwargs["processing_class"] = _with_end_of_sequence(
                 kwargs["processing_class"], kwargs.get("args")
@@ -444,10 +497,10 @@ class BERTScoreTrainerMixin:
         bertscore_loss.to(self.args.device)
         config = getattr(self.model, "config", None)
         causal = not getattr(config, "is_encoder_decoder", False)
-        if bertscore_fused is None:  # fused where lm_head_inputs can account for the head
-            bertscore_fused = lm_head_refusal(self.model) is None
         self.bertscore_fused = bertscore_fused
-        self.bertscore_term = BERTScoreTerm(bertscore_loss, tokenizer, bertscore_weight, causal)
+        self.bertscore_term = BERTScoreTerm(
+            bertscore_loss, tokenizer, bertscore_weight, causal, ce_weight=bertscore_ce_weight
+        )
         if self.bertscore_candidates.generates:
             self._answer_tokens = _answer_tokens(self.model, tokenizer)
         # a compute_loss_func makes the trainer count num_items_in_batch and leave gradient
@@ -477,7 +530,8 @@ class BERTScoreTrainerMixin:
         inputs = {k: v for k, v in inputs.items() if k != "completion_mask"}
         unwrapped = self.accelerator.unwrap_model(model)
         joint = None
-        if self.bertscore_candidates.generates and model.training and not return_outputs:
+        answers = self.bertscore_candidates.generates and self.bertscore_term.scores
+        if answers and model.training and not return_outputs:
             pad, ends = self._answer_tokens
             joint = self.bertscore_candidates.answer(
                 unwrapped, inputs, labels, causal=self.bertscore_term.causal,

@@ -1,0 +1,137 @@
+"""A recipe run inside a transformers ``Trainer`` (finetune.py's, TRL's ``GRPOTrainer`` in
+grpo.py): the trainer's arguments from the config's ``train`` section, the callback that keeps the
+run's log, dev evaluations and early stopping, ``--stop_after``, and resuming from the trainer's
+own checkpoints (``checkpoints/checkpoint-N``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from run import RecipeRun
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+
+RECIPE_STATE = "recipe_state.json"  # in each checkpoint: the log's time and cpu, early stopping
+
+
+def trainer_arguments(run: RecipeRun, arguments_class, **extra):
+    """``arguments_class`` (``TrainingArguments``, TRL's ``GRPOConfig``) from the config's
+    ``train`` section: optimisation, schedule, precision, a checkpoint every ``save_every``
+    steps under ``checkpoints/`` (the last ``checkpoints_total_limit`` kept), a log line every
+    step; ``extra``: the trainer's own settings. (The generator's gradient checkpointing is
+    :class:`run.RecipeRun`'s, switched on with the model.)"""
+    train = run.train
+    mixed = run.args.mixed_precision or train.mixed_precision
+    return arguments_class(
+        output_dir=str(run.output_dir / "checkpoints"),
+        max_steps=train.steps,
+        per_device_train_batch_size=train.batch_size,
+        gradient_accumulation_steps=train.gradient_accumulation_steps,
+        learning_rate=train.learning_rate,
+        lr_scheduler_type=train.lr_scheduler_type,
+        warmup_steps=train.lr_warmup_steps,
+        weight_decay=train.weight_decay,
+        optim="adamw_torch",
+        max_grad_norm=train.max_grad_norm or 0.0,
+        seed=train.seed,
+        data_seed=train.seed,
+        bf16=mixed == "bf16",
+        fp16=mixed == "fp16",
+        use_cpu=run.args.cpu or not torch.cuda.is_available(),
+        logging_steps=1,
+        save_strategy="steps" if train.save_every else "no",
+        save_steps=train.save_every or 1,
+        save_total_limit=train.checkpoints_total_limit,
+        report_to="none",
+        # a bar on a terminal (as transformers shows it); a log file gets the run's lines only
+        disable_tqdm=not sys.stderr.isatty(),
+        # the recipe's Accelerator (RecipeRun) is the trainer's too: without this the arguments
+        # would reset its state, and the recipe's evaluation would lose its device
+        accelerator_config={"use_configured_state": True},
+        **extra,
+    )
+
+
+class RecipeCallback(TrainerCallback):
+    """The recipe's side of the trainer's loop: each logged step into ``log.jsonl`` (the
+    trainer's keys under the recipe's names, ``logged``), the dev evaluation every
+    ``train.eval_every`` steps with early stopping (``best/``), the recipe's state saved with
+    each checkpoint, and ``--stop_after``."""
+
+    def __init__(self, run: RecipeRun, start_step: int, logged: dict[str, str], marker: str):
+        self.run, self.start_step = run, start_step
+        self.logged, self.marker = logged, marker  # marker: the key a training step's log has
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or self.marker not in logs:
+            return
+        run, step = self.run, state.global_step
+        entry = {ours: logs[theirs] for theirs, ours in self.logged.items() if theirs in logs}
+        run.record_step(step, **entry)
+        if run.validation_turn(step):
+            control.should_training_stop = True
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        recipe_state = {
+            "time": self.run.timer(),
+            "cpu": self.run.timer.cpu(),
+            "early_stopping": self.run.early_stopping.state_dict(),
+            "stopped_at": self.run.stopped_at,
+        }
+        (folder / RECIPE_STATE).write_text(json.dumps(recipe_state))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        stop_after = self.run.args.stop_after
+        if stop_after is not None and state.global_step - self.start_step >= stop_after:
+            control.should_training_stop = True
+
+
+def last_checkpoint(checkpoints: Path) -> Path:
+    saved = sorted(checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not saved:
+        raise FileNotFoundError(f"--resume: no checkpoint under {checkpoints}")
+    return saved[-1]
+
+
+def resume_point(run: RecipeRun) -> tuple[int, Path | None]:
+    """(the step to start after, the checkpoint to resume from): ``--resume`` takes the newest
+    trainer checkpoint, drops the log's lines written after it and restores the recipe's state
+    (the time and CPU counted so far, early stopping)."""
+    if not run.args.resume:
+        return 0, None
+    checkpoint = last_checkpoint(run.output_dir / "checkpoints")
+    start = int(checkpoint.name.split("-")[1])
+    run.log.truncate_after(start)
+    recipe_state = json.loads((checkpoint / RECIPE_STATE).read_text())
+    run.timer.continue_from(recipe_state["time"], recipe_state["cpu"])
+    run.early_stopping.load_state_dict(recipe_state["early_stopping"])
+    run.stopped_at = recipe_state["stopped_at"]
+    return start, checkpoint
+
+
+def train(trainer, run: RecipeRun, start: int, checkpoint: Path | None) -> int:
+    """``trainer.train()`` (from ``checkpoint``); returns the last step trained. The recipe's
+    own lines replace the trainer's printed log dictionaries."""
+    trainer.remove_callback(PrinterCallback)
+    if not trainer.args.disable_tqdm:  # the bar stays; its printed log lines go
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(_QuietProgress)
+    if checkpoint is not None and (start >= trainer.args.max_steps or run.stopped_at):
+        # stopped after its last checkpoint, before the final evaluation: the Trainer, resumed
+        # at max_steps, would still take one more optimizer step (it checks the step count
+        # only after a step), so the checkpoint's weights go straight to the evaluation
+        trainer._load_from_checkpoint(str(checkpoint))
+        return start
+    trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
+    return trainer.state.global_step
+
+
+class _QuietProgress(ProgressCallback):
+    """transformers' bar without its printed log dictionaries (the recipe prints its own)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        pass
