@@ -32,7 +32,7 @@ from config import (
     recipe_loss_settings,
 )
 from examples import batch_indices
-from run import RecipeRun, check_fresh_output, linear_warmup
+from run import RecipeRun, check_fresh_output, end_processes, linear_warmup
 from trainer_run import RecipeCallback, resume_point, train, trainer_arguments
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -166,3 +166,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     main()
+    end_processes()

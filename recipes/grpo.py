@@ -27,7 +27,7 @@ from pathlib import Path
 
 from config import base_arguments
 from prompting import answer
-from run import RecipeRun
+from run import RecipeRun, end_processes
 from trainer_run import RecipeCallback, resume_point, train, trainer_arguments
 
 from bsloss import BERTScoreReward
@@ -129,3 +129,4 @@ def plot_reward_curve(curve: list[dict], path: Path, title: str, window: int = 5
 
 if __name__ == "__main__":
     main()
+    end_processes()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 from config import base_arguments
-from run import RecipeRun
+from run import RecipeRun, end_processes
 
 from bsloss import BERTScoreReward
 from bsloss.integrations.lm_head import IGNORE_INDEX, token_cross_entropy
@@ -92,3 +92,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     main()
+    end_processes()

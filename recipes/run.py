@@ -699,3 +699,11 @@ class RecipeRun:
             print(f"results: {self.results_path}")
         accelerator.wait_for_everyone()
         return self.results
+
+
+def end_processes() -> None:
+    """End the process group of a distributed run (a recipe's last call): left to the
+    interpreter's exit, gloo's threads were sometimes torn down while running, an abort after a
+    finished run."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -61,6 +61,7 @@ def main() -> None:
         "min_gap_to_local_mean": min(local_gaps),
     }
     (result_dir / f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

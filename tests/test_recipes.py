@@ -131,6 +131,31 @@ def test_checkpoints_rotate_and_resume_continues_their_numbering(tmp_path):
     assert [e["step"] for e in read_log(out) if e["kind"] == "train"] == [1, 2, 3, 4]
 
 
+class _RunsCode:
+    """A pickle that runs code when it is unpickled (writes the file it names)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "CODE RAN"))
+
+
+def test_resume_refuses_a_checkpoint_that_would_run_code(tmp_path):
+    """--resume reads the trainer's optimizer, scheduler and RNG files with
+    torch.load(weights_only=True): a tampered one is refused, and its code never runs."""
+    out, marker = tmp_path / "run", tmp_path / "marker.txt"
+    settings = [
+        "--config", SUMMARIZATION, *TINY, "--set", "train.save_every=1", "--set",
+        "train.eval_every=0", "--set", "eval.before=false", "--output_dir", out,
+    ]  # fmt: skip
+    run_recipe("finetune.py", *settings, "--stop_after", "1")
+    torch.save(_RunsCode(marker), out / "checkpoints/checkpoint-1/rng_state.pth")
+    done = run_recipe("finetune.py", *settings, "--resume", expect_failure=True)
+    assert "UnpicklingError" in done.stderr or "Weights only load failed" in done.stderr
+    assert not marker.exists()
+
+
 def test_rl_scst_two_steps(tmp_path):
     out = tmp_path / "scst"
     run_recipe("rl_scst.py", "--config", SUMMARIZATION, "--output_dir", out, *TINY,
