@@ -217,6 +217,30 @@ def save_generator(model, tokenizer, folder: Path) -> None:
         model.get_base_model().config.save_pretrained(folder)
 
 
+ADAPTER_FILES = (ADAPTER_CONFIG, "config.json")  # what a committed adapter folder keeps
+
+
+def compact_adapter(folder: Path, out: Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """A LoRA adapter of ``folder`` (:func:`save_generator`'s) written to ``out`` in ``dtype``,
+    with its config and the base model's: half the size in bfloat16 (a rank-8 Gemma 3 270M
+    adapter: 7.6 to 3.8 MB), small enough to commit. ``--init_from out`` loads it as it loads
+    the original (peft copies the weights into the model's float32 adapter)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    if not is_adapter(folder):
+        raise ValueError(f"{folder} holds no LoRA adapter ({ADAPTER_CONFIG})")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = load_file(Path(folder) / "adapter_model.safetensors")
+    save_file({k: v.to(dtype).contiguous() for k, v in weights.items()},
+              out / "adapter_model.safetensors")  # fmt: skip
+    for name in ADAPTER_FILES:
+        shutil.copyfile(Path(folder) / name, out / name)
+    return out
+
+
 def load_saved_weights(model, folder: Path) -> None:
     """Load what :func:`save_generator` wrote into ``folder`` into ``model`` (the same kind)."""
     if is_adapter(folder):

@@ -324,6 +324,29 @@ def _memory_suffix() -> str:
     return f" ({memory})" if memory else ""
 
 
+def make_collator(config, model, tokenizer) -> Collator | CausalCollator:
+    """The batches of the config's generator: an encoder-decoder's (:class:`seq2seq.Collator`)
+    or a decoder-only LM's (:class:`causal.CausalCollator`, prompted as ``data`` says)."""
+    data_spec = config.data
+    if getattr(model.config, "is_encoder_decoder", False):
+        for setting in ("prompt_format", "chat_template"):
+            if getattr(data_spec, setting) not in (None, "auto"):
+                raise ValueError(
+                    f"data.{setting} is for decoder-only generators; "
+                    "this generator is an encoder-decoder"
+                )
+        return Collator(tokenizer, model, data_spec.max_source_length, data_spec.max_target_length)
+    return CausalCollator(
+        tokenizer,
+        model,
+        config.task,
+        data_spec.max_source_length,
+        data_spec.max_target_length,
+        data_spec.prompt_format,
+        data_spec.chat_template,
+    )
+
+
 class RecipeRun:
     """What every recipe does around its own training step: config, accelerator, data, scorer,
     generator, collator, evaluator; resume and the test score before training; periodic
@@ -392,30 +415,7 @@ class RecipeRun:
         if self.train.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
             self.model.config.use_cache = False
-        data_spec = self.config.data
-        if getattr(self.model.config, "is_encoder_decoder", False):
-            for setting in ("prompt_format", "chat_template"):
-                if getattr(data_spec, setting) not in (None, "auto"):
-                    raise ValueError(
-                        f"data.{setting} is for decoder-only generators; "
-                        "this generator is an encoder-decoder"
-                    )
-            self.collator = Collator(
-                self.tokenizer,
-                self.model,
-                data_spec.max_source_length,
-                data_spec.max_target_length,
-            )
-        else:
-            self.collator = CausalCollator(
-                self.tokenizer,
-                self.model,
-                self.config.task,
-                data_spec.max_source_length,
-                data_spec.max_target_length,
-                data_spec.prompt_format,
-                data_spec.chat_template,
-            )
+        self.collator = make_collator(self.config, self.model, self.tokenizer)
         self.evaluator = Evaluator(self.config.task, self.scorer, self.config.eval)
         self.results_path = self.output_dir / "results.json"
         self.results: dict = {}

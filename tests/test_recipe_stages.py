@@ -503,6 +503,58 @@ def test_lora_adapter_saved_reloaded_and_continued(scorer, tmp_path):
         TrainConfig(steps=1, batch_size=1, learning_rate=1e-3, lora_rank=-1)
 
 
+def test_a_compact_adapter_answers_as_the_adapter_it_came_from(scorer, tmp_path):
+    """compact_adapter writes a saved adapter in bfloat16 with its configs (half the bytes);
+    --init_from it gives the float32 adapter's logits to bfloat16's precision, and answer.py
+    answers a source of one's own with it, as with the original."""
+    import io
+
+    import answer
+    from generators import compact_adapter, save_generator, with_lora
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    base = tiny_gpt2(tokenizer)
+    base.save_pretrained(tmp_path / "configured")
+    tokenizer.save_pretrained(tmp_path / "configured")
+    model = with_lora(base, 4, None, None)
+    with torch.no_grad():  # an adapter that changes the output (B starts at zero)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
+    save_generator(model, tokenizer, tmp_path / "best")
+    compact = compact_adapter(tmp_path / "best", tmp_path / "compact")
+    assert sorted(p.name for p in compact.iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors", "config.json",
+    ]  # fmt: skip
+    full = (tmp_path / "best/adapter_model.safetensors").stat().st_size
+    assert (compact / "adapter_model.safetensors").stat().st_size < 0.6 * full
+
+    model_spec = ModelConfig(generator=str(tmp_path / "configured"))
+    ids = torch.randint(5, 100, (2, 7), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for name in ("best", "compact"):
+        loaded, _ = load_generator(model_spec, tmp_path / name, scorer.encoder)
+        loaded = with_lora(loaded, 4, None, tmp_path / name).eval()
+        logits[name] = loaded(input_ids=ids).logits
+    assert not torch.equal(logits["best"], logits["compact"])  # rounded to bfloat16 ...
+    torch.testing.assert_close(logits["compact"], logits["best"], rtol=0.02, atol=0.02)  # only
+    with pytest.raises(ValueError, match="holds no LoRA adapter"):
+        compact_adapter(tmp_path / "configured", tmp_path / "nothing")
+
+    generator = tmp_path / "configured"
+    arguments = ["--config", str(TRANSLATION), "--set", f"model.generator={generator}",
+                 "--set", "model.kind=causal", "--set", "train.lora_rank=4",
+                 "--set", "eval.max_new_tokens=4", "--set", "data.max_source_length=24",
+                 "--set", "data.max_target_length=12"]  # fmt: skip
+    printed = io.StringIO()
+    answers = answer.main(
+        [*arguments, "--init_from", str(compact)], ["el gato", "la casa"], printed
+    )
+    assert len(answers) == 2 and printed.getvalue().splitlines() == answers
+    assert answer.main([*arguments, "--init_from", str(tmp_path / "best")], ["el gato", "la casa"],
+                       io.StringIO()) == answers  # fmt: skip
+
+
 # --- the output folder and the results file ---------------------------------------------------
 
 
