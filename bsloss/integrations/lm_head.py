@@ -345,11 +345,17 @@ def token_cross_entropy(
     else:
         if head is None:
             raise ValueError("token_cross_entropy: hidden_states needs head (the LM head)")
-        per_token = -fused_token_log_likelihood(
-            hidden_states.reshape(-1, hidden_states.shape[-1]),
+        # only the positions with a target go through the head: in a causal LM's batch the
+        # prompt's positions (labels -100) are often most of it, and each costs a pass over V
+        targets = flat_labels != IGNORE_INDEX
+        log_likelihood = fused_token_log_likelihood(
+            hidden_states.reshape(-1, hidden_states.shape[-1])[targets],
             head,
-            flat_labels,
+            flat_labels[targets],
             softcap=getattr(head, "softcap", None),
+        )
+        per_token = log_likelihood.new_zeros(flat_labels.shape).masked_scatter(
+            targets, -log_likelihood
         )
     if reduction == "none":
         return per_token.reshape(labels.shape)
