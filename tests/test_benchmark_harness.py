@@ -175,10 +175,10 @@ def test_environment_records_the_run():
 
 
 # ----------------------------------------------------------------------------- revisions.py
-def test_revisions_worker_imports_bsloss_from_its_tree_and_refuses_another(tmp_path):
+def test_revisions_worker_imports_bsloss_from_its_tree_and_refuses_another(tmp_path, stsb_dev):
     """``benchmarks/revisions.py``'s worker scores with the tree it is given (here this one:
     a finite loss), and refuses to measure when bsloss would come from elsewhere (an empty
-    folder holds no bsloss)."""
+    folder holds no bsloss). It scores the STS-B dev pairs: skipped where they are not."""
     with harness.Worker("benchmarks.revisions:TreeScoring", str(harness.REPO_ROOT), 1) as worker:
         value = worker.call("loss")
     assert 0.0 < value < 1.0
