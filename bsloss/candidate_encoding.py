@@ -177,7 +177,8 @@ class CandidateEncoder:
         candidate_mask = self._check_mask(source, name, candidate_mask)
         if target_ids is not None and not isinstance(candidates, LMHeadInputs):
             raise ValueError(
-                f"target_ids go with the LM head's input (LMHeadInputs), not with {name}"
+                "the cross-entropy's target_ids go with hidden_states (LMHeadInputs: the LM "
+                f"head's chunked pass), not with {name}"
             )
         if source.shape[0] == 0:
             return self._encode_nothing(source, name, target_ids)
