@@ -149,7 +149,7 @@ class LMHeadInputs(CandidateInput):
     30.0
     >>> LMHeadInputs(torch.zeros(1, 2, 4), torch.zeros(9, 4), temperature=0)
     Traceback (most recent call last):
-    ValueError: generator_temperature must be > 0, got 0
+    ValueError: generator_temperature must be a finite number > 0, got 0
     """
 
     hidden_states: Tensor
