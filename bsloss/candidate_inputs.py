@@ -72,7 +72,18 @@ class CandidateInput:
 
 
 @dataclass(frozen=True)
-class Logits(CandidateInput):
+class _Values(CandidateInput):
+    """A source whose tensor is its one field, ``values``."""
+
+    values: Tensor
+
+    @property
+    def tensor(self) -> Tensor:
+        return self.values
+
+
+@dataclass(frozen=True)
+class Logits(_Values):
     """The generator's logits ``[B, L, V]`` (the candidate transforms apply to them).
 
     >>> import torch
@@ -81,24 +92,14 @@ class Logits(CandidateInput):
     ValueError: logits must be [B, L, V], got shape [2, 5]
     """
 
-    values: Tensor
     name: ClassVar[str] = "logits"
-
-    @property
-    def tensor(self) -> Tensor:
-        return self.values
 
 
 @dataclass(frozen=True)
-class Probabilities(CandidateInput):
+class Probabilities(_Values):
     """The generator's probabilities ``[B, L, V]`` (non-negative; renormalised per position)."""
 
-    values: Tensor
     name: ClassVar[str] = "probs"
-
-    @property
-    def tensor(self) -> Tensor:
-        return self.values
 
 
 @dataclass(frozen=True)
@@ -117,16 +118,11 @@ class TokenIds(CandidateInput):
 
 
 @dataclass(frozen=True)
-class Embeddings(CandidateInput):
+class Embeddings(_Values):
     """Scorer input embeddings ``[B, L, d]`` of the candidates, taken as they are."""
 
-    values: Tensor
     name: ClassVar[str] = "embeddings"
     shape: ClassVar[str] = "[B, L, d]"
-
-    @property
-    def tensor(self) -> Tensor:
-        return self.values
 
 
 @dataclass(frozen=True)

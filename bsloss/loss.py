@@ -532,18 +532,13 @@ class BERTScoreLoss(nn.Module):
         Raises:
             TypeError, ValueError: bad input, with the argument and position named.
         """
-        candidates = self._head_inputs(candidates, target_ids, deprecated)
+        candidates = from_keywords(candidates, deprecated, "score_and_cross_entropy")
+        if target_ids is None:
+            raise ValueError("target_ids ([B, L], -100 ignored) is required")
         prf, log_likelihood = self._score(
             candidates, candidate_mask, target_ids, references, reference_ids, reference_mask
         )
         return prf, -log_likelihood
-
-    def _head_inputs(self, candidates, target_ids, deprecated: dict) -> LMHeadInputs:
-        """The LM-head inputs of a call that also computes the targets' cross-entropy."""
-        candidates = from_keywords(candidates, deprecated, "score_and_cross_entropy")
-        if target_ids is None:
-            raise ValueError("target_ids ([B, L], -100 ignored) is required")
-        return candidates
 
     def _score(
         self,
@@ -694,15 +689,19 @@ class BERTScoreLoss(nn.Module):
         one chunked pass over the vocabulary and reduced by ``reduction`` (``"mean"``: the CE
         per target token): a training step needs no ``[B, L, V]`` logits at all. Arguments as
         in :meth:`score_and_cross_entropy`."""
-        candidates = self._head_inputs(candidates, target_ids, deprecated)
-        prf, log_likelihood = self._score(
-            candidates, candidate_mask, target_ids, references, reference_ids, reference_mask
+        prf, per_token = self.score_and_cross_entropy(
+            candidates,
+            target_ids,
+            references,
+            candidate_mask=candidate_mask,
+            reference_ids=reference_ids,
+            reference_mask=reference_mask,
+            **deprecated,
         )
         loss = self._reduce(1 - getattr(prf, self.target))
         if self.reduction == "mean":
             count = (target_ids != IGNORE_INDEX).sum().clamp_min(1)
-            return LossAndCrossEntropy(loss, -log_likelihood.sum() / count)
-        per_token = -log_likelihood
+            return LossAndCrossEntropy(loss, per_token.sum() / count)
         return LossAndCrossEntropy(loss, per_token.sum() if self.reduction == "sum" else per_token)
 
     def _reduce(self, loss: Tensor) -> Tensor:
