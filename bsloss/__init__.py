@@ -5,11 +5,14 @@ losses (:class:`BERTScoreLoss`), and their shared pure tensor core (:mod:`bsloss
 The token matchings (:class:`Hard`, :class:`Softmax`, :class:`LogSumExp`, :class:`Sinkhorn`, or
 a subclass of :class:`Matching`) are passed as ``matching=`` objects or string shorthands; the
 candidate-distribution transforms (:class:`TopK`, :class:`StraightThrough`, :class:`Gumbel`) as
-``candidate_transforms=`` objects or keyword shorthands.
+``candidate_transforms=`` objects; the candidates as values (:class:`Logits`,
+:class:`Probabilities`, :class:`TokenIds`, :class:`Embeddings`, :class:`LMHeadInputs`); a generator
+vocabulary that is not the scorer's as one :class:`Bridge`.
 """
 
 from bsloss._version import __version__
-from bsloss.bridge import VocabularyBridge
+from bsloss.bridge import Bridge, VocabularyBridge
+from bsloss.candidate_inputs import Embeddings, LMHeadInputs, Logits, Probabilities, TokenIds
 from bsloss.candidate_transforms import CandidateTransform, Gumbel, StraightThrough, TopK
 from bsloss.functional.matching import Hard, LogSumExp, Matching, Sinkhorn, Softmax
 from bsloss.loss import BERTScoreLoss
@@ -20,7 +23,13 @@ __all__ = [
     "BERTScorer",
     "BERTScoreLoss",
     "BERTScoreReward",
+    "Bridge",
     "VocabularyBridge",
+    "Logits",
+    "Probabilities",
+    "TokenIds",
+    "Embeddings",
+    "LMHeadInputs",
     "Matching",
     "Hard",
     "Softmax",

@@ -1,7 +1,8 @@
 r"""Vocabulary bridge: score a generator whose tokenizer is not the scorer's.
 
 A Gemma, Llama, T5 or BART generator scored by a BERT, RoBERTa or MPNet scorer emits
-distributions over its own vocabulary. Two modes connect them (``BERTScoreLoss(bridge_mode=...)``).
+distributions over its own vocabulary. Two modes connect them
+(``BERTScoreLoss(bridge=Bridge(tokenizer, mode=...))``).
 
 **The bridge table** (both modes). Every generator token :math:`v` is mapped once to the scorer
 pieces its text tokenises into, respecting word boundaries (SentencePiece ``▁``, byte-level BPE
@@ -63,6 +64,7 @@ from torch import Tensor
 from bsloss._warnings import warn_user
 
 __all__ = [
+    "Bridge",
     "VocabularyBridge",
     "BridgeMode",
     "SharedVocabulary",
@@ -638,7 +640,7 @@ class BridgeMode:
     def vocabulary_error(self, name: str, size: int, expected: int) -> str:
         """The message for a candidate ``name`` over ``size`` tokens instead of ``expected``."""
         if self.bridge is None:
-            where, hint = "the scorer", "; pass generator_tokenizer=... to build a bridge"
+            where, hint = "the scorer", "; pass bridge=Bridge(generator_tokenizer) to bridge them"
         else:
             where, hint = "the vocabulary bridge", ""
         return f"{name} has a vocabulary of {size} entries but {where} expects {expected}{hint}"
@@ -710,6 +712,79 @@ def resolve_bridge_mode(
         return AverageBridge(bridge)
     if generator_tokenizer is None:
         raise ValueError(
-            "bridge_mode='retokenize' decodes the candidates: pass generator_tokenizer=..."
+            "bridge_mode='retokenize' decodes the candidates: pass Bridge(generator_tokenizer, ...)"
         )
     return RetokenizeBridge(bridge, generator_tokenizer, encoder)
+
+
+def _check_tokenizer(tokenizer: object, name: str) -> None:
+    if not all(
+        callable(getattr(tokenizer, method, None))
+        for method in ("get_vocab", "convert_ids_to_tokens", "batch_decode")
+    ):
+        raise TypeError(
+            f"{name} must be a Hugging Face tokenizer (get_vocab, batch_decode), got "
+            f"{type(tokenizer).__name__} {tokenizer!r:.60}; load it with "
+            "transformers.AutoTokenizer.from_pretrained(...)"
+        )
+
+
+@dataclass(frozen=True)
+class Bridge:
+    """How a generator whose vocabulary is not the scorer's reaches the scorer: one value for
+    :class:`~bsloss.BERTScoreLoss`'s ``bridge=`` (a tokenizer or a :class:`VocabularyBridge`
+    passed there is its shorthand).
+
+    Args:
+        tokenizer: the generator's Hugging Face tokenizer (the :class:`VocabularyBridge` is built
+            from it, unless ``vocabulary`` is given; ``"retokenize"`` decodes with it).
+        mode: ``"retokenize"`` or ``"average"`` (:data:`BRIDGE_MODES`); ``None``: retokenize
+            with a tokenizer, average without.
+        cache_dir: folder of :meth:`VocabularyBridge.build`'s cache (``None``: none).
+        vocabulary: a :class:`VocabularyBridge` already built.
+
+    Raises:
+        TypeError: ``tokenizer`` is not a Hugging Face tokenizer, ``vocabulary`` not a
+            :class:`VocabularyBridge`.
+        ValueError: an unknown ``mode``; neither ``tokenizer`` nor ``vocabulary``.
+
+    >>> Bridge(mode="average")
+    Traceback (most recent call last):
+    ValueError: Bridge needs the generator's tokenizer or a VocabularyBridge (vocabulary=)
+    """
+
+    tokenizer: object = None
+    mode: str | None = None
+    cache_dir: str | Path | None = None
+    vocabulary: VocabularyBridge | None = None
+
+    def __post_init__(self) -> None:
+        check_bridge_mode(self.mode)
+        if self.tokenizer is None and self.vocabulary is None:
+            raise ValueError(
+                "Bridge needs the generator's tokenizer or a VocabularyBridge (vocabulary=)"
+            )
+        if self.tokenizer is not None:
+            _check_tokenizer(self.tokenizer, "generator_tokenizer")
+        if self.vocabulary is not None and not isinstance(self.vocabulary, VocabularyBridge):
+            raise TypeError(
+                f"vocabulary must be a VocabularyBridge, got {type(self.vocabulary).__name__}"
+            )
+
+    @classmethod
+    def of(cls, bridge: object) -> Bridge | None:
+        """``bridge=`` as a :class:`Bridge`: itself, a :class:`VocabularyBridge` or a tokenizer
+        (shorthands), or ``None``."""
+        if bridge is None or isinstance(bridge, Bridge):
+            return bridge
+        if isinstance(bridge, VocabularyBridge):
+            return cls(vocabulary=bridge)
+        _check_tokenizer(bridge, "bridge")
+        return cls(bridge)
+
+    def resolve(self, encoder) -> tuple[VocabularyBridge, BridgeMode]:
+        """The vocabulary bridge (built here when not given) and the mode, for ``encoder``."""
+        vocabulary = self.vocabulary
+        if vocabulary is None:
+            vocabulary = VocabularyBridge.build(self.tokenizer, encoder, cache_dir=self.cache_dir)
+        return vocabulary, resolve_bridge_mode(vocabulary, self.mode, self.tokenizer, encoder)

@@ -2,16 +2,17 @@ r"""The candidates, whichever their source, as the scorer's hidden states: the f
 :class:`~bsloss.BERTScoreLoss` (the second, :func:`~bsloss.functional.bert_score`, matches them
 to the references).
 
-A candidate comes as one of five sources, validated here once:
+A candidate comes as one of five types (:mod:`bsloss.candidate_inputs`, which checks their type
+and shape where they are built; their device and vocabulary are checked here):
 
-- ``logits`` or ``probs`` ``[B, L, V]``: the generator's distributions :math:`p_t`, whose expected
-  embeddings :math:`e_t = \sum_v p_t(v) E[v]` (after the candidate transforms of
+- ``Logits`` or ``Probabilities`` ``[B, L, V]``: the generator's distributions :math:`p_t`, whose
+  expected embeddings :math:`e_t = \sum_v p_t(v) E[v]` (after the candidate transforms of
   :mod:`bsloss.candidate_transforms`) the scorer reads (:mod:`bsloss.distributions`);
-- ``hidden_states`` ``[B, L, d_model]`` with the LM head: the same expectation computed chunk by
+- ``LMHeadInputs`` ``[B, L, d_model]`` with the LM head: the same expectation computed chunk by
   chunk over the vocabulary, never materialising the logits
   (:mod:`bsloss.functional.fused_expectation`), with the targets' log-likelihood from that pass;
-- ``candidate_ids`` ``[B, L]``: the rows of the embedding table of the generator's tokens;
-- ``embeddings`` ``[B, L, d]``: scorer input embeddings, taken as they are.
+- ``TokenIds`` ``[B, L]``: the rows of the embedding table of the generator's tokens;
+- ``Embeddings`` ``[B, L, d]``: scorer input embeddings, taken as they are.
 
 When the generator's vocabulary is not the scorer's, the table :math:`E` is the bridge's
 (:mod:`bsloss.bridge`, whose mode object decides what is encoded): in ``"retokenize"`` mode the
@@ -25,10 +26,18 @@ from dataclasses import asdict
 from typing import NamedTuple
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from bsloss._warnings import warn_user
 from bsloss.bridge import BridgeMode
+from bsloss.candidate_inputs import (
+    CandidateInput,
+    Embeddings,
+    LMHeadInputs,
+    Logits,
+    Probabilities,
+    TokenIds,
+)
 from bsloss.candidate_transforms import CandidateOptions
 from bsloss.distributions import (
     augment_table,
@@ -43,7 +52,6 @@ from bsloss.functional.fused_expectation import (
     fused_expected_inputs,
 )
 from bsloss.functional.gumbel_noise import draw_seed
-from bsloss.functional.matching.base import check_temperature
 from bsloss.inputs import check_device, check_targets_shape, check_tensor, position_of_first
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.special_tokens import splice_special_tokens
@@ -109,33 +117,8 @@ class CandidateEncoder:
         if size != self.generator_vocab_size:
             raise ValueError(self.bridging.vocabulary_error(name, size, self.generator_vocab_size))
 
-    def _check_candidates(
-        self, logits, probs, candidate_ids, embeddings, hidden_states, candidate_mask
-    ):
-        """The one candidate input and its ``[B, L]`` bool mask, validated."""
-        named = {
-            "logits": logits,
-            "probs": probs,
-            "candidate_ids": candidate_ids,
-            "embeddings": embeddings,
-            "hidden_states": hidden_states,
-        }
-        given = [name for name, x in named.items() if x is not None]
-        if len(given) != 1:
-            raise ValueError(
-                "pass exactly one of logits, probs, candidate_ids, embeddings or hidden_states"
-                + (f" (got {', '.join(given)})" if given else "")
-            )
-        name = given[0]
-        source = check_tensor(named[name], name, "integer" if name == "candidate_ids" else "float")
-        rank = 2 if name == "candidate_ids" else 3
-        if source.dim() != rank:
-            shape = {
-                "candidate_ids": "[B, L]",
-                "embeddings": "[B, L, d]",
-                "hidden_states": "[B, L, d_model]",
-            }.get(name, "[B, L, V]")
-            raise ValueError(f"{name} must be {shape}, got shape {list(source.shape)}")
+    def _check_mask(self, source: Tensor, name: str, candidate_mask: Tensor | None) -> Tensor:
+        """The candidates' ``[B, L]`` bool mask, validated (``source`` on the scorer's device)."""
         check_device(source, name, self.encoder.device, "the scorer")
         if candidate_mask is None:
             candidate_mask = torch.ones(source.shape[:2], dtype=torch.bool, device=source.device)
@@ -145,7 +128,7 @@ class CandidateEncoder:
                 f"candidate_mask must have shape {list(source.shape[:2])} "
                 f"([B, L] of the candidates), got {list(candidate_mask.shape)}"
             )
-        return name, source, candidate_mask.to(source.device).bool()
+        return candidate_mask.to(source.device).bool()
 
     def _fit_candidates(self, mask: Tensor, name: str) -> Tensor:
         """Keep at most as many real tokens per row as the scorer takes between its special
@@ -169,71 +152,41 @@ class CandidateEncoder:
     def encode(
         self,
         scorer_weights: Tensor,
-        *,
-        logits: Tensor | None = None,
-        probs: Tensor | None = None,
-        candidate_ids: Tensor | None = None,
-        embeddings: Tensor | None = None,
-        hidden_states: Tensor | None = None,
-        output_embeddings: Tensor | nn.Module | None = None,
-        target_ids: Tensor | None = None,
-        logit_softcap: float | None = None,
-        generator_temperature: float | None = None,
+        candidates: CandidateInput,
         candidate_mask: Tensor | None = None,
+        target_ids: Tensor | None = None,
     ) -> EncodedCandidates:
-        """The candidates, whichever their source (validated here, once), encoded by the
-        scorer: one method per source below.
+        """The candidates, whichever their type (:mod:`bsloss.candidate_inputs`, which checked
+        their type and shape), encoded by the scorer: one method per type below.
 
         Args:
             scorer_weights: ``[V_scorer]`` importance weights of the scorer's tokens.
-            logits, probs, candidate_ids, embeddings, hidden_states: exactly one, as in
-                :meth:`bsloss.BERTScoreLoss.score`; with ``hidden_states``, the LM head
-                ``output_embeddings`` and optional ``target_ids``, ``logit_softcap``,
-                ``generator_temperature``.
+            candidates: a :class:`~bsloss.candidate_inputs.CandidateInput`.
             candidate_mask: ``[B, L]``, true on real candidate tokens (default: all).
+            target_ids: ``[B, L]`` targets whose log-likelihood the fused pass also returns
+                (:class:`~bsloss.candidate_inputs.LMHeadInputs` only).
 
         Returns:
             :class:`EncodedCandidates`.
 
         Raises:
-            TypeError, ValueError: not exactly one candidate input, a non-tensor, a wrong dtype,
-                shape or device, NaN/Inf, ids outside the vocabulary, options of the fused pass
-                with another input (all named).
+            TypeError, ValueError: a wrong device, NaN/Inf, ids outside the vocabulary,
+                targets without the LM head's input (all named).
         """
-        name, source, candidate_mask = self._check_candidates(
-            logits, probs, candidate_ids, embeddings, hidden_states, candidate_mask
-        )
-        head = {
-            "output_embeddings": output_embeddings,
-            "target_ids": target_ids,
-            "logit_softcap": logit_softcap,
-            "generator_temperature": generator_temperature,
-        }
-        if hidden_states is None:
-            # the options of the fused LM-head pass: another input has no logits to apply them to
-            given = [key for key, value in head.items() if value is not None]
-            if given:
-                raise ValueError(
-                    f"the fused LM-head pass's options go with hidden_states, not with {name}: "
-                    f"got {', '.join(given)} (apply a temperature or soft-cap to the logits "
-                    "before passing them)"
-                )
-        else:
-            if logit_softcap is not None:
-                head["logit_softcap"] = check_temperature(logit_softcap, "logit_softcap")
-            head["generator_temperature"] = check_temperature(
-                1.0 if generator_temperature is None else generator_temperature,
-                "generator_temperature",
+        name, source = candidates.name, candidates.tensor
+        candidate_mask = self._check_mask(source, name, candidate_mask)
+        if target_ids is not None and not isinstance(candidates, LMHeadInputs):
+            raise ValueError(
+                "the cross-entropy's target_ids go with hidden_states (LMHeadInputs: the LM "
+                f"head's chunked pass), not with {name}"
             )
         if source.shape[0] == 0:
             return self._encode_nothing(source, name, target_ids)
-        if name == "embeddings":
+        if isinstance(candidates, Embeddings):
             return self._encode_embeddings(source, candidate_mask)
-        if name == "candidate_ids":
+        if isinstance(candidates, TokenIds):
             return self._encode_ids(source, candidate_mask, name, scorer_weights)
-        return self._encode_distributions(
-            name, logits, probs, hidden_states, candidate_mask, head, scorer_weights
-        )
+        return self._encode_distributions(candidates, candidate_mask, target_ids, scorer_weights)
 
     def _encode_nothing(
         self, source: Tensor, name: str, target_ids: Tensor | None
@@ -282,12 +235,9 @@ class CandidateEncoder:
 
     def _encode_distributions(
         self,
-        name: str,
-        logits: Tensor | None,
-        probs: Tensor | None,
-        hidden_states: Tensor | None,
+        candidates: Logits | Probabilities | LMHeadInputs,
         candidate_mask: Tensor,
-        head: dict,
+        target_ids: Tensor | None,
         scorer_weights: Tensor,
     ) -> EncodedCandidates:
         """Distributions (``[B, L, V]`` logits or probabilities, or the LM head's input): their
@@ -296,27 +246,30 @@ class CandidateEncoder:
         table = self.generator_table(scorer_weights)
         # in retokenize mode the decoded text is scored whole (the scorer's limit applies to its
         # pieces); the one-position-per-token encoding that gives the gradient is cut
+        name = candidates.name
         whole_mask = candidate_mask
         candidate_mask = self._fit_candidates(candidate_mask, name)
         log_likelihood = None
         # one seed per call: the dense and the fused path draw the same Gumbel noise from it
         seed = None if self.candidates.gumbel_temperature is None else draw_seed()
-        if hidden_states is not None:
-            check_finite_tensor(hidden_states, "hidden_states")
+        if isinstance(candidates, LMHeadInputs):
+            check_finite_tensor(candidates.hidden_states, "hidden_states")
             # a decoding bridge decodes the whole candidate, as from logits: the positions cut
             # from the encoding go through the head too, for their most probable tokens
             inputs, weights, log_likelihood, tokens = self._fused_inputs(
                 seed,
-                hidden_states,
-                head["output_embeddings"],
-                head["target_ids"],
+                candidates,
+                target_ids,
                 whole_mask if self.bridging.decodes else candidate_mask,
                 table,
-                head["logit_softcap"],
-                head["generator_temperature"],
             )
         else:
-            self.check_vocab((logits if probs is None else probs).shape[-1], name)
+            self.check_vocab(candidates.tensor.shape[-1], name)
+            logits, probs = (
+                (candidates.values, None)
+                if isinstance(candidates, Logits)
+                else (None, candidates.values)
+            )
             distribution = token_distribution(
                 logits, probs, **asdict(self.candidates), gumbel_seed=seed
             )
@@ -367,20 +320,17 @@ class CandidateEncoder:
     def _fused_inputs(
         self,
         seed: int | None,
-        hidden_states: Tensor,
-        output_embeddings: Tensor | nn.Module | None,
+        candidates: LMHeadInputs,
         target_ids: Tensor | None,
         candidate_mask: Tensor,
         table: Tensor,
-        softcap: float | None,
-        temperature: float,
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
         """Expected inputs and weights ``[B, L, d]``, ``[B, L]`` from the LM head's input and
         weight, chunked (:mod:`bsloss.functional.fused_expectation`), the targets'
         log-likelihood ``[B, L]`` from the same pass, and the most probable tokens ``[B, L]``
         (what ``bridge_mode="retokenize"`` decodes)."""
-        if output_embeddings is None:
-            raise ValueError("hidden_states needs output_embeddings (the LM head or its weight)")
+        hidden_states, output_embeddings = candidates.hidden_states, candidates.head
+        softcap, temperature = candidates.softcap, candidates.temperature
         weight = getattr(output_embeddings, "weight", output_embeddings)
         if isinstance(weight, Tensor) and weight.dim() == 2:
             self.check_vocab(weight.shape[0], "output_embeddings")

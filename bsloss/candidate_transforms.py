@@ -10,8 +10,8 @@ r"""Candidate-distribution transforms: how a generator's logits become the token
 
 They apply in that order whatever the order given (noise, then the cut, then the one-hot), each
 at most once. The keywords ``top_k=``, ``straight_through=`` and ``gumbel_temperature=`` of
-:class:`~bsloss.BERTScoreLoss` are their shorthand. The kernels (the dense
-:func:`~bsloss.distributions.token_distribution` and the chunked
+:class:`~bsloss.BERTScoreLoss` were their shorthand (deprecated: pass the objects). The kernels
+(the dense :func:`~bsloss.distributions.token_distribution` and the chunked
 :func:`~bsloss.functional.fused_expectation.fused_expected_inputs`) read the resolved
 :class:`CandidateOptions` and call the same per-block functions: the Gumbel noise of
 :mod:`bsloss.functional.gumbel_noise` (a function of seed, position and token id, so that the

@@ -13,7 +13,9 @@ the public boundary, the multiple-reference maximum, baseline rescaling and the 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -22,13 +24,19 @@ from torch import Tensor, nn
 from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline
 from bsloss.bridge import (
+    Bridge,
     BridgeMode,
     Retokenizer,
+    SharedVocabulary,
     VocabularyBridge,
     check_bridge_mode,
-    resolve_bridge_mode,
 )
 from bsloss.candidate_encoding import CandidateEncoder
+from bsloss.candidate_inputs import (
+    CandidateInput,
+    LMHeadInputs,
+    from_keywords,
+)
 from bsloss.candidate_transforms import (
     CandidateOptions,
     CandidateTransform,
@@ -77,9 +85,64 @@ def _float32(hidden: Tensor) -> Tensor:
     return hidden.float()
 
 
-def _arguments(frame_locals: dict) -> dict:
-    """A public method's keyword arguments (its ``locals()`` on entry), passed on whole."""
-    return {name: value for name, value in frame_locals.items() if name != "self"}
+# BERTScoreLoss's keywords folded into the 13 it takes, each with its replacement
+_DEPRECATED_INIT = {
+    "encoder": "model=encoder",
+    "temperature": "matching=Softmax(temperature=...) (or LogSumExp(...), Sinkhorn(...))",
+    "sinkhorn_iterations": "matching=Sinkhorn(temperature=..., iterations=...)",
+    "baseline_path": "rescale_with_baseline=path",
+    "generator_tokenizer": "bridge=Bridge(tokenizer) (or bridge=tokenizer)",
+    "bridge_cache_dir": "bridge=Bridge(tokenizer, cache_dir=...)",
+    "bridge_mode": "bridge=Bridge(tokenizer, mode=...)",
+    "top_k": "candidate_transforms=TopK(k)",
+    "straight_through": "candidate_transforms=StraightThrough()",
+    "gumbel_temperature": "candidate_transforms=Gumbel(temperature)",
+    "device": "model=ScorerEncoder.from_pretrained(name, device=device), or .to(device)",
+}
+
+
+@dataclass(frozen=True)
+class _DeprecatedOptions:
+    """The deprecated keywords of :class:`BERTScoreLoss` (their defaults when not given)."""
+
+    encoder: ScorerEncoder | None = None
+    temperature: float | None = None
+    sinkhorn_iterations: int | None = None
+    baseline_path: str | None = None
+    generator_tokenizer: object = None
+    bridge_cache_dir: str | None = None
+    bridge_mode: str | None = None
+    top_k: int | None = None
+    straight_through: bool = False
+    gumbel_temperature: float | None = None
+    device: str | torch.device | None = None
+
+    def bridge(self, bridge: object) -> Bridge | None:
+        """``bridge=`` with the deprecated bridge keywords, as one :class:`Bridge`."""
+        if (self.generator_tokenizer, self.bridge_cache_dir, self.bridge_mode) == (None,) * 3:
+            return Bridge.of(bridge)
+        check_bridge_mode(self.bridge_mode)
+        if bridge is not None and not isinstance(bridge, VocabularyBridge):
+            raise TypeError(
+                "with generator_tokenizer, bridge_mode or bridge_cache_dir, bridge must be a "
+                "VocabularyBridge; pass bridge=Bridge(tokenizer, mode=..., cache_dir=...) alone"
+            )
+        if self.generator_tokenizer is None and bridge is None:
+            return None
+        return Bridge(self.generator_tokenizer, self.bridge_mode, self.bridge_cache_dir, bridge)
+
+
+def _deprecated_options(keywords: dict) -> _DeprecatedOptions:
+    """The deprecated keywords given, each warned of with its replacement."""
+    for name in keywords:
+        if name not in _DEPRECATED_INIT:
+            raise TypeError(f"BERTScoreLoss() got an unexpected keyword argument {name!r}")
+        warn_user(
+            f"BERTScoreLoss({name}=...) is deprecated: pass {_DEPRECATED_INIT[name]} (see the "
+            "migration table in CHANGELOG.md)",
+            DeprecationWarning,
+        )
+    return _DeprecatedOptions(**keywords)
 
 
 _SCORER = "encoder."
@@ -101,36 +164,33 @@ class BERTScoreLoss(nn.Module):
     against references, differentiable in the candidates.
 
     Args:
-        model, num_layers: the scorer (``None``: embedded all-MiniLM-L6-v2), or pass ``encoder``.
+        model, num_layers: the scorer: a model name (``None``: embedded all-MiniLM-L6-v2) and
+            its layer, or a :class:`~bsloss.scorer.encoder.ScorerEncoder`.
         matching: a :class:`~bsloss.functional.Matching` object (``Hard()``: gradient
             through the argmax cells; ``Softmax(temperature=...)``, ``LogSumExp(...)``,
             ``Sinkhorn(temperature=..., iterations=...)``, or your own subclass), or its
-            string shorthand ``"hard"``, ``"softmax"``, ``"logsumexp"`` or ``"sinkhorn"``.
-            Stored resolved, as an object, in ``loss.matching``.
-        temperature: with a shorthand, ``T`` of the soft matchings (default 0.05). With an
-            object: leave it out (or repeat the object's value; another value is an error).
-        sinkhorn_iterations: with a shorthand, Sinkhorn steps for ``matching="sinkhorn"``
-            (default 1). With an object: as ``temperature``.
+            string shorthand ``"hard"``, ``"softmax"``, ``"logsumexp"`` or ``"sinkhorn"``
+            (default temperature 0.05). Stored resolved, as an object, in ``loss.matching``.
         target: which score the loss is ``1 -`` of: ``"f1"``, ``"precision"`` or ``"recall"``.
         idf: ``False``, a list of sentences, or a ``{scorer_token_id: weight}`` dict.
         center: subtract the batch mean of the candidates' and of the references' token vectors
             (Chen et al., 2020), over all processes under torch.distributed.
-        rescale_with_baseline, baseline_path: baseline rescaling of the score.
-        generator_tokenizer: the generator's tokenizer when it differs from the scorer's (a
-            :class:`~bsloss.bridge.VocabularyBridge` is built, or pass ``bridge``).
-        bridge_mode: ``"retokenize"`` (exact: the decoded candidate text is scored with the
-            scorer's own tokenisation, gradient straight-through the bridge) or ``"average"``
-            (one averaged scorer position per generator token); see :mod:`bsloss.bridge`.
-            ``None``: ``"retokenize"`` when the vocabularies differ and ``generator_tokenizer``
-            is given, ``"average"`` for a ``bridge`` passed without it. After a retokenize
-            call, ``loss.last_texts`` holds the decoded candidates that were scored.
+        rescale_with_baseline: baseline rescaling of the score: ``True`` (the packaged baseline
+            of the scorer) or the path of a baseline file.
+        bridge: when the generator's vocabulary is not the scorer's, a
+            :class:`~bsloss.bridge.Bridge` ``(tokenizer, mode=None, cache_dir=None,
+            vocabulary=None)``, or its shorthand: the generator's tokenizer, or a built
+            :class:`~bsloss.bridge.VocabularyBridge`. Its mode: ``"retokenize"`` (exact: the
+            decoded candidate text is scored with the scorer's own tokenisation, gradient
+            straight-through the bridge) or ``"average"`` (one averaged scorer position per
+            generator token); see :mod:`bsloss.bridge`. ``None``: ``"retokenize"`` with a
+            tokenizer, ``"average"`` for a ``VocabularyBridge`` alone. After a retokenize call,
+            ``loss.last_texts`` holds the decoded candidates that were scored.
         candidate_transforms: how the candidates' distributions become token weights
             (:mod:`bsloss.candidate_transforms`): :class:`~bsloss.TopK` ``(k)``,
             :class:`~bsloss.StraightThrough` ``()``, :class:`~bsloss.Gumbel` ``(temperature)``,
-            one object or several. Stored resolved in ``loss.candidates``.
-        top_k, straight_through, gumbel_temperature: their keyword shorthands (not with the
-            same object in ``candidate_transforms``). ``top_k=1`` is refused: the renormalised
-            top-1 weight is always 1, so its gradient is exactly zero.
+            one object or several. Stored resolved in ``loss.candidates``. ``TopK(1)`` is
+            refused: the renormalised top-1 weight is always 1, so its gradient is exactly zero.
         gradient_checkpointing: recompute the scorer's layer activations in the backward pass:
             ``True``, ``False``, or ``"auto"`` (default): only for the calls whose stored
             activations would exceed 1 GiB (a large scorer or long inputs), where it saves
@@ -145,22 +205,27 @@ class BERTScoreLoss(nn.Module):
         reference_cache_size: reference texts whose hidden states are kept across calls, on the
             scorer's device, least recently used evicted first (``0``: none); :meth:`clear_cache`
             empties it. It is bounded in bytes too: ``loss.reference_cache.max_bytes``.
+        deprecated: the keywords these replace (``encoder``, ``temperature``,
+            ``sinkhorn_iterations``, ``baseline_path``, ``generator_tokenizer``, ``bridge_mode``,
+            ``bridge_cache_dir``, ``top_k``, ``straight_through``, ``gumbel_temperature``,
+            ``device``) still work, with a ``DeprecationWarning`` naming the replacement.
 
     The frozen scorer is not part of the loss's ``state_dict()`` (a model holding the loss does
     not save it in each checkpoint); such a state dict loads strictly, the scorer left as it is.
 
-    Returns:
-        Calling it (:meth:`forward`) returns ``1 - score`` of ``target``, reduced by
-        ``reduction``; :meth:`score` returns the per-sample ``PRF``.
+    Calling it (:meth:`forward`) with the candidates, one value of :mod:`bsloss.candidate_inputs`
+    (a bare tensor: logits), and the references returns ``1 - score`` of ``target``, reduced by
+    ``reduction``; :meth:`score` returns the per-sample ``PRF``; :meth:`loss_and_cross_entropy`
+    and :meth:`score_and_cross_entropy` add the targets' cross-entropy from the LM head's pass.
 
     Raises:
         ValueError, TypeError: an argument of the wrong type or out of range, named.
         FileNotFoundError: no baseline file for ``rescale_with_baseline``.
 
     >>> import torch, bsloss
-    >>> loss_fn = bsloss.BERTScoreLoss(matching="softmax", temperature=0.05)
+    >>> loss_fn = bsloss.BERTScoreLoss(matching=bsloss.Softmax(temperature=0.05))
     >>> logits = torch.randn(2, 6, 30522, requires_grad=True)  # a generator's [B, L, V] output
-    >>> loss = loss_fn(logits=logits, references=["a cat sat", "the dog ran"])
+    >>> loss = loss_fn(logits, ["a cat sat", "the dog ran"])
     >>> loss.backward(); logits.grad.shape
     torch.Size([2, 6, 30522])
 
@@ -170,10 +235,10 @@ class BERTScoreLoss(nn.Module):
     >>> loss_fn = bsloss.BERTScoreLoss(matching=Sinkhorn(temperature=0.1, iterations=2))
     >>> loss_fn.matching
     Sinkhorn(temperature=0.1, iterations=2)
-    >>> loss_fn(logits=logits, references=["a cat sat", "the dog ran"]).shape
+    >>> loss_fn(bsloss.Logits(logits), ["a cat sat", "the dog ran"]).shape
     torch.Size([])
 
-    Candidate-distribution transforms as objects (or ``top_k=32, straight_through=True``):
+    Candidate-distribution transforms as objects:
 
     >>> from bsloss import StraightThrough, TopK
     >>> loss_fn = bsloss.BERTScoreLoss(candidate_transforms=[TopK(32), StraightThrough()])
@@ -183,43 +248,34 @@ class BERTScoreLoss(nn.Module):
 
     def __init__(
         self,
-        model: str | None = None,
+        model: str | ScorerEncoder | None = None,
         num_layers: int | None = None,
         *,
-        encoder: ScorerEncoder | None = None,
         matching: str | Matching = "softmax",
-        temperature: float | None = None,
-        sinkhorn_iterations: int | None = None,
         target: str = "f1",
         idf: IdfSpec = False,
         center: bool = False,
-        rescale_with_baseline: bool = False,
-        baseline_path: str | None = None,
-        generator_tokenizer=None,
-        bridge: VocabularyBridge | None = None,
-        bridge_cache_dir: str | None = None,
-        bridge_mode: str | None = None,
+        rescale_with_baseline: bool | str | os.PathLike = False,
+        bridge: Bridge | VocabularyBridge | object | None = None,
         candidate_transforms: CandidateTransform | Sequence[CandidateTransform] | None = None,
-        top_k: int | None = None,
-        straight_through: bool = False,
-        gumbel_temperature: float | None = None,
         gradient_checkpointing: Checkpointing = "auto",
         reduction: str = "mean",
-        device: str | torch.device | None = None,
         long_inputs: str = "truncate",
         reference_cache_size: int = 10_000,
+        **deprecated,
     ):
         super().__init__()
-        matching = resolve_matching(matching, temperature, sinkhorn_iterations)
+        old = _deprecated_options(deprecated)
+        matching = resolve_matching(matching, old.temperature, old.sinkhorn_iterations)
         if target not in _TARGETS:
             raise ValueError(f"target must be one of {_TARGETS}, got {target!r}")
         if reduction not in ("mean", "sum", "none"):
             raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
         candidates = resolve_candidate_transforms(
             candidate_transforms,
-            top_k=top_k,
-            straight_through=straight_through,
-            gumbel_temperature=gumbel_temperature,
+            top_k=old.top_k,
+            straight_through=old.straight_through,
+            gumbel_temperature=old.gumbel_temperature,
         )
         if candidates.top_k == 1:
             raise ValueError(
@@ -229,29 +285,19 @@ class BERTScoreLoss(nn.Module):
         if long_inputs not in ("truncate", "window"):
             raise ValueError(f"long_inputs must be 'truncate' or 'window', got {long_inputs!r}")
         self.long_inputs = long_inputs
-        self.encoder = encoder or ScorerEncoder.from_pretrained(model, num_layers, device)
+        encoder = old.encoder
+        if isinstance(model, ScorerEncoder):
+            model, encoder = None, model
+        self.encoder = encoder or ScorerEncoder.from_pretrained(model, num_layers, old.device)
         set_gradient_checkpointing(self.encoder.model, gradient_checkpointing)
         self.matching = matching
         self.target, self.center, self.reduction = target, center, reduction
-        check_bridge_mode(bridge_mode)  # before building a bridge
-        if generator_tokenizer is not None and not all(
-            callable(getattr(generator_tokenizer, method, None))
-            for method in ("get_vocab", "convert_ids_to_tokens", "batch_decode")
-        ):
-            raise TypeError(
-                "generator_tokenizer must be a Hugging Face tokenizer (get_vocab, batch_decode), "
-                f"got {type(generator_tokenizer).__name__} {generator_tokenizer!r:.60}; load it "
-                "with transformers.AutoTokenizer.from_pretrained(...)"
-            )
-        if bridge is None and generator_tokenizer is not None:
-            bridge = VocabularyBridge.build(
-                generator_tokenizer, self.encoder, cache_dir=bridge_cache_dir
-            )
-        self.bridge = bridge
+        spec = old.bridge(bridge)
+        self.bridge: VocabularyBridge | None = None
         # how the candidates reach the scorer; the modes' differences live in bsloss.bridge
-        self.bridging: BridgeMode = resolve_bridge_mode(
-            bridge, bridge_mode, generator_tokenizer, self.encoder
-        )
+        self.bridging: BridgeMode = SharedVocabulary()
+        if spec is not None:
+            self.bridge, self.bridging = spec.resolve(self.encoder)
         # the first half of the loss: candidates of any source to scorer hidden states
         self.candidate_encoder = CandidateEncoder(self.encoder, self.bridging, candidates)
         if idf is True:
@@ -266,6 +312,9 @@ class BERTScoreLoss(nn.Module):
         device = self.encoder.device
         self.register_buffer("scorer_weights", weights.float().to(device), persistent=False)
         self.baseline: Tensor | None = None
+        baseline_path = old.baseline_path
+        if isinstance(rescale_with_baseline, (str, os.PathLike)):
+            baseline_path = rescale_with_baseline
         if rescale_with_baseline:
             baseline = load_baseline(baseline_path, self.encoder.name, self.encoder.num_layers)
             self.baseline = baseline.float().to(device)
@@ -331,17 +380,20 @@ class BERTScoreLoss(nn.Module):
         """``[V_gen, d + 1]``: the generator tokens' scorer input embeddings and weights."""
         return self.candidate_encoder.generator_table(self._placed())
 
-    def encode_candidates(self, **candidates) -> tuple[Tensor, Tensor, Tensor]:
+    def encode_candidates(
+        self, candidates: CandidateInput | Tensor | None = None, candidate_mask=None, **deprecated
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Scorer hidden states ``[B, L', d]``, real-token mask and importance weights of the
-        candidates (the keyword arguments of :meth:`score` that describe them): the encoding
-        the gradient flows through (in ``bridge_mode="retokenize"``, the average bridge's; the
-        decoded text's own encoding gives the value, see :mod:`bsloss.bridge`).
+        candidates (as in :meth:`score`): the encoding the gradient flows through (in
+        ``bridge_mode="retokenize"``, the average bridge's; the decoded text's own encoding
+        gives the value, see :mod:`bsloss.bridge`).
 
         Raises:
             TypeError, ValueError: not exactly one candidate input, a non-tensor, a wrong dtype,
                 shape or device, NaN/Inf, ids outside the vocabulary (all named).
         """
-        return self.candidate_encoder.encode(self._placed(), **candidates)[:3]
+        candidates = from_keywords(candidates, deprecated, "encode_candidates")
+        return self.candidate_encoder.encode(self._placed(), candidates, candidate_mask)[:3]
 
     # ------------------------------------------------------------------ references
     def _embed_references(self, texts: list[str]) -> tuple[Tensor, Tensor, Tensor, set[str]]:
@@ -417,81 +469,85 @@ class BERTScoreLoss(nn.Module):
     # ------------------------------------------------------------------ scoring
     def score(
         self,
-        *,
-        logits: Tensor | None = None,
-        probs: Tensor | None = None,
-        candidate_ids: Tensor | None = None,
-        embeddings: Tensor | None = None,
-        hidden_states: Tensor | None = None,
-        output_embeddings: Tensor | nn.Module | None = None,
-        logit_softcap: float | None = None,
-        generator_temperature: float | None = None,
-        candidate_mask: Tensor | None = None,
+        candidates: CandidateInput | Tensor | None = None,
         references: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        *,
+        candidate_mask: Tensor | None = None,
         reference_ids: Tensor | None = None,
         reference_mask: Tensor | None = None,
+        **deprecated,
     ) -> PRF:
         """Per-sample (P, R, F) ``[B]``, differentiable in the candidates. With several
         references per sample, the max of each over the references.
 
         Args:
-            logits, probs: the generator's ``[B, L, V]`` distributions; or
-            candidate_ids: ``[B, L]`` token ids (the scorer's special tokens in them, such
-                as the ``[CLS]``/``[SEP]``/``[PAD]`` of ``tokenizer(texts)``, are skipped: the
-                loss wraps each candidate in its own); or
-            embeddings: ``[B, L, d]`` scorer input embeddings of the candidates; or
-            hidden_states: ``[B, L, d_model]`` the generator's LM-head input, with
-            output_embeddings: the LM head (or its weight ``[V, d_model]``), and optional
-            logit_softcap, generator_temperature: then the ``[B, L, V]`` distributions are
-                never materialised (:mod:`bsloss.functional.fused_expectation`). Both are
-                finite numbers > 0 (default: no soft-cap, temperature 1) and go with
-                ``hidden_states`` only (refused with the other inputs, which they would not
-                change).
-            candidate_mask: ``[B, L]``, true on real candidate tokens (default: all).
+            candidates: one value of :mod:`bsloss.candidate_inputs`: ``Logits`` or
+                ``Probabilities`` ``[B, L, V]`` (a bare tensor is logits), ``TokenIds``
+                ``[B, L]`` (the scorer's special tokens in them, such as the
+                ``[CLS]``/``[SEP]``/``[PAD]`` of ``tokenizer(texts)``, are skipped: the loss
+                wraps each candidate in its own), ``Embeddings`` ``[B, L, d]`` (scorer input
+                embeddings), or ``LMHeadInputs(hidden_states, head, softcap=, temperature=)``
+                (the ``[B, L, V]`` distributions are never materialised:
+                :mod:`bsloss.functional.fused_expectation`).
             references: one reference text, or a non-empty list of them, per sample; or
             reference_ids: ``[B, L_r]`` scorer token ids with special tokens, and
             reference_mask: ``[B, L_r]`` (default: all).
+            candidate_mask: ``[B, L]``, true on real candidate tokens (default: all).
+            deprecated: ``logits=``, ``probs=``, ``candidate_ids=``, ``embeddings=``,
+                ``hidden_states=`` with ``output_embeddings=``, ``logit_softcap=``,
+                ``generator_temperature=`` (a ``DeprecationWarning`` names the replacement).
 
         Raises:
             TypeError, ValueError: bad input, with the argument and position named.
 
-        >>> loss = BERTScoreLoss()  # doctest: +SKIP
-        >>> loss.score(logits=logits, references=["A cat sat."]).f1  # doctest: +SKIP
+        >>> import torch, bsloss
+        >>> loss = bsloss.BERTScoreLoss()
+        >>> probs = torch.softmax(torch.randn(1, 4, 30522), dim=-1)
+        >>> loss.score(bsloss.Probabilities(probs), ["A cat sat."]).f1.shape
+        torch.Size([1])
         """
-        prf, _ = self._score(**_arguments(locals()))
+        candidates = from_keywords(candidates, deprecated, "score")
+        prf, _ = self._score(
+            candidates, candidate_mask, None, references, reference_ids, reference_mask
+        )
         return prf
 
     def score_and_cross_entropy(
         self,
-        *,
-        hidden_states: Tensor,
-        output_embeddings: Tensor | nn.Module,
-        target_ids: Tensor,
-        logit_softcap: float | None = None,
-        generator_temperature: float | None = None,
-        candidate_mask: Tensor | None = None,
+        candidates: LMHeadInputs | None = None,
+        target_ids: Tensor | None = None,
         references: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        *,
+        candidate_mask: Tensor | None = None,
         reference_ids: Tensor | None = None,
         reference_mask: Tensor | None = None,
+        **deprecated,
     ) -> tuple[PRF, Tensor]:
         """Per-sample (P, R, F) ``[B]`` and the per-token cross-entropy ``[B, L]`` of
         ``target_ids`` (0 where ``-100``) under the LM head's logits (soft-capped, temperature
         1), both from one chunked pass over the vocabulary: what a training step needs, with no
-        ``[B, L, V]`` logits. Arguments as in :meth:`score`.
+        ``[B, L, V]`` logits. ``candidates`` is an
+        :class:`~bsloss.candidate_inputs.LMHeadInputs`; the other arguments as in :meth:`score`.
 
         Raises:
             TypeError, ValueError: bad input, with the argument and position named.
         """
-        prf, log_likelihood = self._score(**_arguments(locals()))
+        candidates = from_keywords(candidates, deprecated, "score_and_cross_entropy")
+        if target_ids is None:
+            raise ValueError("target_ids ([B, L], -100 ignored) is required")
+        prf, log_likelihood = self._score(
+            candidates, candidate_mask, target_ids, references, reference_ids, reference_mask
+        )
         return prf, -log_likelihood
 
     def _score(
         self,
-        *,
-        references: Sequence[str] | Sequence[Sequence[str]] | None = None,
-        reference_ids: Tensor | None = None,
-        reference_mask: Tensor | None = None,
-        **candidates,
+        candidates: CandidateInput,
+        candidate_mask: Tensor | None,
+        target_ids: Tensor | None,
+        references: Sequence[str] | Sequence[Sequence[str]] | None,
+        reference_ids: Tensor | None,
+        reference_mask: Tensor | None,
     ) -> tuple[PRF, Tensor | None]:
         """:meth:`score` and the ``[B, L]`` log-likelihood of ``target_ids`` (or ``None``)."""
         groups = None
@@ -499,7 +555,9 @@ class BERTScoreLoss(nn.Module):
             raise ValueError("pass exactly one of references (texts) or reference_ids")
         if references is not None:
             groups = check_reference_groups(references, "references")
-        encoded = self.candidate_encoder.encode(self._placed(), **candidates)
+        encoded = self.candidate_encoder.encode(
+            self._placed(), candidates, candidate_mask, target_ids
+        )
         log_likelihood = encoded.log_likelihood
         batch = encoded.hidden.shape[0]
         owner = list(range(batch))
@@ -580,36 +638,70 @@ class BERTScoreLoss(nn.Module):
 
     def forward(
         self,
-        *,
-        logits: Tensor | None = None,
-        probs: Tensor | None = None,
-        candidate_ids: Tensor | None = None,
-        embeddings: Tensor | None = None,
-        hidden_states: Tensor | None = None,
-        output_embeddings: Tensor | nn.Module | None = None,
-        target_ids: Tensor | None = None,
-        logit_softcap: float | None = None,
-        generator_temperature: float | None = None,
-        candidate_mask: Tensor | None = None,
+        candidates: CandidateInput | Tensor | None = None,
         references: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        *,
+        candidate_mask: Tensor | None = None,
         reference_ids: Tensor | None = None,
         reference_mask: Tensor | None = None,
-    ) -> Tensor | LossAndCrossEntropy:
+        **deprecated,
+    ) -> Tensor:
         """``1 - score`` (the ``target``), reduced by ``reduction``; arguments as in
-        :meth:`score`.
+        :meth:`score`. The loss and the targets' cross-entropy from one chunked pass over the
+        LM head: :meth:`loss_and_cross_entropy`."""
+        if "target_ids" in deprecated:
+            target_ids = deprecated.pop("target_ids")
+            warn_user(
+                "BERTScoreLoss(...)(hidden_states=..., target_ids=...) is deprecated: call "
+                "loss.loss_and_cross_entropy(LMHeadInputs(hidden_states, head), target_ids, "
+                "references) (see the migration table in CHANGELOG.md)",
+                DeprecationWarning,
+            )
+            if target_ids is not None:
+                return self.loss_and_cross_entropy(
+                    candidates,
+                    target_ids,
+                    references,
+                    candidate_mask=candidate_mask,
+                    reference_ids=reference_ids,
+                    reference_mask=reference_mask,
+                    **deprecated,
+                )
+        candidates = from_keywords(candidates, deprecated, "forward")
+        prf, _ = self._score(
+            candidates, candidate_mask, None, references, reference_ids, reference_mask
+        )
+        return self._reduce(1 - getattr(prf, self.target))
 
-        With ``hidden_states`` and ``target_ids`` ``[B, L]`` (``-100`` ignored), a
-        :class:`LossAndCrossEntropy` ``(loss, cross_entropy)`` instead: the CE of the targets
-        under the LM head's logits (soft-capped, temperature 1) comes from the same chunked
-        pass, so a training step needs no ``[B, L, V]`` logits at all."""
-        prf, log_likelihood = self._score(**_arguments(locals()))
+    def loss_and_cross_entropy(
+        self,
+        candidates: LMHeadInputs | None = None,
+        target_ids: Tensor | None = None,
+        references: Sequence[str] | Sequence[Sequence[str]] | None = None,
+        *,
+        candidate_mask: Tensor | None = None,
+        reference_ids: Tensor | None = None,
+        reference_mask: Tensor | None = None,
+        **deprecated,
+    ) -> LossAndCrossEntropy:
+        """The loss (as :meth:`forward`) and the cross-entropy of ``target_ids`` ``[B, L]``
+        (``-100`` ignored) under the LM head's logits (soft-capped, temperature 1), both from
+        one chunked pass over the vocabulary and reduced by ``reduction`` (``"mean"``: the CE
+        per target token): a training step needs no ``[B, L, V]`` logits at all. Arguments as
+        in :meth:`score_and_cross_entropy`."""
+        prf, per_token = self.score_and_cross_entropy(
+            candidates,
+            target_ids,
+            references,
+            candidate_mask=candidate_mask,
+            reference_ids=reference_ids,
+            reference_mask=reference_mask,
+            **deprecated,
+        )
         loss = self._reduce(1 - getattr(prf, self.target))
-        if log_likelihood is None:
-            return loss
         if self.reduction == "mean":
             count = (target_ids != IGNORE_INDEX).sum().clamp_min(1)
-            return LossAndCrossEntropy(loss, -log_likelihood.sum() / count)
-        per_token = -log_likelihood
+            return LossAndCrossEntropy(loss, per_token.sum() / count)
         return LossAndCrossEntropy(loss, per_token.sum() if self.reduction == "sum" else per_token)
 
     def _reduce(self, loss: Tensor) -> Tensor:

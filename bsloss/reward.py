@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bsloss._warnings import warn_user
 from bsloss.inputs import check_int, check_reference_groups, check_text
 from bsloss.metric import BERTScorer
 
@@ -60,19 +61,34 @@ def _content(content: Any, index: int) -> str:
     )
 
 
+# the scorer's keywords, deprecated here (a BERTScorer as scorer= holds them), and defaults
+_SCORER_KEYWORDS = {
+    "idf": False,
+    "rescale_with_baseline": False,
+    "baseline_path": None,
+    "batch_size": 64,
+    "device": None,
+    "autocast_dtype": None,
+}
+
+
 class BERTScoreReward:
     """Hard-matching BERTScore of each completion against its reference(s), as a reward.
 
     Args:
-        model, num_layers, idf, rescale_with_baseline, baseline_path, batch_size, device,
-            autocast_dtype: as for :class:`~bsloss.BERTScorer` (or pass ``scorer``).
+        model, num_layers: the scorer's model and layer, as for :class:`~bsloss.BERTScorer` (its
+            shorthand); anything more about the scorer: pass ``scorer``.
         reference_column: the dataset column that holds the reference(s).
         target: ``"f1"``, ``"precision"`` or ``"recall"``.
         reference_cache_size: reference texts whose embeddings are kept across calls.
-        scorer: an existing :class:`~bsloss.BERTScorer` to use. If its reference cache is off,
-            the reward scores with :meth:`~bsloss.BERTScorer.with_reference_cache` (the same
-            encoder and settings, its own cache of ``reference_cache_size``): the scorer passed
-            in is not changed.
+        scorer: an existing :class:`~bsloss.BERTScorer` to use (its ``idf``,
+            ``rescale_with_baseline``, ``batch_size``, ``device``... are the reward's). If its
+            reference cache is off, the reward scores with
+            :meth:`~bsloss.BERTScorer.with_reference_cache` (the same encoder and settings, its
+            own cache of ``reference_cache_size``): the scorer passed in is not changed.
+        deprecated: the scorer's keywords ``idf``, ``rescale_with_baseline``,
+            ``baseline_path``, ``batch_size``, ``device``, ``autocast_dtype`` still work, with a
+            ``DeprecationWarning``: pass ``scorer=BERTScorer(model, ..., idf=...)``.
 
     Returns:
         Called as TRL calls a reward function, ``reward(prompts=..., completions=...,
@@ -96,15 +112,21 @@ class BERTScoreReward:
         *,
         reference_column: str = "reference",
         target: str = "f1",
-        idf: Any = False,
-        rescale_with_baseline: bool = False,
-        baseline_path: str | None = None,
-        batch_size: int = 64,
-        device: Any = None,
-        autocast_dtype: Any = None,
         reference_cache_size: int = 100_000,
         scorer: BERTScorer | None = None,
+        **deprecated: Any,
     ):
+        for name in deprecated:
+            if name not in _SCORER_KEYWORDS:
+                raise TypeError(f"BERTScoreReward() got an unexpected keyword argument {name!r}")
+            warn_user(
+                f"BERTScoreReward({name}=...) is deprecated: pass "
+                f"scorer=BERTScorer(model, num_layers, {name}=...) (see the migration table in "
+                "CHANGELOG.md)",
+                DeprecationWarning,
+            )
+        options = {**_SCORER_KEYWORDS, **deprecated}
+        idf = options["idf"]
         if target not in _TARGETS:
             raise ValueError(f"target must be one of {tuple(_TARGETS)}, got {target!r}")
         if idf is True:
@@ -118,13 +140,7 @@ class BERTScoreReward:
         self.scorer = scorer or BERTScorer(
             model,
             num_layers,
-            idf=idf,
-            rescale_with_baseline=rescale_with_baseline,
-            baseline_path=baseline_path,
-            batch_size=batch_size,
-            device=device,
-            autocast_dtype=autocast_dtype,
-            reference_cache_size=reference_cache_size,
+            **{**options, "reference_cache_size": reference_cache_size},
         )
         if scorer is not None and not scorer.reference_cache_size and reference_cache_size:
             self.scorer = scorer.with_reference_cache(reference_cache_size)

@@ -230,9 +230,9 @@ def test_seq2seq_trainer_mixin_with_reference_column(loss, tokenizer, tmp_path):
     # LM head): its references are recorded
     score = loss.score_and_cross_entropy
 
-    def recording(**kwargs):
+    def recording(*args, **kwargs):
         seen.append(list(kwargs["references"]))
-        return score(**kwargs)
+        return score(*args, **kwargs)
 
     loss.score_and_cross_entropy = recording
     try:

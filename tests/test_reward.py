@@ -135,3 +135,24 @@ def test_trl_grpo_two_steps(reward, scorer, tmp_path):
     logged = [entry for entry in trainer.state.log_history if "reward" in entry]
     assert len(logged) == 2
     assert all(0.0 <= entry["reward"] <= 1.0 for entry in logged)
+
+
+def test_scorer_keywords_are_deprecated_for_a_scorer_object():
+    """The reward's own parameters are few; the scorer's keywords warn naming scorer=."""
+    import inspect
+    import warnings
+
+    parameters = inspect.signature(BERTScoreReward.__init__).parameters.values()
+    named = [p for p in parameters if p.name != "self" and p.kind is not p.VAR_KEYWORD]
+    assert len(named) == 6
+    with pytest.warns(DeprecationWarning, match=r"batch_size=\.\.\.\) is deprecated: pass scorer="):
+        old = BERTScoreReward(batch_size=3)
+    new = BERTScoreReward(scorer=bsloss.BERTScorer(batch_size=3))
+    assert old.scorer.batch_size == new.scorer.batch_size == 3
+    completions, references = ["a cat sat", "hello there"], ["a cat sat down", "bye"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        expected = new(completions=completions, reference=references)
+    assert old(completions=completions, reference=references) == expected
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
+        BERTScoreReward(batchsize=3)

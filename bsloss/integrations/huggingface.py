@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bsloss.bridge import Bridge
 from bsloss.integrations.candidates import CandidateSource, resolve_candidates
 from bsloss.integrations.lm_head import (
     IGNORE_INDEX,
@@ -71,7 +72,7 @@ class BERTScoreTerm:
 
     Args:
         loss: the :class:`~bsloss.BERTScoreLoss` (its scorer, matching, temperature; pass
-            ``generator_tokenizer=`` to it when the generator's vocabulary differs from the
+            ``bridge=Bridge(tokenizer)`` to it when the generator's vocabulary differs from the
             scorer's). Its ``reduction`` is ignored: the term reduces as the trainer does.
         tokenizer: the generator's tokenizer, to decode the labels into references.
         weight: :math:`\\lambda`, the weight of the BERTScore term, or a
@@ -265,7 +266,7 @@ class BERTScoreTerm:
         if head is None:
             ce_sum = token_cross_entropy(labels, logits=logits, reduction="sum")
             if keep.any():
-                prf = self.loss.score(logits=candidate_logits[rows].float(), **kept)
+                prf = self.loss.score(candidate_logits[rows].float(), **kept)
                 f1 = f1.index_put((rows,), getattr(prf, self.loss.target).float())
         elif own:
             ce_sum, f1_kept = head.run(
@@ -340,12 +341,7 @@ class BERTScoreTerm:
         ce_sum = _fused_cross_entropy_sum(head, hidden, labels)
         if not kept["references"]:
             return ce_sum, ce_sum.new_zeros(0)
-        prf = self.loss.score(
-            hidden_states=candidate_hidden,
-            output_embeddings=head,
-            logit_softcap=head.softcap,
-            **kept,
-        )
+        prf = self.loss.score(head.inputs(candidate_hidden), **kept)
         return ce_sum, getattr(prf, self.loss.target)
 
     def _fused_scores(
@@ -353,13 +349,7 @@ class BERTScoreTerm:
     ) -> tuple[Tensor, Tensor]:
         """(the target score per row, the CE per token) from one chunked pass over ``head``
         (called through :meth:`LMHead.run`: under FSDP 2, inside the head's unit)."""
-        prf, ce = self.loss.score_and_cross_entropy(
-            hidden_states=hidden_states,
-            output_embeddings=head,
-            logit_softcap=head.softcap,
-            target_ids=target_ids,
-            **kept,
-        )
+        prf, ce = self.loss.score_and_cross_entropy(head.inputs(hidden_states), target_ids, **kept)
         return getattr(prf, self.loss.target), ce
 
     def pop_metrics(self, training: bool = True) -> dict[str, float]:
@@ -491,9 +481,7 @@ class BERTScoreTrainerMixin:
         if bertscore_loss is None:
             bertscore_loss = BERTScoreLoss()
             if tokenizer.get_vocab() != bertscore_loss.encoder.tokenizer.get_vocab():
-                bertscore_loss = BERTScoreLoss(
-                    encoder=bertscore_loss.encoder, generator_tokenizer=tokenizer
-                )
+                bertscore_loss = BERTScoreLoss(bertscore_loss.encoder, bridge=Bridge(tokenizer))
         bertscore_loss.to(self.args.device)
         config = getattr(self.model, "config", None)
         causal = not getattr(config, "is_encoder_decoder", False)

@@ -10,8 +10,8 @@ normaliser and the BERTScore loss's expected embedding, which
 output-embedding module is a pass-through (so ``outputs.logits`` are the head's input
 :math:`h`), a soft-cap (Gemma 2's ``final_logit_softcapping``, wherever the forward reads it:
 the config, its text config or its decoder's) and BART's ``final_logits_bias`` are off, and the
-block yields the head (:class:`LMHead`: weight, bias, soft-cap) to give
-:class:`~bsloss.BERTScoreLoss` as ``output_embeddings=``. It works for causal and
+block yields the head (:class:`LMHead`: weight, bias, soft-cap) whose :meth:`LMHead.inputs`
+:class:`~bsloss.BERTScoreLoss` takes as its candidates. It works for causal and
 encoder-decoder models, tied or untied heads, under DDP (the head's weight is a parameter of the
 model; its gradient arrives in the same backward pass) and under FSDP 2 (``fully_shard``): there
 the head's weight is sharded outside its unit's forward, so the chunked computation runs through
@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bsloss.candidate_inputs import LMHeadInputs
 from bsloss.functional.fused_expectation import IGNORE_INDEX, fused_token_log_likelihood
 from bsloss.inputs import check_targets_shape
 
@@ -43,9 +44,9 @@ __all__ = ["IGNORE_INDEX", "LMHead", "lm_head_inputs", "lm_head_refusal", "token
 
 class LMHead(nn.Module):
     """The LM head's weight ``[V, d]`` and bias (references to the model's parameters, not
-    copies) and the model's final logit soft-cap (``None`` for most models), as
-    :class:`~bsloss.BERTScoreLoss` takes them (``output_embeddings=head,
-    logit_softcap=head.softcap``).
+    copies) and the model's final logit soft-cap (``None`` for most models);
+    :meth:`inputs` gives :class:`~bsloss.BERTScoreLoss` the head's input with the head and its
+    soft-cap as one value.
 
     Under FSDP 2 the weight is usable only inside :meth:`run`; elsewhere it is a shard."""
 
@@ -64,6 +65,11 @@ class LMHead(nn.Module):
         # FSDP 2: the head module (its weight read afresh inside the owner's forward), BART's
         # final_logits_bias, and the fully_shard unit whose forward gathers the weight
         self._module, self._extra_bias, self._owner = module, extra_bias, owner
+
+    def inputs(self, hidden_states: Tensor, temperature: float = 1.0) -> LMHeadInputs:
+        """The head's input ``[B, L, d]`` with this head and its soft-cap, as the loss takes it
+        (:class:`~bsloss.candidate_inputs.LMHeadInputs`)."""
+        return LMHeadInputs(hidden_states, self, softcap=self.softcap, temperature=temperature)
 
     def run(self, compute: Callable[..., Any], *args: Any) -> Any:
         """``compute(head, *args)``: the chunked computation over the head's weight. Under FSDP 2
