@@ -37,6 +37,9 @@ from trainer_run import RecipeCallback, resume_point, train, trainer_arguments
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from bsloss import BERTScoreLoss
+from bsloss.bridge import Bridge
+from bsloss.candidate_transforms import Gumbel, StraightThrough, TopK
+from bsloss.functional.matching import resolve_matching
 from bsloss.integrations.candidates import GreedyAnswers, SampledAnswers, TeacherForced
 from bsloss.integrations.huggingface import BERTScoreTrainerMixin
 from bsloss.scorer.encoder import ScorerEncoder
@@ -56,14 +59,33 @@ class RecipeTrainer(BERTScoreTrainerMixin, Trainer):
 
 def build_loss(config: RecipeConfig, encoder: ScorerEncoder, generator_tokenizer) -> BERTScoreLoss:
     """The config's ``loss`` section (its keys other than the recipe's own) as a
-    :class:`~bsloss.BERTScoreLoss` over the run's scorer, with a vocabulary bridge when the
-    generator's vocabulary is not the scorer's."""
+    :class:`~bsloss.BERTScoreLoss` over the run's scorer: ``matching`` with ``temperature`` and
+    ``sinkhorn_iterations`` as the matching object, ``top_k`` / ``straight_through`` /
+    ``gumbel_temperature`` as the candidate transforms, a vocabulary bridge (``bridge_mode``)
+    when the generator's vocabulary is not the scorer's; any other key is the loss's keyword."""
     options = {k: v for k, v in config.loss.items() if k not in RECIPE_LOSS_KEYS}
+    matching = resolve_matching(
+        options.pop("matching", "hard"),
+        options.pop("temperature", None),
+        options.pop("sinkhorn_iterations", None),
+    )
+    top_k, gumbel = options.pop("top_k", None), options.pop("gumbel_temperature", None)
+    straight_through = options.pop("straight_through", False)
+    if not isinstance(straight_through, bool):
+        raise TypeError(
+            f"config loss.straight_through must be true or false, got {straight_through!r}"
+        )
+    transforms = [TopK(top_k)] if top_k is not None else []
+    transforms += [StraightThrough()] if straight_through else []
+    transforms += [Gumbel(gumbel)] if gumbel is not None else []
+    mode = options.pop("bridge_mode", None)
     same_vocabulary = generator_tokenizer.get_vocab() == encoder.tokenizer.get_vocab()
     try:
         return BERTScoreLoss(
-            encoder=encoder,
-            generator_tokenizer=None if same_vocabulary else generator_tokenizer,
+            encoder,
+            matching=matching,
+            bridge=None if same_vocabulary else Bridge(generator_tokenizer, mode=mode),
+            candidate_transforms=transforms,
             gradient_checkpointing=config.train.scorer_gradient_checkpointing,
             **options,
         )
