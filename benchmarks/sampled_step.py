@@ -184,8 +184,13 @@ def measure(args) -> tuple[list[tuple[str, dict]], dict]:
             # the study's answers: at most max_target_length new tokens
             source = SampledAnswers(**{**source.__dict__, "max_new_tokens": args.max_new_tokens})
         # every=k is predicted from its answering step: measure that step (step 0)
-        steps = [timed_step(model, tokenizer, term, optimizer, batch, source, 0)
-                 for _ in range(args.steps + 1)][1:]  # fmt: skip
+        steps = []
+        for i in range(args.steps + 1):
+            steps.append(timed_step(model, tokenizer, term, optimizer, batch, source, 0))
+            parts = " ".join(f"{k} {v:.2f}" for k, v in steps[-1].items())
+            print(f"{name} step {i}{' (warm-up)' if i == 0 else ''}: {parts}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+        steps = steps[1:]
         cell = {k: statistics.median(s[k] for s in steps) for k in steps[0]}
         results.append((name, cell))
     ce = results[0][1]["total"]
