@@ -23,9 +23,9 @@ the prompt's labels ``-100``; encoder-decoder: the encoder's ``input_ids``). The
 the batch as extra rows, so one forward pass (one DDP reduction) gives both the references'
 and the answers' outputs.
 
->>> resolve_candidates("sample")
-SampledAnswers(sample=True, max_new_tokens=None, top_k=0, top_p=1.0, temperature=1.0, rows=None, \
-every=1)
+>>> resolve_candidates("sample")  # doctest: +NORMALIZE_WHITESPACE
+SampledAnswers(sample=True, max_new_tokens=None, top_k=0, top_p=1.0, temperature=1.0,
+               rows=None, every=1)
 >>> resolve_candidates("teacher_forced").generates
 False
 """
