@@ -348,6 +348,8 @@ RECIPE_LOSS_KEYS = {
     "ce_weight": 1.0,  # 0: the BERTScore term alone (BERTTune's -F_BERT)
     "warmup_steps": 0,  # lambda grows linearly over these steps
     "candidates": "teacher_forced",  # teacher_forced | greedy | sample
+    "answer_rows": None,  # greedy / sample: answer this many rows of each batch (None: all)
+    "answer_every": 1,  # greedy / sample: answer on every k-th step (the CE alone between)
 }
 # loss.candidates -> what the term's candidates are, in words (the curves' titles)
 CANDIDATE_LABELS = {
@@ -374,6 +376,18 @@ def recipe_loss_settings(loss_section: dict) -> dict:
     except ValueError as error:
         raise ValueError(f"config loss.weighting / loss.ce_weight: {error}") from None
     check_choice("loss.candidates", settings["candidates"], CANDIDATE_MODES)
+    if settings["answer_rows"] is not None:
+        check_value("loss.answer_rows", "int", settings["answer_rows"])
+    check_value("loss.answer_every", "int", settings["answer_every"])
+    for key in ("answer_rows", "answer_every"):
+        if settings[key] is not None and settings[key] < 1:
+            raise ValueError(f"config loss.{key} must be >= 1, got {settings[key]}")
+    answering = settings["answer_rows"] is not None or settings["answer_every"] != 1
+    if answering and settings["candidates"] == "teacher_forced":
+        raise ValueError(
+            "config loss.answer_rows / loss.answer_every are for the model's own answers "
+            "(loss.candidates: sample or greedy), not the teacher-forced candidates"
+        )
     return settings
 
 

@@ -93,13 +93,19 @@ def build_loss(config: RecipeConfig, encoder: ScorerEncoder, generator_tokenizer
         raise TypeError(f"config section loss: {error}") from error
 
 
-def candidate_source(mode: str, max_new_tokens: int):
+def candidate_source(settings: dict, max_new_tokens: int):
     """``loss.candidates`` as the mixin's candidate source; answers are as long as the data's
-    ``max_target_length`` allows a target to be."""
+    ``max_target_length`` allows a target to be, for ``loss.answer_rows`` rows of a batch on
+    every ``loss.answer_every``-th step."""
+    mode = settings["candidates"]
     if mode == "teacher_forced":
         return TeacherForced()
     answers = SampledAnswers if mode == "sample" else GreedyAnswers
-    return answers(max_new_tokens=max_new_tokens)
+    return answers(
+        max_new_tokens=max_new_tokens,
+        rows=settings["answer_rows"],
+        every=settings["answer_every"],
+    )
 
 
 def training_examples(run: RecipeRun) -> list[dict]:
@@ -156,9 +162,7 @@ def build_trainer(run: RecipeRun, start: int = 0) -> RecipeTrainer:
         bertscore_loss=loss_fn,
         bertscore_weight=TERM_WEIGHTS[settings["weighting"]](settings["weight"]),
         bertscore_ce_weight=settings["ce_weight"],
-        bertscore_candidates=candidate_source(
-            settings["candidates"], config.data.max_target_length
-        ),
+        bertscore_candidates=candidate_source(settings, config.data.max_target_length),
         bertscore_reference_column=REFERENCE_COLUMN,
         callbacks=[RecipeCallback(run, start, LOGGED, marker="loss")],
     )

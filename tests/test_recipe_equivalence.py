@@ -158,3 +158,36 @@ def test_a_recipe_step_is_the_study_step(arm, tiny_generator, tmp_path, noise_by
         assert set(logged) == {"ce"}
     else:
         assert {"ce", "bertscore_f", "bertscore_loss"} <= set(logged)
+
+
+@pytest.mark.parametrize(
+    ("keys", "expected"),
+    [
+        ({"answer_rows": 2, "answer_every": 4}, {"rows": 2, "every": 4}),
+        ({}, {"rows": None, "every": 1}),
+    ],
+)
+def test_the_cheaper_answers_reach_the_mixin_from_the_config(keys, expected, tiny_generator,
+                                                             tmp_path):  # fmt: skip
+    """loss.answer_rows / loss.answer_every become the mixin's SampledAnswers(rows, every)."""
+    import finetune
+
+    overrides = study_arms()["sampled"] + [f"loss.{k}={v}" for k, v in keys.items()]
+    trainer = finetune.build_trainer(recipe_run(tiny_generator, tmp_path / "run", overrides))
+    source = trainer.bertscore_candidates
+    assert type(source).__name__ == "SampledAnswers"
+    assert (source.rows, source.every, source.max_new_tokens) == (
+        expected["rows"], expected["every"], 10,
+    )  # fmt: skip
+
+
+def test_the_cheaper_answers_are_refused_where_nothing_answers(tiny_generator, tmp_path):
+    from config import load_config
+
+    for keys, message in (
+        (["loss.answer_every=2"], "loss.candidates: sample or greedy"),
+        (["loss.candidates=sample", "loss.answer_rows=0"], "loss.answer_rows must be >= 1"),
+        (["loss.candidates=sample", "loss.answer_every=1.5"], "loss.answer_every"),
+    ):
+        with pytest.raises((ValueError, TypeError), match=message):
+            recipe_loss_settings(load_config(STAGE2, keys).loss)

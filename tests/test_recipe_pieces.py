@@ -237,7 +237,7 @@ def test_overrides_and_defaults(tmp_path):
     assert config.rl.sample_top_k == 5
     assert recipe_loss_settings(config.loss) == {
         "weight": 0.0, "weighting": "fixed", "ce_weight": 1.0, "warmup_steps": 0,
-        "candidates": "teacher_forced",
+        "candidates": "teacher_forced", "answer_rows": None, "answer_every": 1,
     }  # fmt: skip
     assert len(load_splits(config.data)["test"]) == 200
 

@@ -23,8 +23,9 @@ the prompt's labels ``-100``; encoder-decoder: the encoder's ``input_ids``). The
 the batch as extra rows, so one forward pass (one DDP reduction) gives both the references'
 and the answers' outputs.
 
->>> resolve_candidates("sample")
-SampledAnswers(sample=True, max_new_tokens=None, top_k=0, top_p=1.0, temperature=1.0)
+>>> resolve_candidates("sample")  # doctest: +NORMALIZE_WHITESPACE
+SampledAnswers(sample=True, max_new_tokens=None, top_k=0, top_p=1.0, temperature=1.0,
+               rows=None, every=1)
 >>> resolve_candidates("teacher_forced").generates
 False
 """
@@ -76,19 +77,23 @@ class JointBatch:
     """The references' rows and the answers' rows as one batch for one forward pass.
 
     Attributes:
-        inputs: the model's keyword inputs, ``2B`` rows (the batch's, then the answers').
-        candidate_labels: ``[B, L']`` the answers' token ids, ``-100`` outside them.
-        width: the batch's own sequence width (its half of the output is cut back to it; the
-            answers' half to ``candidate_labels``' width).
+        inputs: the model's keyword inputs, ``B + R`` rows (the batch's, then the answers').
+        candidate_labels: ``[R, L']`` the answers' token ids, ``-100`` outside them.
+        width: the batch's own sequence width (its part of the output is cut back to it; the
+            answers' part to ``candidate_labels``' width).
+        candidate_rows: ``[R]`` the batch rows the answers answer (``None``: all ``B``, in
+            order).
     """
 
     inputs: dict
     candidate_labels: Tensor
     width: int
+    candidate_rows: Tensor | None = None
 
     def split(self, output: Tensor) -> tuple[Tensor, Tensor]:
-        """The forward output ``[2B, L, ...]`` as (the batch's rows, the answers' rows)."""
-        own, answers = output.chunk(2)
+        """The forward output ``[B + R, L, ...]`` as (the batch's rows, the answers' rows)."""
+        answered = self.candidate_labels.shape[0]
+        own, answers = output[:-answered], output[-answered:]
         return own[:, : self.width], answers[:, : self.candidate_labels.shape[1]]
 
 
@@ -102,13 +107,22 @@ class ModelAnswers(CandidateSource):
         top_k: sample among the ``top_k`` most likely tokens (``0``: the whole vocabulary).
         top_p: nucleus sampling's mass (``1.0``: off).
         temperature: the sampling temperature.
+        rows: answer this many of the batch's rows per answering step (``None``: all). The
+            rows rotate with the training step (step ``s`` answers rows ``s*rows, ...,
+            s*rows + rows - 1`` modulo the batch size), so every batch position is answered
+            in turn; the term is the answered rows' token-weighted mean, the CE stays on all
+            rows. A batch with at most ``rows`` rows is answered whole.
+        every: answer on every ``every``-th training step only (steps ``0, every, 2*every,
+            ...``); the steps between are the cross-entropy alone (no generation, no term).
 
     Raises:
-        TypeError: ``max_new_tokens`` or ``top_k`` not an integer (a bool, a float), ``top_p``
-            or ``temperature`` not a number (a bool, a string); each named. Integers and
-            numbers of any type (numpy's included) are stored as Python ``int`` / ``float``.
-        ValueError: a ``max_new_tokens`` below 1, a negative ``top_k``, ``top_p`` outside
-            ``(0, 1]`` or a ``temperature`` that is not a finite number ``> 0``.
+        TypeError: ``max_new_tokens``, ``top_k``, ``rows`` or ``every`` not an integer (a
+            bool, a float), ``top_p`` or ``temperature`` not a number (a bool, a string);
+            each named. Integers and numbers of any type (numpy's included) are stored as
+            Python ``int`` / ``float``.
+        ValueError: a ``max_new_tokens``, ``rows`` or ``every`` below 1, a negative
+            ``top_k``, ``top_p`` outside ``(0, 1]`` or a ``temperature`` that is not a
+            finite number ``> 0``.
     """
 
     sample: bool = True
@@ -116,6 +130,8 @@ class ModelAnswers(CandidateSource):
     top_k: int = 0
     top_p: float = 1.0
     temperature: float = 1.0
+    rows: int | None = None
+    every: int = 1
     generates = True
 
     def __post_init__(self):
@@ -125,9 +141,11 @@ class ModelAnswers(CandidateSource):
         checked = {
             "top_k": check_int(self.top_k, f"{name}(top_k)", 0),
             "temperature": check_temperature(self.temperature, f"{name}(temperature)"),
+            "every": check_int(self.every, f"{name}(every)", 1),
         }
-        if self.max_new_tokens is not None:
-            checked["max_new_tokens"] = check_int(self.max_new_tokens, f"{name}(max_new_tokens)", 1)
+        for field in ("max_new_tokens", "rows"):
+            if getattr(self, field) is not None:
+                checked[field] = check_int(getattr(self, field), f"{name}({field})", 1)
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real):
             raise TypeError(f"{name}(top_p) must be a number, got {self.top_p!r}")
         if not 0 < self.top_p <= 1:  # NaN fails this too
@@ -135,6 +153,17 @@ class ModelAnswers(CandidateSource):
         checked["top_p"] = float(self.top_p)
         for field, value in checked.items():  # a frozen dataclass: set past its __setattr__
             object.__setattr__(self, field, value)
+
+    def answers_at(self, step: int) -> bool:
+        """Whether training step ``step`` (``0, 1, ...``) answers (``every``)."""
+        return step % self.every == 0
+
+    def answered_rows(self, batch_size: int, step: int = 0) -> Tensor | None:
+        """The batch rows step ``step`` answers (``rows`` of them, rotating), ``None``: all."""
+        if self.rows is None or self.rows >= batch_size:
+            return None
+        start = (step // self.every) * self.rows
+        return (start + torch.arange(self.rows)) % batch_size
 
     def answer(
         self,
@@ -145,6 +174,7 @@ class ModelAnswers(CandidateSource):
         causal: bool,
         pad_token_id: int,
         eos_token_ids: Sequence[int],
+        step: int = 0,
     ) -> JointBatch:
         """The model's answers to the batch's prompts, joined to the batch (see
         :class:`JointBatch`).
@@ -159,6 +189,7 @@ class ModelAnswers(CandidateSource):
                 is every token up to and including its first end token (see
                 :func:`generated_labels`), so it always has one token at least and keeps its
                 end token also where the padding id is an end id.
+            step: the training step, which picks the answered rows (``rows``).
 
         Raises:
             ValueError: other inputs than ``input_ids`` / ``attention_mask`` (packed or
@@ -171,10 +202,14 @@ class ModelAnswers(CandidateSource):
                 f"from input_ids and attention_mask only (no packed / padding-free batches, no "
                 f"multimodal inputs): use the teacher-forced candidates for such batches"
             )
-        input_ids = inputs["input_ids"]
-        attention_mask = inputs.get("attention_mask")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
+        batch_ids = inputs["input_ids"]
+        batch_mask = inputs.get("attention_mask")
+        if batch_mask is None:
+            batch_mask = torch.ones_like(batch_ids)
+        subset = self.answered_rows(batch_ids.shape[0], step)
+        picked = slice(None) if subset is None else subset.to(batch_ids.device)
+        batch_labels = labels
+        input_ids, attention_mask, labels = batch_ids[picked], batch_mask[picked], labels[picked]
         targets = labels != IGNORE_INDEX
         longest = int(targets.sum(1).max()) if labels.numel() else 0
         max_new_tokens = self.max_new_tokens or max(longest, 1)
@@ -191,15 +226,16 @@ class ModelAnswers(CandidateSource):
             sequences = generate_ids(model, input_ids, attention_mask, **options)
             answers = generated_labels(sequences, eos_token_ids)
             answers[~targets.any(1)] = IGNORE_INDEX  # a row without a reference scores nothing
-            joined = torch.cat(pad_labels([labels, answers]))
+            joined = torch.cat(pad_labels([batch_labels, answers]))
             return JointBatch(
                 inputs={
-                    "input_ids": input_ids.repeat(2, 1),
-                    "attention_mask": attention_mask.repeat(2, 1),
+                    "input_ids": torch.cat([batch_ids, input_ids]),
+                    "attention_mask": torch.cat([batch_mask, attention_mask]),
                     "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels=joined),
                 },
                 candidate_labels=answers,
-                width=labels.shape[1],
+                width=batch_labels.shape[1],
+                candidate_rows=subset,
             )
         prompts = _causal_prompts(input_ids, attention_mask, targets)
         left = _pad_rows(prompts, pad_token_id, side="left")
@@ -214,23 +250,24 @@ class ModelAnswers(CandidateSource):
             tokens = answer[: int((answer != IGNORE_INDEX).sum())]
             rows.append(torch.cat([prompt, tokens]))
             row_labels.append(torch.cat([torch.full_like(prompt, IGNORE_INDEX), tokens]))
-        width = max(labels.shape[1], max(len(r) for r in rows))
+        width = max(batch_ids.shape[1], max(len(r) for r in rows))
         answer_ids = _pad_rows(rows, pad_token_id, side="right", width=width)
         answer_mask = _mask(rows, "right", width=width)
         candidate_labels = _pad_rows(row_labels, IGNORE_INDEX, side="right")
         candidate_labels[~targets.any(1)] = IGNORE_INDEX  # a row without a reference: nothing
-        grow = width - input_ids.shape[1]
+        grow = width - batch_ids.shape[1]
         return JointBatch(
             inputs={
                 "input_ids": torch.cat(
-                    [torch.nn.functional.pad(input_ids, (0, grow), value=pad_token_id), answer_ids]
+                    [torch.nn.functional.pad(batch_ids, (0, grow), value=pad_token_id), answer_ids]
                 ),
                 "attention_mask": torch.cat(
-                    [torch.nn.functional.pad(attention_mask, (0, grow), value=0), answer_mask]
+                    [torch.nn.functional.pad(batch_mask, (0, grow), value=0), answer_mask]
                 ),
             },
             candidate_labels=candidate_labels,
-            width=input_ids.shape[1],
+            width=batch_ids.shape[1],
+            candidate_rows=subset,
         )
 
 

@@ -187,6 +187,7 @@ class BERTScoreTerm:
         head: LMHead | None = None,
         candidate_outputs: Any = None,
         candidate_labels: Tensor | None = None,
+        candidate_rows: Tensor | None = None,
     ) -> Tensor:
         """The loss of one micro-batch (see the module docstring); records CE and mean F.
 
@@ -214,6 +215,9 @@ class BERTScoreTerm:
                 one token (answering nothing is the term's worst value); a row with neither
                 is not scored. Default: the teacher-forced distributions of ``labels`` are the
                 candidates.
+            candidate_rows: ``[R]`` the batch rows the ``R`` candidates answer (a subset of
+                the batch answered, :class:`~bsloss.integrations.candidates.ModelAnswers`'
+                ``rows``): the term is over those rows only; default: all rows, in order.
 
         Raises:
             ValueError: ``labels`` missing or of the wrong shape, ``references`` of the wrong
@@ -236,13 +240,17 @@ class BERTScoreTerm:
             candidate_logits, candidate_labels = self._aligned(
                 candidate_outputs, candidate_labels, "candidate_labels"
             )
-            if candidate_labels.shape[0] != labels.shape[0]:
+            answered = labels.shape[0] if candidate_rows is None else len(candidate_rows)
+            if candidate_labels.shape[0] != answered:
                 raise ValueError(
-                    f"candidate_labels has {candidate_labels.shape[0]} rows for a batch of "
-                    f"{labels.shape[0]}"
+                    f"candidate_labels has {candidate_labels.shape[0]} rows for {answered} "
+                    f"answered rows of a batch of {labels.shape[0]}"
                 )
         else:
             candidate_logits, candidate_labels = logits, labels
+        if candidate_rows is None:
+            candidate_rows = torch.arange(labels.shape[0], device=labels.device)
+        candidate_rows = candidate_rows.to(labels.device)
         mask = labels != IGNORE_INDEX
         total = mask.sum() if num_items_in_batch is None else num_items_in_batch
         total = torch.as_tensor(total, device=logits.device).clamp(min=1)
@@ -255,13 +263,13 @@ class BERTScoreTerm:
         # a row is scored when it has a completion or a candidate; an empty candidate of a row
         # with a completion scores F = 0 (the loss's rule for an empty candidate) and weighs
         # as one token, so that answering nothing is the term's worst value, not its best
-        keep = (tokens > 0) | mask.any(dim=1)
+        keep = (tokens > 0) | mask[candidate_rows].any(dim=1)
         row_weights = tokens.clamp_min(1) * keep
-        f1 = torch.zeros(labels.shape[0], device=logits.device)
+        f1 = torch.zeros(candidate_labels.shape[0], device=logits.device)
         rows = keep.nonzero().squeeze(1)
         kept = {
             "candidate_mask": candidate_mask[rows],
-            "references": [references[i] for i in rows.tolist()],
+            "references": [references[i] for i in candidate_rows[rows].tolist()],
         }
         if head is None:
             ce_sum = token_cross_entropy(labels, logits=logits, reduction="sum")
@@ -517,13 +525,17 @@ class BERTScoreTrainerMixin:
         labels = inputs.pop("labels", None)
         inputs = {k: v for k, v in inputs.items() if k != "completion_mask"}
         unwrapped = self.accelerator.unwrap_model(model)
-        joint = None
-        answers = self.bertscore_candidates.generates and self.bertscore_term.scores
+        joint, ce_alone = None, False
+        source, step = self.bertscore_candidates, self.state.global_step
+        answers = source.generates and self.bertscore_term.scores
         if answers and model.training and not return_outputs:
+            # a step between answering steps (every=k) is the cross-entropy alone
+            ce_alone = not source.answers_at(step)
+        if answers and model.training and not return_outputs and not ce_alone:
             pad, ends = self._answer_tokens
-            joint = self.bertscore_candidates.answer(
+            joint = source.answer(
                 unwrapped, inputs, labels, causal=self.bertscore_term.causal,
-                pad_token_id=pad, eos_token_ids=ends,
+                pad_token_id=pad, eos_token_ids=ends, step=step,
             )  # fmt: skip
             inputs = joint.inputs
         elif "decoder_input_ids" not in inputs and hasattr(
@@ -544,11 +556,18 @@ class BERTScoreTrainerMixin:
             logits, answers = joint.split(outputs["logits"])
             outputs = {"logits": logits}
             own = {"candidate_outputs": {"logits": answers},
-                   "candidate_labels": joint.candidate_labels}  # fmt: skip
-        loss = self.bertscore_term(
-            outputs, labels, num_items_in_batch, references, training=model.training, head=head,
-            **own,
-        )  # fmt: skip
+                   "candidate_labels": joint.candidate_labels,
+                   "candidate_rows": joint.candidate_rows}  # fmt: skip
+        if ce_alone:
+            logits, aligned = self.bertscore_term._aligned(outputs, labels, "labels")
+            loss = self.bertscore_term._cross_entropy_alone(
+                logits, aligned, num_items_in_batch, head, training=True
+            )
+        else:
+            loss = self.bertscore_term(
+                outputs, labels, num_items_in_batch, references, training=model.training,
+                head=head, **own,
+            )  # fmt: skip
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             # num_items_in_batch counts every process's tokens and DDP averages the gradients
             loss = loss * self.accelerator.num_processes
