@@ -123,6 +123,18 @@ def _study_name(run: Path) -> str:
     return str(run.relative_to(STUDY))
 
 
+@pytest.fixture(scope="module")
+def xsum_study_references(tmp_path_factory):
+    """The XSum study's 200 test summaries, from ../shared/data's XSum split as the runs' was
+    (the file is not vendored)."""
+    from _tokenizers import xsum_study_file
+    from study.summary import references
+
+    path = xsum_study_file(tmp_path_factory.mktemp("xsum"))
+    config = REPO / "recipes/configs/xsum-gemma-stage2.yaml"
+    return references(config, [f"data.path={path}"])["test"]
+
+
 def _manifest():
     from study.harness import load_manifest
 
