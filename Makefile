@@ -7,7 +7,7 @@ DEMO_TEST ?= 4
 # a fresh folder per run (a second run into one folder is refused: --overwrite replaces it)
 DEMO_DIR ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: setup demo-setup test demo score-example bench
+.PHONY: setup demo-setup test demo score-example bench verify-results
 
 setup:
 	PYTHON=$(PYTHON) bash .ci/setup
@@ -37,3 +37,9 @@ score-example: setup
 
 bench: setup
 	$(PYTHON) benchmarks/throughput.py --mode both --repeats 3
+
+# Re-scores every committed output of the studies (recipes/study/manifest.yaml) against its
+# results.json and re-makes each study's tables against the committed tables.md (CI checks
+# a sample: tests/test_results_files.py).
+verify-results:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) recipes/study/harness.py verify

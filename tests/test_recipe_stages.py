@@ -351,13 +351,14 @@ def test_the_stage1_driver_resumes_and_skips(tmp_path):
 
     tiny = " ".join(TINY) + " --set train.steps=4 --set train.save_every=2 --set data.id=ref"
     tiny += " --set train.early_stopping_metric=dev_ce --set train.early_stopping_patience=5"
-    env = {**os.environ, "OUT": str(tmp_path), "CONFIG": str(TRANSLATION), "SEEDS": "0 1",
-           "CORES": "0 0"}  # fmt: skip
+    harness = [sys.executable, str(REPO / "recipes/study/harness.py"), "run", "es-en", "--stage",
+               "stage1", "--out", str(tmp_path), "--config", str(TRANSLATION), "--seeds", "0",
+               "1", "--cores", "0", "0"]  # fmt: skip
 
     def driver(extra: str) -> str:
         done = subprocess.run(
-            ["bash", str(REPO / "recipes/study/stage1.sh")], env={**env, "EXTRA": extra},
-            capture_output=True, text=True, timeout=600,
+            [*harness, f"--extra={extra}"], env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            capture_output=True, text=True, timeout=600, cwd=REPO,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout

@@ -1,6 +1,8 @@
-"""The efficacy study's drivers (recipes/study/stage1.sh, stage2.sh, arms.py): which runs they
-start, with which arguments, on which core, and that they skip finished runs and resume
-checkpointed ones. A stand-in script records its arguments instead of training."""
+"""The studies' harness (recipes/study/harness.py, driven by recipes/study/manifest.yaml): the
+manifest is checked, the runs it starts are the command lines the committed results.json
+recorded, finished runs are skipped and checkpointed ones resumed (a stand-in script records
+its arguments instead of training), its summary is the committed tables, and its verify finds
+a tampered figure. And the short-budget study's driver (recipes/run_results.sh)."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "recipes" / "study"))
 import arms as study_arms  # noqa: E402
+import harness  # noqa: E402
 
-pytestmark = pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
+needs_taskset = pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
 
 FAKE = """
 import json, sys
@@ -31,121 +34,183 @@ with open(out / "argv.jsonl", "a") as f:
 """
 
 
-def _driver(tmp_path: Path, arms: dict) -> Path:
-    """A copy of the repository's drivers whose arms run the stand-in script."""
+def _manifest(tmp_path: Path, defined: dict, **study) -> Path:
+    """A manifest of one study `s` over the arms ``defined`` (written beside it)."""
+    (tmp_path / "arms.yaml").write_text(yaml.safe_dump(defined, sort_keys=False))
+    entry = {"stages": {"stage1": "s1.yaml", "stage2": "base.yaml"}, "arms": list(defined),
+             "control": next(iter(defined), "ce"), "seeds": [0, 1], "steps": 4, "out": "runs/s",
+             "results": "results/s", **study}  # fmt: skip
+    path = tmp_path / "manifest.yaml"
+    path.write_text(yaml.safe_dump({"arms_file": str(tmp_path / "arms.yaml"),
+                                    "studies": {"s": entry}}))  # fmt: skip
+    return path
+
+
+def test_the_manifest_names_every_study_and_its_arms_are_defined():
+    studies = harness.load_manifest()
+    assert set(studies) == {"es-en", "xsum"}
+    assert set(studies["es-en"].arms) >= {"ce", "sampled", "grpo", "berttune"}
+    assert list(studies["xsum"].arms) == ["ce", "sampled"]
+    for study in studies.values():
+        assert (REPO / study.stages["stage1"]).is_file() and study.results.is_dir()
+        assert (study.results / study.sample / "results.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"arms": ["ce", "nope"]}, "study 's': arm 'nope' is not in"),
+        ({"seeds": [0, -1]}, "study 's': seed -1 is not a whole number from 0"),
+        ({"seeds": [0, "one"]}, "study 's': seed 'one' is not a whole number"),
+        ({"matching_pairs": [["ce", "soft"]]}, "arm 'soft' is not in"),
+        ({"control": "mix"}, "the control 'mix' is not one of its arms"),
+        ({"stages": {"stage3": "x.yaml"}}, "unknown stage 'stage3'"),
+    ],
+)
+def test_a_bad_manifest_is_refused_naming_what(tmp_path, change, message):
+    arms = {"ce": {"loss.weight": 0.0}, "mix": {"loss.weight": 0.5}}
+    path = _manifest(tmp_path, arms, **{"arms": ["ce"], **change})
+    with pytest.raises(ValueError, match=message):
+        harness.load_manifest(path)
+
+
+def _committed():
+    studies = harness.load_manifest()
+    for study in studies.values():
+        for run in harness.run_folders(study):
+            yield study, run
+
+
+@pytest.mark.parametrize(
+    "study, run", list(_committed()), ids=lambda x: getattr(x, "name", None) or str(x)
+)
+def test_the_harness_runs_the_command_lines_the_committed_runs_recorded(study, run):
+    """Each committed results.json's `command` (the old shell drivers'), up to where its run
+    folder was and a `--resume` of a continued run, is one the harness gives."""
+    recorded = json.loads((run / "results.json").read_text()).get("command")
+    if recorded is None or "mixin-seed" in str(run):
+        pytest.skip("no recorded command, or not a run of the manifest")
+    words = recorded.split()
+    words = [w for w in words if w != "--resume"]
+    out = words[words.index("--output_dir") + 1]
+    relative = run.relative_to(study.results)
+    first = relative.parts[0]
+    stage = "other_lengths" if first == "equal-compute" else first.split("-")[0]
+    seed = int(str(relative).rsplit("seed", 1)[1].split("/")[0])
+    prefix = out.removesuffix("/" + str(relative)) if out.endswith(str(relative)) else None
+    start = None
+    if "--init_from" in words:
+        start = words[words.index("--init_from") + 1].removesuffix(f"/stage1-seed{seed}/best")
+    queue = harness.jobs(study, stage, [seed], out=prefix or study.out, start=start)
+    made = {job.out: job.argv for job in queue}
+    key = f"{prefix or study.out}/{relative}"
+    argv = made[key]
+    if prefix is None:  # run into another folder than the manifest's layout (runs/extra/...)
+        argv = [out if w == key else w for w in argv]
+    if stage == "stage1":  # the first seed of a call scores the pretrained model
+        words = [w for w in words if not w.startswith("eval.before=")]
+        argv = [w for w in argv if not w.startswith("eval.before=")]
+        words = [
+            w for i, w in enumerate(words) if not (w == "--set" and words[i + 1 : i + 2] == [])
+        ]
+    assert [w for w in argv if w != "--set"] == [w for w in words if w != "--set"], run
+
+
+def _fake_root(tmp_path: Path, arms: dict) -> tuple[Path, Path]:
     root = tmp_path / "repo"
-    (root / "recipes/study").mkdir(parents=True)
-    for name in ("lib.sh", "stage1.sh", "stage2.sh", "arms.py"):
-        shutil.copy(REPO / "recipes/study" / name, root / "recipes/study" / name)
+    root.mkdir()
     (root / "fake.py").write_text(FAKE)
-    (root / "arms.yaml").write_text(yaml.safe_dump(arms, sort_keys=False))
-    return root
+    (root / "recipes").mkdir()
+    shutil.copy(root / "fake.py", root / "recipes/finetune.py")
+    return root, _manifest(tmp_path, arms)
 
 
-def _run(root: Path, script: str, **env) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "CORES": "0", **env}
-    return subprocess.run(
-        ["bash", f"recipes/study/{script}"],
-        cwd=root,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def _harness(root: Path, manifest: Path, *words: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(REPO / "recipes/study/harness.py"), "--manifest",
+               str(manifest), "run", "s", "--root", str(root), *words]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def _argv(folder: Path) -> list[list[str]]:
     return [json.loads(line) for line in (folder / "argv.jsonl").read_text().splitlines()]
 
 
+@needs_taskset
 def test_stage2_runs_every_arm_from_its_seeds_checkpoint_and_skips_finished(tmp_path):
     arms = {
         "ce": {"script": "fake.py", "loss.weight": 0.0},
         "mix": {"script": "fake.py", "config": "other.yaml", "loss.weight": 0.5},
     }
-    root = _driver(tmp_path, arms)
+    root, manifest = _fake_root(tmp_path, arms)
     for seed in (0, 1):
-        best = root / f"runs/study/stage1-seed{seed}/best"
+        best = root / f"runs/s/stage1-seed{seed}/best"
         best.mkdir(parents=True)
         (best / "config.json").write_text("{}")
-    done = _run(root, "stage2.sh", SEEDS="0 1", ARMS_FILE="arms.yaml", CONFIG="base.yaml")
+    done = _harness(root, manifest, "--stage", "stage2", "--cores", "0")
     assert done.returncode == 0, done.stderr
     for seed in (0, 1):
-        (ce,) = _argv(root / f"runs/study/stage2-seed{seed}/ce")
+        (ce,) = _argv(root / f"runs/s/stage2-seed{seed}/ce")
         assert ce[ce.index("--config") + 1] == "base.yaml"
-        assert ce[ce.index("--init_from") + 1] == f"runs/study/stage1-seed{seed}/best"
+        assert ce[ce.index("--init_from") + 1] == f"runs/s/stage1-seed{seed}/best"
         assert f"train.seed={seed}" in ce and "loss.weight=0.0" in ce and "--resume" not in ce
-        (mix,) = _argv(root / f"runs/study/stage2-seed{seed}/mix")
+        (mix,) = _argv(root / f"runs/s/stage2-seed{seed}/mix")
         assert mix[mix.index("--config") + 1] == "other.yaml"  # the arm's own config wins
-        assert "loss.weight=0.5" in mix
+    assert (root / "runs/s/pinned.txt").is_file()
     # finished runs are skipped; a run with a checkpoint and no result resumes, whether
     # finetune.py's (accelerate: checkpoint_<step>) or grpo.py's (TRL: checkpoint-<step>)
-    (root / "runs/study/stage2-seed1/mix/results.json").unlink()
-    (root / "runs/study/stage2-seed1/mix/checkpoints/checkpoint_0").mkdir(parents=True)
-    (root / "runs/study/stage2-seed1/ce/results.json").unlink()
-    (root / "runs/study/stage2-seed1/ce/checkpoints/checkpoint-25").mkdir(parents=True)
-    again = _run(root, "stage2.sh", SEEDS="0 1", ARMS_FILE="arms.yaml", CONFIG="base.yaml")
+    (root / "runs/s/stage2-seed1/mix/results.json").unlink()
+    (root / "runs/s/stage2-seed1/mix/checkpoints/checkpoint_0").mkdir(parents=True)
+    (root / "runs/s/stage2-seed1/ce/results.json").unlink()
+    (root / "runs/s/stage2-seed1/ce/checkpoints/checkpoint-25").mkdir(parents=True)
+    again = _harness(root, manifest, "--stage", "stage2", "--cores", "0")
     assert again.returncode == 0, again.stderr
-    assert len(_argv(root / "runs/study/stage2-seed0/ce")) == 1
+    assert "runs/s/stage2-seed0/ce: done" in again.stdout
     for arm in ("mix", "ce"):
-        first, second = _argv(root / f"runs/study/stage2-seed1/{arm}")
+        first, second = _argv(root / f"runs/s/stage2-seed1/{arm}")
         assert "--resume" not in first and second[-1] == "--resume", arm
-        assert not (root / f"runs/study/stage2-seed1/{arm}/checkpoints").exists()  # removed
+        assert not (root / f"runs/s/stage2-seed1/{arm}/checkpoints").exists()  # removed
+    # another commit than the one the runs came from is refused
+    (root / "runs/s/pinned.txt").write_text("0" * 40 + "\n")
+    third = _harness(root, manifest, "--stage", "stage2", "--cores", "0")
+    assert third.returncode != 0 and "was started from commit 0000" in third.stderr
 
 
+@needs_taskset
 def test_stage2_refuses_a_seed_without_its_stage1_checkpoint(tmp_path):
-    root = _driver(tmp_path, {"ce": {"script": "fake.py", "loss.weight": 0.0}})
-    result = _run(root, "stage2.sh", SEEDS="3", ARMS_FILE="arms.yaml")
+    root, manifest = _fake_root(tmp_path, {"ce": {"script": "fake.py", "loss.weight": 0.0}})
+    result = _harness(root, manifest, "--stage", "stage2", "--seeds", "3")
     assert result.returncode != 0
-    assert "seed 3: no stage-1 checkpoint at runs/study/stage1-seed3/best" in result.stderr
+    assert "no stage-1 checkpoint at" in result.stderr and "stage1-seed3/best" in result.stderr
 
 
+@needs_taskset
 @pytest.mark.parametrize(
-    "env, message",
+    "words, message",
     [
-        ({"CORES": "0 4096"}, "CORES=\"0 4096\": taskset cannot run a process on core '4096'"),
-        ({"CORES": "0 one"}, "taskset cannot run a process on core 'one'"),
-        ({"GB_PER_RUN": "1e9"}, "GB_PER_RUN=1e9: expected a number of GB"),
-        ({"GB_PER_RUN": "100000000"}, "GB_PER_RUN=100000000 GB each: free space, or name fewer"),
+        (["--cores", "0", "4096"], "taskset cannot run a process on core 4096"),
+        (["--gb-per-run", "100000000"], "--gb-per-run 1e+08 GB each: free space, or name fewer"),
     ],
 )
-def test_a_queue_the_machine_cannot_hold_is_refused_before_any_run(tmp_path, env, message):
-    root = _driver(tmp_path, {})
-    shutil.copy(root / "fake.py", root / "recipes/finetune.py")
-    result = _run(root, "stage1.sh", SEEDS="0 1", **env)
+def test_a_queue_the_machine_cannot_hold_is_refused_before_any_run(tmp_path, words, message):
+    root, manifest = _fake_root(tmp_path, {"ce": {"loss.weight": 0.0}})
+    result = _harness(root, manifest, "--stage", "stage1", *words)
     assert result.returncode != 0
     assert message in result.stderr
-    assert not list(root.glob("runs/study/stage1-seed*/argv.jsonl"))  # nothing started
+    assert not list(root.glob("runs/s/stage1-seed*/argv.jsonl"))  # nothing started
 
 
-def test_finished_runs_need_no_disk(tmp_path):
-    root = _driver(tmp_path, {})
-    shutil.copy(root / "fake.py", root / "recipes/finetune.py")
-    for seed in (0, 1):
-        (root / f"runs/study/stage1-seed{seed}").mkdir(parents=True)
-        (root / f"runs/study/stage1-seed{seed}/results.json").write_text('{"after": {}}')
-    done = _run(root, "stage1.sh", SEEDS="0 1", GB_PER_RUN="100000000")
-    assert done.returncode == 0, done.stderr
-    assert "runs/study/stage1-seed0: done" in done.stdout
-
-
-def test_stage1_records_the_pretrained_score_once_and_deals_seeds_to_cores(tmp_path):
-    root = _driver(tmp_path, {})
-    shutil.copy(root / "fake.py", root / "recipes/finetune.py")
-    result = _run(root, "stage1.sh", SEEDS="4 5 6", CORES="0 0")
+@needs_taskset
+def test_stage1_records_the_pretrained_score_once_and_finished_runs_need_no_disk(tmp_path):
+    root, manifest = _fake_root(tmp_path, {"ce": {"loss.weight": 0.0}})
+    result = _harness(root, manifest, "--stage", "stage1", "--seeds", "4", "5", "6",
+                      "--cores", "0", "0")  # fmt: skip
     assert result.returncode == 0, result.stderr
-    befores = [
-        _argv(root / f"runs/study/stage1-seed{seed}")[0][-1] for seed in (4, 5, 6)
-    ]  # eval.before=... is the last override
+    befores = [_argv(root / f"runs/s/stage1-seed{seed}")[0][-1] for seed in (4, 5, 6)]
     assert befores == ["eval.before=true", "eval.before=false", "eval.before=false"]
-
-
-def test_arms_file_of_the_study_gives_one_command_per_arm():
-    arms = study_arms.load_arms(REPO / "recipes/study/arms.yaml")
-    assert {"ce", "berttune", "balanced", "sampled"} <= set(arms)
-    words = study_arms.command(arms["berttune"], "base.yaml")
-    assert words[:3] == ["recipes/finetune.py", "--config", "base.yaml"]
-    assert "loss.gumbel_temperature=0.1" in words
+    done = _harness(root, manifest, "--stage", "stage1", "--seeds", "4", "5",
+                    "--gb-per-run", "100000000")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "runs/s/stage1-seed4: done" in done.stdout
 
 
 def test_arms_file_refuses_a_value_with_a_space_and_a_non_mapping(tmp_path):
@@ -160,9 +225,6 @@ def test_arms_file_refuses_a_value_with_a_space_and_a_non_mapping(tmp_path):
 
 def test_sync_copies_logs_outputs_dev_answers_and_adapters_but_no_checkpoints(tmp_path):
     """Every run (stage 1, stage 2's arms, equal-compute/'s runs of other lengths)."""
-    root = tmp_path / "repo"
-    (root / "recipes/study").mkdir(parents=True)
-    shutil.copy(REPO / "recipes/study/sync.sh", root / "recipes/study/sync.sh")
     runs = tmp_path / "runs"
     arm = runs / "stage2-seed0/ce"
     (arm / "dev_outputs").mkdir(parents=True)
@@ -182,10 +244,8 @@ def test_sync_copies_logs_outputs_dev_answers_and_adapters_but_no_checkpoints(tm
     (longer / "checkpoints/checkpoint_250").mkdir(parents=True)
     for name in ("log.jsonl", "results.json", "test_outputs.txt", "stdout.log"):
         (longer / name).write_text(name)
-    done = subprocess.run(["bash", "recipes/study/sync.sh", str(runs)], cwd=root,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    copied = root / "recipes/results/study"
+    copied = tmp_path / "results"
+    harness.sync(runs, copied)
     files = sorted(str(p.relative_to(copied)) for p in copied.rglob("*") if p.is_file())
     assert files == [
         "equal-compute/ce-285-seed0/log.jsonl",
@@ -202,12 +262,33 @@ def test_sync_copies_logs_outputs_dev_answers_and_adapters_but_no_checkpoints(tm
         "stage2-seed0/ce/results.json",
         "stage2-seed0/ce/test_outputs.txt",
     ]
-    # a second task's study goes to the folder named second, the same files
-    command = ["bash", "recipes/study/sync.sh", str(runs), "recipes/results/study/xsum"]
-    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    second = copied / "xsum"
-    assert sorted(str(p.relative_to(second)) for p in second.rglob("*") if p.is_file()) == files
+
+
+def test_verify_finds_a_tampered_figure_in_a_copy(tmp_path, scorer):
+    study = harness.load_manifest()["es-en"]
+    copy = tmp_path / "study"
+    for name in ("stage1-seed0", study.sample):
+        shutil.copytree(study.results / name, copy / name)
+    study.results = copy
+    assert harness.verify(study, scorer, tables=False) == []
+    path = copy / study.sample / "results.json"
+    result = json.loads(path.read_text())
+    result["after"]["f_bert"] += 0.001
+    path.write_text(json.dumps(result))
+    (problem,) = harness.verify(study, scorer, tables=False)
+    assert f"{study.sample}/test_outputs.txt: scores F_BERT" in problem
+
+
+@pytest.mark.skipif(
+    not os.environ.get("BSLOSS_VERIFY_RESULTS"),
+    reason="re-scores every output with two scorers: `make verify-results` checks it",
+)
+def test_the_summary_is_the_committed_tables():
+    """The es->en study's tables, re-made from its outputs (the per-example scores are kept
+    in the store between runs), are the committed tables.md."""
+    study = harness.load_manifest()["es-en"]
+    made = harness.summary(study, plot=False)
+    assert made == (study.results / "tables.md").read_text(encoding="utf-8")
 
 
 FAKE_FINETUNE = """#!/usr/bin/env bash

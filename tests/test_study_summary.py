@@ -1,6 +1,6 @@
-"""The efficacy study's summary (recipes/study/summary.py): finished runs found by folder, costs
-read from the logs, and the issue's goal decided from re-scored outputs, on a small made-up
-study whose answer is known."""
+"""The efficacy study's summary (recipes/study/summary.py, `harness.py summary`): finished runs
+found by folder, costs read from the logs, and the issue's goal decided from re-scored outputs,
+on a small made-up study whose answer is known."""
 
 from __future__ import annotations
 
@@ -93,13 +93,12 @@ def test_runs_and_costs_are_read_from_the_folders(made_up_study):
     assert any(line.startswith("| short | 3 | 6.0 |") for line in lines)
 
 
-def test_the_goal_is_decided_from_the_scores(made_up_study, monkeypatch):
-    monkeypatch.setattr(summary, "CE_CONTROLS", ("longer",))  # the made-up CE control
+def test_the_goal_is_decided_from_the_scores(made_up_study):
     study = summary.load_study(made_up_study)
     scores = Scores(get_task("translation"), REFERENCES)
     samples = np.random.default_rng(0).integers(0, len(REFERENCES), (200, len(REFERENCES)))
-    rows = {line.split(" | ")[0].strip("| "): line for line in
-            summary.goal_lines(study, scores, samples, TRANSLATION_METRICS)[2:]}  # fmt: skip
+    lines = summary.goal_lines(study, scores, samples, TRANSLATION_METRICS, ["longer"])
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines[2:]}
     # neither the control nor GRPO is judged, nor a run of CE alone (equal-compute/'s controls)
     assert set(rows) == {"good", "same", "short"}
     assert rows["good"].endswith("| met |") and "| 3/3 |" in rows["good"]
@@ -108,7 +107,7 @@ def test_the_goal_is_decided_from_the_scores(made_up_study, monkeypatch):
     # evaluations, counted, give (24 + 200) / 1000)
     assert rows["short"].endswith("| met |") and "0.03× its training CPU (0.22× with" in rows[
         "short"]  # fmt: skip
-    monkeypatch.setattr(summary, "CE_CONTROLS", ())  # judged, "longer" has 2 seeds: too few
+    # without the made-up CE control named: judged, "longer" has 2 seeds: too few
     rows = {line.split(" | ")[0].strip("| "): line for line in
             summary.goal_lines(study, scores, samples, TRANSLATION_METRICS)[2:]}  # fmt: skip
     assert rows["longer"].endswith("| not met |") and "| 2/2 |" in rows["longer"]
@@ -138,7 +137,7 @@ def test_the_matching_ablation_pairs_each_hard_arm_with_its_soft_twin(made_up_st
     samples = np.random.default_rng(0).integers(0, len(REFERENCES), (200, len(REFERENCES)))
     metrics = ["f_bert", "bleu"]
     lines = summary.matching_ablation(
-        study, scores, metrics, samples, pairs=(("good", "same"), ("missing", "ce"))
+        study, scores, metrics, samples, (("good", "same"), ("missing", "ce"))
     )
     rows = lines[len(summary.DIFFERENCE_HEADER) :]
     # one row per metric, only the pair with finished runs on both sides

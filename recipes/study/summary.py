@@ -1,15 +1,11 @@
-"""The efficacy study's tables and curves (issue 25), from its synced outputs.
-
-    python recipes/study/summary.py [recipes/results/study] > recipes/results/study/tables.md
-    python recipes/study/summary.py recipes/results/study/xsum \
-        --config recipes/configs/xsum-gemma-stage2.yaml > recipes/results/study/xsum/tables.md
-
-``--config`` is the study's stage-2 config (default the es->en one): its task gives the metrics
-beside F_BERT, its data section the references.
+"""The efficacy study's tables and curves (issue 25), from its synced outputs: the tables of
+``python recipes/study/harness.py summary STUDY`` (:func:`tables`), a study of
+``recipes/study/manifest.yaml`` naming its arms, its hard/soft pairs and its runs of other
+lengths; its stage-2 config gives the task (the metrics beside F_BERT) and the references.
 
 Reads ``stage1-seed<N>/`` (the converged start, scored on the test split with its ``best/``) and
 ``stage2-seed<N>/<arm>/`` (``test_outputs.txt``, ``log.jsonl``, ``dev_outputs/step_<K>.txt``), as
-``recipes/study/sync.sh`` copies them. Every output is re-scored here, example by example
+``harness.py sync`` copies them. Every output is re-scored here, example by example
 (:class:`summarize_results.Scores`): hard F_BERT under the training scorer (MiniLM) and under the
 independent all-mpnet-base-v2 (never trained against), the task's own metrics (corpus BLEU
 and chrF for translation, ROUGE-1/2/L for summarization), and length in words. Writes, to stdout:
@@ -18,16 +14,17 @@ and chrF for translation, ROUGE-1/2/L for summarization), and length in words. W
 - each arm minus ``ce`` (continued CE, same start, seed, examples and steps): the mean over
   seeds, a paired bootstrap 95% interval over the test examples and the seeds with a positive
   difference (:func:`summarize_results.paired_difference`);
-- hard minus soft matching (``MATCHING_PAIRS``: the same candidates and weight), likewise;
+- hard minus soft matching (the manifest's ``matching_pairs``: the same candidates and
+  weight), likewise;
 - the length check: each arm minus ``ce`` in the independent scorer's precision and recall
   and in words, likewise. Dropping an answer's weakest tokens raises precision and can only
   lower recall (a reference token's best match is taken over fewer candidate tokens; up to
   the context's change of the embeddings), so a gain in recall with shorter answers is better
   content, not length alone;
-- the runs of other lengths (``equal-compute/<run>-seed<N>/``, ``EQUAL_COMPUTE``: ``ce``
-  continued for about an arm's core-seconds, an arm stopped early to fit a compute budget)
-  against ``ce`` and against the arm they are measured by, likewise, with both sides'
-  core-hours;
+- the runs of other lengths (``equal-compute/<run>-seed<N>/``, the manifest's
+  ``other_lengths``: ``ce`` continued for about an arm's core-seconds, an arm stopped early
+  to fit a compute budget) against ``ce`` and against the arm they are measured by,
+  likewise, with both sides' core-hours;
 - each arm's cost: CPU-seconds per training step (the median step, evaluations excluded), its
   training core-hours and its core-hours in all (evaluations included), and the study's total;
 - the issue's goal, checked for each arm and each run of another length that is not CE alone
@@ -65,24 +62,8 @@ from summarize_results import (  # noqa: E402
 )
 from tasks import Task  # noqa: E402
 
-STUDY = RECIPES / "results" / "study"
 CONFIG = RECIPES / "configs" / "bible-es-en-gemma-stage2.yaml"
-CONTROL = "ce"
-# the soft-vs-hard ablation: (hard arm, its soft twin), everything else equal
-MATCHING_PAIRS = (("balanced-hard", "balanced"), ("sampled-hard", "sampled"))
-# the runs of other lengths: (a run of equal-compute/, the arm it is measured by). ce-215 is
-# `ce` continued for about `sampled`'s core-seconds in all (0.73x its training core-seconds),
-# ce-295 for its training core-seconds; sampled-25 is `sampled` stopped at 25 of its 100 steps,
-# under a third of GRPO's training compute (and under `ce`'s). XSum's ce-285 is its `ce`
-# continued for its `sampled`'s training core-seconds. A study summarises those it has.
-EQUAL_COMPUTE = (
-    ("ce-215", "sampled"),
-    ("ce-295", "sampled"),
-    ("ce-285", "sampled"),
-    ("sampled-25", "sampled"),
-)
-# runs of equal-compute/ that are CE alone: controls, not methods the goal is judged for
-CE_CONTROLS = ("ce-215", "ce-295", "ce-285")
+CONTROL = "ce"  # the control every study of recipes/study/manifest.yaml compares against
 GOAL_METRIC = "f_bert_mpnet"  # the independent scorer: the goal is stated on it
 
 
@@ -217,7 +198,7 @@ def pairs_against(study: Study, arm: str, control: str = CONTROL) -> list[tuple]
 
 
 def matching_ablation(
-    study: Study, scores: Scores, metrics: list[str], samples: np.ndarray, pairs=MATCHING_PAIRS
+    study: Study, scores: Scores, metrics: list[str], samples: np.ndarray, pairs
 ) -> list[str]:
     """Each hard arm minus its soft twin (``pairs``), paired by seed as against ``ce``; ``[]``
     when no pair has finished runs."""
@@ -250,7 +231,7 @@ def length_check(study: Study, scores: Scores, samples: np.ndarray) -> list[str]
 
 
 def equal_compute(
-    study: Study, scores: Scores, metrics: list[str], samples: np.ndarray, pairs=EQUAL_COMPUTE
+    study: Study, scores: Scores, metrics: list[str], samples: np.ndarray, pairs
 ) -> list[str]:
     """Each run of another length against ``ce`` (what its compute gave) and its arm against
     it (what the arm's extra compute, or the control's, changed), paired by the seeds all three
@@ -300,14 +281,15 @@ def cost_table(study: Study) -> tuple[list[str], float]:
 
 
 def goal_lines(
-    study: Study, scores: Scores, samples: np.ndarray, task_metrics: list[str]
+    study: Study, scores: Scores, samples: np.ndarray, task_metrics: list[str], ce_controls=()
 ) -> list[str]:
     """The issue's goal for each differentiable arm and each run of another length that is not
     CE alone: beats ``ce`` on the independent scorer (interval above 0, positive in every seed,
     at least 3 seeds), the task's metrics (``task_metrics``: BLEU and chrF for translation)
     not significantly lower (interval reaching 0 or above), and
     GRPO's gain on that scorer at no more than a third of GRPO's training core-seconds (the
-    mean over seeds; the ratio with evaluations counted is shown beside it)."""
+    mean over seeds; the ratio with evaluations counted is shown beside it). ``ce_controls``:
+    runs of other lengths that are CE alone, not judged."""
     grpo = study.arms.get("grpo")
     grpo_gain = None
     if grpo and pairs_against(study, "grpo"):
@@ -319,7 +301,7 @@ def goal_lines(
         "|---|---|---|---|---|---|",
     ]
     judged = [a for a in study.arms if a not in (CONTROL, "grpo")]
-    judged += [r for r in study.equal_compute if r not in CE_CONTROLS]
+    judged += [r for r in study.equal_compute if r not in ce_controls]
     for name in judged:
         pairs = pairs_against(study, name)
         if not pairs:
@@ -379,7 +361,7 @@ def plot_dev_curves(curves: dict[str, dict[int, list]], path: Path) -> Path:
         # an empty figure reads as "no curves measured"; the cause is missing inputs
         raise ValueError(
             "plot_dev_curves: no run has dev outputs (dev_outputs/step_<K>.txt beside its "
-            "log.jsonl, as recipes/study/sync.sh copies them): nothing to plot"
+            "log.jsonl, as recipes/study/harness.py sync copies them): nothing to plot"
         )
     figure, (by_step, by_cpu) = plt.subplots(1, 2, figsize=(11, 4))
     for index, (arm, by_seed) in enumerate(curves.items()):
@@ -407,54 +389,53 @@ def plot_dev_curves(curves: dict[str, dict[int, list]], path: Path) -> Path:
     return path
 
 
-def main(argv: list[str]) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", nargs="?", type=Path, default=STUDY)
-    parser.add_argument("--config", type=Path, default=CONFIG, help="the study's stage-2 config")
-    args = parser.parse_args(argv)
-    folder = args.folder
+def tables(spec, folder: Path, refs: dict[str, list[str]], config: Path, plot=True) -> str:
+    """The tables of a study of ``recipes/study/manifest.yaml`` (``spec``: its entry, as
+    ``harness.load_manifest`` gives it; its comparisons), from the outputs under ``folder``;
+    ``plot``: draw ``dev_curves.png`` beside them (its line ends the tables)."""
+    if spec.control != CONTROL:
+        raise ValueError(f"study {spec.name!r}: the tables compare against {CONTROL!r}")
     study = load_study(folder)
     if CONTROL not in study.arms:
-        raise SystemExit(f"no finished {CONTROL!r} run under {folder}: nothing to compare with")
-    refs = references(args.config)
-    task = study_task(args.config)
+        raise ValueError(f"no finished {CONTROL!r} run under {folder}: nothing to compare with")
+    task = study_task(config)
     scores = Scores(task, refs["test"], default_store())
     first = next(iter(study.arms[CONTROL].values())).test
     metrics = column_order(scores.all(first))
     task_metrics = [m for m in metrics if m not in ("f_bert", "f_bert_mpnet", "words")]
     samples = np.random.default_rng(0).integers(0, len(refs["test"]), (RESAMPLES, len(first)))
-    print(f"Test examples: {len(refs['test'])}; dev examples: {len(refs['validation'])}.\n")
-    print("\n".join(mean_table(study, scores, metrics)) + "\n")
+    out = [f"Test examples: {len(refs['test'])}; dev examples: {len(refs['validation'])}.\n"]
+    out.append("\n".join(mean_table(study, scores, metrics)) + "\n")
     lines = list(DIFFERENCE_HEADER) + rows_against_control(study, scores, metrics, samples)
-    print("\n".join(lines) + "\n")
-    ablation = matching_ablation(study, scores, metrics, samples)
+    out.append("\n".join(lines) + "\n")
+    ablation = matching_ablation(study, scores, metrics, samples, spec.matching_pairs)
     if ablation:
-        print("Hard minus soft matching, the same candidates and weight:\n")
-        print("\n".join(ablation) + "\n")
+        out.append("Hard minus soft matching, the same candidates and weight:\n")
+        out.append("\n".join(ablation) + "\n")
     length = length_check(study, scores, samples)
     if length:
-        print(
+        out.append(
             "The length check: the independent scorer's precision and recall (shorter answers "
             "raise precision and lower recall; a gain in recall is not length alone):\n"
         )
-        print("\n".join(length) + "\n")
-    equal = equal_compute(study, scores, metrics, samples)
+        out.append("\n".join(length) + "\n")
+    others = [(o.name, o.measured_by) for o in spec.other_lengths]
+    equal = equal_compute(study, scores, metrics, samples, others)
     if equal:
-        print(
+        out.append(
             "Runs of other lengths (`ce` continued for about an arm's core-seconds; an arm "
             "stopped early to fit a compute budget), against `ce` and the arm:\n"
         )
-        print("\n".join(equal) + "\n")
+        out.append("\n".join(equal) + "\n")
     costs, total = cost_table(study)
-    print("\n".join(costs))
-    print(f"\nStage 2 in all: {total:.1f} core-hours.\n")
-    print("\n".join(goal_lines(study, scores, samples, task_metrics)) + "\n")
-    curves = dev_curves(study, refs["validation"], default_store(), task)
-    plot = plot_dev_curves(curves, folder / "dev_curves.png")
-    print(f"Dev curves: {plot.relative_to(folder)}")
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
+    out.append("\n".join(costs))
+    out.append(f"\nStage 2 in all: {total:.1f} core-hours.\n")
+    controls = [o.name for o in spec.other_lengths if o.ce_control]
+    out.append("\n".join(goal_lines(study, scores, samples, task_metrics, controls)) + "\n")
+    if plot:
+        curves = dev_curves(study, refs["validation"], default_store(), task)
+        path = plot_dev_curves(curves, folder / "dev_curves.png")
+        out.append(f"Dev curves: {path.relative_to(folder)}")
+    else:
+        out.append("Dev curves: dev_curves.png")
+    return "".join(chunk + "\n" for chunk in out)
