@@ -256,7 +256,6 @@ def test_sync_copies_logs_outputs_dev_answers_and_adapters_but_no_checkpoints(tm
         "stage1-seed0/best/best.json",
         "stage1-seed0/best/config.json",
         "stage1-seed0/log.jsonl",
-        "stage2-seed0/ce/curves.png",
         "stage2-seed0/ce/dev_outputs/step_25.txt",
         "stage2-seed0/ce/log.jsonl",
         "stage2-seed0/ce/results.json",

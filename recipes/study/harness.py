@@ -277,7 +277,8 @@ def environment() -> None:
 
 # --- sync ---------------------------------------------------------------------------------------
 
-SMALL = (".jsonl", ".json", ".txt", ".png")
+# a run's curves.png is left out: it is drawn from its log.jsonl (recipes/results/study/README.md)
+SMALL = (".jsonl", ".json", ".txt")
 ADAPTER = ("adapter_config.json", "adapter_model.safetensors", "config.json", "best.json")
 
 
