@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import collections
 import re
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from _helpers import caught_warnings, long_text, one_hot, token_ids
 
 import bsloss
 from bsloss import BERTScoreLoss, BERTScorer, BERTScoreReward
@@ -18,59 +18,6 @@ from bsloss.baseline import read_baseline
 from bsloss.baseline_estimation import compute_baseline
 from bsloss.cli import main
 from bsloss.scorer.reference_cache import ReferenceCache
-
-LONG_WORDS = [
-    "the",
-    "river",
-    "ran",
-    "past",
-    "old",
-    "stone",
-    "houses",
-    "while",
-    "children",
-    "played",
-    "near",
-    "a",
-    "bridge",
-]
-
-
-def long_text(words: int = 600) -> str:
-    return " ".join(LONG_WORDS[i % len(LONG_WORDS)] for i in range(words))
-
-
-def caught_warnings(fn, *args, **kwargs):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = fn(*args, **kwargs)
-    return result, [str(w.message) for w in caught]
-
-
-@pytest.fixture(scope="module")
-def encoder(scorer):
-    return scorer.encoder
-
-
-@pytest.fixture(scope="module")
-def vocab(encoder) -> int:
-    return encoder.input_embeddings.num_embeddings
-
-
-def token_ids(encoder, texts):
-    """``[B, L]`` scorer ids (no special tokens), 0-padded, and the mask."""
-    rows = [encoder.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-    length = max(map(len, rows))
-    ids = torch.zeros(len(rows), length, dtype=torch.long)
-    mask = torch.zeros(len(rows), length, dtype=torch.bool)
-    for b, row in enumerate(rows):
-        ids[b, : len(row)] = torch.tensor(row)
-        mask[b, : len(row)] = True
-    return ids, mask
-
-
-def one_hot(ids, vocab, value=1e4):
-    return torch.zeros(*ids.shape, vocab).scatter_(-1, ids[..., None], value)
 
 
 # ----------------------------------------------------------------------------- 1: caches

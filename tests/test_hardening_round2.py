@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import caught_warnings, head_for
 from _models import scorer_vocabulary_tokenizer, tiny_gpt2
 from _tokenizers import brown_lines, train_sentencepiece_bpe
-from test_hardening import caught_warnings
 
 import bsloss
 from bsloss import BERTScoreLoss, BERTScoreReward, Softmax, VocabularyBridge
@@ -26,16 +26,6 @@ from bsloss.integrations import huggingface as hf
 from bsloss.scorer.reference_cache import DEFAULT_MAX_BYTES, ReferenceCache
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def encoder(scorer):
-    return scorer.encoder
-
-
-@pytest.fixture(scope="module")
-def plain_loss(encoder):
-    return BERTScoreLoss(encoder=encoder, reduction="none")
 
 
 @pytest.fixture(scope="module")
@@ -56,16 +46,6 @@ def gemma_loss(gemma_tokenizer, encoder, tmp_path_factory):
 def small_tokenizer(tmp_path_factory):
     """A SentencePiece-style BPE of 800 tokens: bridges build in a fraction of a second."""
     return train_sentencepiece_bpe(brown_lines(3000), tmp_path_factory.mktemp("sp-r2"), 800)
-
-
-def head_for(token_ids: list[int], vocab: int, width: int = 64, seed: int = 0):
-    """An LM head ``[V, width]`` and hidden states ``[1, L, width]`` whose argmax tokens are
-    ``token_ids`` (each hidden state is its token's head row, scaled up)."""
-    generator = torch.Generator().manual_seed(seed)
-    weight = torch.randn(vocab, width, generator=generator)
-    weight = weight / weight.norm(dim=1, keepdim=True)
-    hidden = weight[token_ids][None] * 40.0
-    return hidden, weight
 
 
 # --------------------------------------------------------------------------- root causes
