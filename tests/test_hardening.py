@@ -201,26 +201,6 @@ def test_rc10_reward_completions_as_a_string(scorer):
 
 
 # ----------------------------------------------------------------------------- 14, 15: plot
-def test_rc14_plot_temperature_zero(scorer):
-    pytest.importorskip("matplotlib")
-    from bsloss import plot_example
-
-    for temperature in (0, -1.0, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="temperature"):
-            plot_example("a dog", "a cat", scorer=scorer, temperature=temperature)
-
-
-@pytest.mark.parametrize(
-    "cand, ref, name", [("", "a dog", "candidate"), ("a dog", "  ", "reference")]
-)
-def test_rc15_plot_empty_text(scorer, cand, ref, name):
-    pytest.importorskip("matplotlib")
-    from bsloss import plot_example
-
-    with pytest.raises(ValueError, match=f"{name} has no token"):
-        plot_example(cand, ref, scorer=scorer)
-    with pytest.raises(TypeError, match="candidate must be a string"):
-        plot_example(None, ref, scorer=scorer)
 
 
 # ----------------------------------------------------------------------------- 16: long candidates
