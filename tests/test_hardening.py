@@ -11,10 +11,7 @@ import pytest
 import torch
 from _helpers import caught_warnings, long_text, one_hot, token_ids
 
-import bsloss
 from bsloss import BERTScoreLoss, BERTScorer, BERTScoreReward
-from bsloss.baseline import read_baseline
-from bsloss.baseline_estimation import compute_baseline
 from bsloss.scorer.reference_cache import ReferenceCache
 
 
@@ -90,17 +87,6 @@ def test_rc2_constructor_numbers(encoder, name):
 def test_rc3_idf_weights_must_be_finite_and_non_negative(encoder, idf, error, match):
     with pytest.raises(error, match=match):
         BERTScorer(encoder=encoder, idf=idf)
-
-
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "x"])
-def test_rc4_baseline_with_a_non_finite_value(tmp_path, encoder, value):
-    path = tmp_path / "baseline.tsv"
-    rows = "".join(f"{layer},0.5,{value},0.5\n" for layer in range(7))
-    path.write_text("LAYER,P,R,F\n" + rows)
-    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}.*layer 6"):
-        read_baseline(path, 6)
-    with pytest.raises(ValueError, match="layer 6"):
-        BERTScorer(encoder=encoder, rescale_with_baseline=True, baseline_path=str(path))
 
 
 # ------------------------------------------------------------------------- 5-8: loss input
@@ -374,17 +360,6 @@ def test_decision_scorer_stays_frozen_under_parent_requires_grad(vocab):
     assert all(p.requires_grad for p in parent.head.parameters())
 
 
-def test_decision_tab_separated_baseline(tmp_path, encoder):
-    path = tmp_path / "baseline.tsv"
-    path.write_text("LAYER\tP\tR\tF\n" + "".join(f"{i}\t0.5\t0.5\t0.5\n" for i in range(7)))
-    with pytest.raises(ValueError, match=r"LAYER,P,R,F.*tab-separated"):
-        read_baseline(path, 6)
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        read_baseline(tmp_path / "missing.tsv", 6)
-    with pytest.raises(FileNotFoundError, match="ships no baseline"):
-        bsloss.baseline.load_baseline(None, "no-such/model", 3)
-
-
 def test_device_names_are_checked(encoder):
     from bsloss.scorer.loading import resolve_device
 
@@ -421,11 +396,6 @@ def test_loss_tensor_types_are_named(encoder, vocab):
         BERTScoreLoss(encoder=encoder, gumbel_temperature=0.0)
     with pytest.raises(TypeError, match="sinkhorn_iterations"):
         BERTScoreLoss(encoder=encoder, sinkhorn_iterations=1.5)
-
-
-def test_compute_baseline_num_pairs(encoder):
-    with pytest.raises(ValueError, match="num_pairs must be >= 1"):
-        compute_baseline(["a b", "c d"], num_pairs=0)
 
 
 # ----------------------------------------------------------------------------- 11-13: CLI
