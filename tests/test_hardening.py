@@ -26,10 +26,6 @@ def test_rc1_reward_chunk_of_only_cached_texts(scorer):
     assert first == pytest.approx([1.0, 1.0], abs=1e-6)
 
 
-def test_rc1_tokenising_nothing(encoder):
-    assert encoder.tokenization.encode([]) == ([], [])
-
-
 def test_rc1_idf_empty_list(encoder):
     with pytest.raises(ValueError, match=r"idf is an empty list"):
         BERTScorer(encoder=encoder, idf=[])
@@ -358,15 +354,6 @@ def test_decision_scorer_stays_frozen_under_parent_requires_grad(vocab):
     assert logits.grad is not None and torch.isfinite(logits.grad).all()
     assert all(not p.requires_grad and p.grad is None for p in parent.loss.encoder.parameters())
     assert all(p.requires_grad for p in parent.head.parameters())
-
-
-def test_device_names_are_checked(encoder):
-    from bsloss.scorer.loading import resolve_device
-
-    with pytest.raises(ValueError, match="'gpu' is not a torch device"):
-        resolve_device("gpu")
-    with pytest.raises(ValueError, match="cuda:99"):
-        resolve_device("cuda:99")
 
 
 def test_loss_tensor_types_are_named(encoder, vocab):
