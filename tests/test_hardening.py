@@ -4,7 +4,6 @@ attacker would, and each decision taken, has a test here (named ``test_rcN_...``
 
 from __future__ import annotations
 
-import collections
 import re
 
 import pytest
@@ -24,11 +23,6 @@ def test_rc1_reward_chunk_of_only_cached_texts(scorer):
     expected = scorer.score(["No", "Yes"], ["Yes", "No"])[2].tolist()
     assert second == pytest.approx(expected, abs=1e-6)
     assert first == pytest.approx([1.0, 1.0], abs=1e-6)
-
-
-def test_rc1_idf_empty_list(encoder):
-    with pytest.raises(ValueError, match=r"idf is an empty list"):
-        BERTScorer(encoder=encoder, idf=[])
 
 
 def test_rc1_scorer_passed_to_reward_is_left_unchanged(encoder):
@@ -53,36 +47,6 @@ def test_rc1_cached_scorer_passed_to_reward_is_shared(encoder):
 
 
 # ----------------------------------------------------------------------------- 2, 3, 4: numbers
-@pytest.mark.parametrize(
-    "batch_size, error", [(-1, ValueError), (0, ValueError), (1.5, TypeError), (True, TypeError)]
-)
-def test_rc2_score_batch_size(scorer, batch_size, error):
-    with pytest.raises(error, match="batch_size"):
-        scorer.score(["a cat"], ["a dog"], batch_size=batch_size)
-
-
-@pytest.mark.parametrize("name", ["batch_size", "chunk_size", "reference_cache_size"])
-def test_rc2_constructor_numbers(encoder, name):
-    with pytest.raises(ValueError, match=name):
-        BERTScorer(encoder=encoder, **{name: -1})
-    with pytest.raises(TypeError, match=name):
-        BERTScorer(encoder=encoder, **{name: 2.0})
-
-
-@pytest.mark.parametrize(
-    "idf, error, match",
-    [
-        (collections.defaultdict(lambda: float("nan")), ValueError, "default weight is nan"),
-        (collections.defaultdict(lambda: -1.0), ValueError, "default weight"),
-        ({2000: float("inf")}, ValueError, "token id 2000"),
-        ({2000: -0.5}, ValueError, "token id 2000"),
-        ({2000: "heavy"}, TypeError, "token id 2000"),
-        ({"the": 1.0}, TypeError, "token id 'the'"),
-    ],
-)
-def test_rc3_idf_weights_must_be_finite_and_non_negative(encoder, idf, error, match):
-    with pytest.raises(error, match=match):
-        BERTScorer(encoder=encoder, idf=idf)
 
 
 # ------------------------------------------------------------------------- 5-8: loss input
