@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import bsloss
+from bsloss import BERTScorer
 from bsloss.reward import BERTScoreReward
 from bsloss.scorer import reference_cache
 
@@ -135,3 +137,48 @@ def test_trl_grpo_two_steps(reward, scorer, tmp_path):
     logged = [entry for entry in trainer.state.log_history if "reward" in entry]
     assert len(logged) == 2
     assert all(0.0 <= entry["reward"] <= 1.0 for entry in logged)
+
+
+def test_rc1_reward_chunk_of_only_cached_texts(scorer):
+    """Every text of the second call is cached: nothing is left to tokenise."""
+    reward = BERTScoreReward(scorer=BERTScorer(encoder=scorer.encoder))
+    first = reward(completions=["Yes", "No"], reference=["Yes", "No"])
+    second = reward(completions=["No", "Yes"], reference=["Yes", "No"])
+    expected = scorer.score(["No", "Yes"], ["Yes", "No"])[2].tolist()
+    assert second == pytest.approx(expected, abs=1e-6)
+    assert first == pytest.approx([1.0, 1.0], abs=1e-6)
+
+
+def test_rc1_scorer_passed_to_reward_is_left_unchanged(encoder):
+    plain = BERTScorer(encoder=encoder)
+    reward = BERTScoreReward(scorer=plain, reference_cache_size=8)
+    reward(completions=["A dog.", "A cat."], reference=["A dog.", "A cat."])
+    assert plain.reference_cache_size == 0 and len(plain._reference_cache) == 0
+    assert len(reward.scorer._reference_cache) == 2 and reward.scorer is not plain
+    # the plain scorer's own score() still works on those texts, all of them now cached by the
+    # reward's copy
+    p, r, f = plain.score(["A cat.", "A dog."], ["A dog.", "A cat."])
+    assert torch.isfinite(f).all() and f.shape == (2,)
+    reward.clear_cache()
+    assert len(reward.scorer._reference_cache) == 0
+
+
+def test_rc1_cached_scorer_passed_to_reward_is_shared(encoder):
+    cached = BERTScorer(encoder=encoder, reference_cache_size=4)
+    reward = BERTScoreReward(scorer=cached)
+    reward(completions=["A dog."], reference=["A cat."])
+    assert reward.scorer is cached and list(cached._reference_cache) == ["A cat."]
+
+
+def test_rc10_reward_completions_as_a_string(scorer):
+    reward = BERTScoreReward(scorer=scorer)
+    with pytest.raises(TypeError, match="completions must be a list"):
+        reward(completions="ab", reference=["a", "b"])
+    with pytest.raises(TypeError, match="summary must be a list"):
+        BERTScoreReward(scorer=scorer, reference_column="summary")(
+            completions=["a", "b"], summary="ab"
+        )
+    with pytest.raises(TypeError, match="reference_cache_size"):
+        BERTScoreReward(scorer=scorer, reference_cache_size=0.5)
+    with pytest.raises(TypeError, match="scorer must be a BERTScorer"):
+        BERTScoreReward(scorer="all-MiniLM-L6-v2")
