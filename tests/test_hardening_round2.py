@@ -26,25 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- decisions
-def test_decision_state_dict_leaves_out_the_frozen_scorer(encoder):
-    """A model holding the loss saved the scorer (86.6 MB) in every checkpoint. Decision: the
-    frozen scorer is not the loss's state; a state dict without it loads (strictly) with the
-    scorer left as it is, and an older one with it still loads."""
-    model = torch.nn.Module()
-    model.head = torch.nn.Linear(4, 4)
-    model.loss = BERTScoreLoss(encoder=encoder)
-    state = model.state_dict()
-    assert sorted(state) == ["head.bias", "head.weight"]
-    before = model.loss(logits=torch.zeros(1, 2, 30522), references=["a cat"])
-    fresh = torch.nn.Module()
-    fresh.head = torch.nn.Linear(4, 4)
-    fresh.loss = BERTScoreLoss(encoder=encoder)
-    assert fresh.load_state_dict(state).missing_keys == []
-    torch.testing.assert_close(fresh.head.weight, model.head.weight)
-    old = {**state, **{f"loss.encoder.{k}": v for k, v in encoder.state_dict().items()}}
-    assert fresh.load_state_dict(old).unexpected_keys == []
-    torch.testing.assert_close(fresh.loss(logits=torch.zeros(1, 2, 30522), references=["a cat"]),
-                               before)  # fmt: skip
 
 
 def test_decision_caches_are_bounded_in_bytes_and_entries(encoder, monkeypatch):

@@ -523,3 +523,24 @@ def test_decision_scorer_stays_frozen_under_parent_requires_grad(vocab):
     assert logits.grad is not None and torch.isfinite(logits.grad).all()
     assert all(not p.requires_grad and p.grad is None for p in parent.loss.encoder.parameters())
     assert all(p.requires_grad for p in parent.head.parameters())
+
+
+def test_decision_state_dict_leaves_out_the_frozen_scorer(encoder):
+    """A model holding the loss saved the scorer (86.6 MB) in every checkpoint. Decision: the
+    frozen scorer is not the loss's state; a state dict without it loads (strictly) with the
+    scorer left as it is, and an older one with it still loads."""
+    model = torch.nn.Module()
+    model.head = torch.nn.Linear(4, 4)
+    model.loss = BERTScoreLoss(encoder=encoder)
+    state = model.state_dict()
+    assert sorted(state) == ["head.bias", "head.weight"]
+    before = model.loss(logits=torch.zeros(1, 2, 30522), references=["a cat"])
+    fresh = torch.nn.Module()
+    fresh.head = torch.nn.Linear(4, 4)
+    fresh.loss = BERTScoreLoss(encoder=encoder)
+    assert fresh.load_state_dict(state).missing_keys == []
+    torch.testing.assert_close(fresh.head.weight, model.head.weight)
+    old = {**state, **{f"loss.encoder.{k}": v for k, v in encoder.state_dict().items()}}
+    assert fresh.load_state_dict(old).unexpected_keys == []
+    torch.testing.assert_close(fresh.loss(logits=torch.zeros(1, 2, 30522), references=["a cat"]),
+                               before)  # fmt: skip
