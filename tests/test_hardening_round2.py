@@ -13,12 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from _helpers import head_for
 
 from bsloss import BERTScoreLoss, BERTScoreReward, Softmax
 from bsloss.integrations import huggingface as hf
-from bsloss.scorer.reference_cache import DEFAULT_MAX_BYTES, ReferenceCache
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,33 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- decisions
-
-
-def test_decision_caches_are_bounded_in_bytes_and_entries(encoder, monkeypatch):
-    """The reference cache counted entries only (10,500 long references: +1.1 GB); decision:
-    a byte bound too (``max_bytes``, 512 MiB by default), least recently used out first. The
-    term's label -> text cache is bounded (``DECODED_CACHE_SIZE``)."""
-    cache = ReferenceCache(max_size=100, max_bytes=3 * 10 * 8 * 4 + 3 * 10 * 8)
-    assert ReferenceCache().max_bytes == DEFAULT_MAX_BYTES
-    for i in range(5):  # each entry: [10, 8] float32 + [10] int64 = 400 bytes
-        cache.store(f"t{i}", (torch.zeros(10, 8), torch.zeros(10, dtype=torch.long)), False, ())
-        assert cache.nbytes <= cache.max_bytes
-    assert list(cache) == ["t2", "t3", "t4"] and cache.nbytes == 1200
-    cache.max_bytes = 400
-    assert list(cache) == ["t4"]
-    with pytest.raises(ValueError, match="max_bytes"):
-        cache.max_bytes = -1
-    loss = BERTScoreLoss(encoder=encoder)
-    assert loss.reference_cache.max_bytes == DEFAULT_MAX_BYTES
-    loss.reference_cache.max_bytes = 20_000  # ~30 MiniLM tokens
-    loss(logits=torch.zeros(3, 2, 30522), references=["a cat sat on a mat"] * 2 + ["x " * 40])
-    assert 0 < loss.reference_cache.nbytes <= 20_000
-    monkeypatch.setattr(hf, "DECODED_CACHE_SIZE", 2)
-    tokenizer = encoder.tokenizer
-    term = hf.BERTScoreTerm(loss, tokenizer, causal=False)
-    for i in range(5):
-        term.references_from_labels(torch.tensor([[1000 + i, 1001 + i]]))
-    assert len(term._decoded) == 2 and (1004, 1005) in term._decoded
 
 
 def test_decision_scorer_and_reward_pickle(scorer):
