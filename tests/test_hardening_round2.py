@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 from _helpers import head_for
 
-from bsloss import BERTScoreLoss, BERTScoreReward, Softmax
+from bsloss import BERTScoreLoss, Softmax
 from bsloss.integrations import huggingface as hf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,23 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- decisions
-
-
-def test_decision_scorer_and_reward_pickle(scorer):
-    """A reward served by a process pool is pickled; a local lambda made that fail. Decision:
-    both pickle, and the copy scores as the original."""
-    reward = BERTScoreReward(scorer=scorer, reference_cache_size=10)
-    for original in (scorer, reward):
-        copy = pickle.loads(pickle.dumps(original))
-        assert type(copy) is type(original)
-    pairs = (["a cat sat", "a dog"], ["the cat sat", "the dog ran"])
-    assert pickle.loads(pickle.dumps(scorer)).score(*pairs)[2].tolist() == pytest.approx(
-        scorer.score(*pairs)[2].tolist(), abs=1e-6
-    )
-    copy = pickle.loads(pickle.dumps(reward))
-    assert copy(completions=pairs[0], reference=pairs[1]) == pytest.approx(
-        reward(completions=pairs[0], reference=pairs[1]), abs=1e-6
-    )
 
 
 def test_decision_arguments_are_validated_by_name(encoder, plain_loss):

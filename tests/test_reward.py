@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -182,3 +184,20 @@ def test_rc10_reward_completions_as_a_string(scorer):
         BERTScoreReward(scorer=scorer, reference_cache_size=0.5)
     with pytest.raises(TypeError, match="scorer must be a BERTScorer"):
         BERTScoreReward(scorer="all-MiniLM-L6-v2")
+
+
+def test_decision_scorer_and_reward_pickle(scorer):
+    """A reward served by a process pool is pickled; a local lambda made that fail. Decision:
+    both pickle, and the copy scores as the original."""
+    reward = BERTScoreReward(scorer=scorer, reference_cache_size=10)
+    for original in (scorer, reward):
+        copy = pickle.loads(pickle.dumps(original))
+        assert type(copy) is type(original)
+    pairs = (["a cat sat", "a dog"], ["the cat sat", "the dog ran"])
+    assert pickle.loads(pickle.dumps(scorer)).score(*pairs)[2].tolist() == pytest.approx(
+        scorer.score(*pairs)[2].tolist(), abs=1e-6
+    )
+    copy = pickle.loads(pickle.dumps(reward))
+    assert copy(completions=pairs[0], reference=pairs[1]) == pytest.approx(
+        reward(completions=pairs[0], reference=pairs[1]), abs=1e-6
+    )
