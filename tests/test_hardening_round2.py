@@ -5,17 +5,12 @@ integration under the fuzz suite's invariants) is in test_fuzz.py."""
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _helpers import head_for
-
-from bsloss import BERTScoreLoss, Softmax
-from bsloss.integrations import huggingface as hf
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,26 +18,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # --------------------------------------------------------------------------- decisions
-
-
-def test_decision_arguments_are_validated_by_name(encoder, plain_loss):
-    """Each was accepted, or failed without naming the argument."""
-    with pytest.raises(ValueError, match="weight must be a finite number >= 0"):
-        hf.BERTScoreTerm(plain_loss, encoder.tokenizer, weight=math.nan)
-    with pytest.raises(TypeError, match="ce_weight must be a number"):
-        hf.BERTScoreTerm(plain_loss, encoder.tokenizer, ce_weight="1")
-    with pytest.raises(TypeError, match="temperature must be a number"):
-        Softmax("0.1")
-    hidden, weight = head_for([2000], plain_loss.generator_vocab_size, width=8)
-    fused = dict(hidden_states=hidden, output_embeddings=weight, references=["a"])
-    with pytest.raises(TypeError, match="generator_temperature must be a number"):
-        plain_loss(**fused, generator_temperature=True)
-    with pytest.raises(TypeError, match="logit_softcap must be a number"):
-        plain_loss(**fused, logit_softcap="30")
-    with pytest.raises(TypeError, match="output_embeddings .* floating dtype"):
-        plain_loss(**{**fused, "output_embeddings": weight.long()})
-    with pytest.raises(TypeError, match="generator_tokenizer must be a Hugging Face tokenizer"):
-        BERTScoreLoss(encoder=encoder, generator_tokenizer="gpt2")
 
 
 def test_decision_recipe_config_values_checked_at_load():
