@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _models import scorer_vocabulary_tokenizer, tiny_gpt2
+from _models import scorer_vocabulary_tokenizer, tiny_bert2bert, tiny_gpt2
 
 import bsloss
 from bsloss import BERTScoreLoss
@@ -34,25 +34,6 @@ def loss(scorer):
 @pytest.fixture(scope="module")
 def tokenizer(scorer):
     return scorer_vocabulary_tokenizer(scorer)
-
-
-def tiny_bert2bert(tokenizer):
-    torch.manual_seed(0)
-    small = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    encoder = transformers.BertConfig(**small)
-    decoder = transformers.BertConfig(**small, is_decoder=True, add_cross_attention=True)
-    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
-    config.decoder_start_token_id = tokenizer.cls_token_id
-    config.pad_token_id = tokenizer.pad_token_id
-    config.eos_token_id = tokenizer.sep_token_id
-    return transformers.EncoderDecoderModel(config=config)
 
 
 def causal_batch(tokenizer):
