@@ -1,4 +1,4 @@
-"""Run by tests/test_hardening_round2.py as ``torchrun --nproc_per_node 2`` on the CPU (gloo):
+"""Run by tests/test_functional.py as ``torchrun --nproc_per_node 2`` on the CPU (gloo):
 ``BERTScoreLoss(center=True)`` on two processes where process 1 has an empty batch in the first
 call and both have a batch in the second. Every process must join the centering all-reduces of
 every call, so the calls pair up; each writes its per-sample losses to ``RESULT_DIR/rank{r}.pt``.

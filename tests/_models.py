@@ -1,4 +1,7 @@
-"""Tiny randomly initialised generators for the trainer and reward tests."""
+"""Tiny randomly initialised generators, shared by the test files (one copy of each builder):
+GPT-2, BERT2BERT and Gemma 3 over a given tokenizer, BART, T5, BERT2BERT and T5Gemma over a small
+vocabulary, PaliGemma; every builder seeds torch first, so a test's numbers do not depend on
+what ran before it."""
 
 from __future__ import annotations
 
@@ -15,22 +18,83 @@ def scorer_vocabulary_tokenizer(scorer):
     return tokenizer
 
 
-def tiny_gpt2(tokenizer):
-    """A one-layer GPT-2 over ``tokenizer``'s vocabulary, seeded."""
+def tiny_gpt2(tokenizer, **config):
+    """A one-layer GPT-2 over ``tokenizer``'s vocabulary, seeded; ``config`` overrides its sizes
+    or token ids."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(0)
     config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=64,
-        n_embd=32,
-        n_layer=1,
-        n_head=2,
-        bos_token_id=tokenizer.cls_token_id,
-        eos_token_id=tokenizer.sep_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+        **{
+            "vocab_size": len(tokenizer),
+            "n_positions": 64,
+            "n_embd": 32,
+            "n_layer": 1,
+            "n_head": 2,
+            "bos_token_id": tokenizer.cls_token_id,
+            "eos_token_id": tokenizer.sep_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            **config,
+        }
     )
     return GPT2LMHeadModel(config)
+
+
+def tiny_bert2bert(tokenizer):
+    """A one-layer BERT2BERT (encoder-decoder) over ``tokenizer``'s vocabulary, seeded: [CLS]
+    starts the decoder, [SEP] ends it."""
+    import transformers
+
+    torch.manual_seed(0)
+    small = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    encoder = transformers.BertConfig(**small)
+    decoder = transformers.BertConfig(**small, is_decoder=True, add_cross_attention=True)
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder_start_token_id = tokenizer.cls_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    config.eos_token_id = tokenizer.sep_token_id
+    return transformers.EncoderDecoderModel(config=config)
+
+
+def tiny_gemma(
+    tokenizer,
+    *,
+    tied: bool = True,
+    softcap: float | None = None,
+    hidden_size: int = 48,
+    intermediate_size: int = 64,
+    num_hidden_layers: int = 1,
+    head_dim: int = 24,
+    **config,
+):
+    """A Gemma 3 causal LM over ``tokenizer``'s vocabulary (a real 262,144-token one in the LM-head
+    and training-signal tests), seeded: one layer, 48 wide, by default; ``tied`` input and output
+    embeddings, the final logit soft-cap ``softcap``; other sizes and ``config`` (token ids,
+    positions) as given."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=head_dim,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=tied,
+        final_logit_softcapping=softcap,
+        **config,
+    )
+    return Gemma3ForCausalLM(config)
 
 
 def tiny_seq2seq(kind: str, vocab_size: int = 97, softcap: float | None = None):

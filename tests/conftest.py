@@ -1,4 +1,6 @@
-"""Shared fixtures: the embedded default scorer (CPU) and the STS-B dev pairs."""
+"""Shared fixtures: the embedded default scorer (CPU), its encoder, vocabulary size and a plain
+loss around it, and the STS-B dev pairs. (A test file that defines a fixture of the same name
+uses its own.)"""
 
 from __future__ import annotations
 
@@ -27,6 +29,24 @@ def stsb_dev_path() -> Path:
 def scorer() -> bsloss.BERTScorer:
     """The embedded all-MiniLM-L6-v2 scorer on the CPU (loaded once per session)."""
     return bsloss.BERTScorer(device="cpu")
+
+
+@pytest.fixture(scope="module")
+def encoder(scorer):
+    """The session scorer's encoder."""
+    return scorer.encoder
+
+
+@pytest.fixture(scope="module")
+def vocab(encoder) -> int:
+    """The scorer's vocabulary size (its input embedding table's rows)."""
+    return encoder.input_embeddings.num_embeddings
+
+
+@pytest.fixture(scope="module")
+def plain_loss(encoder):
+    """A ``BERTScoreLoss`` around ``encoder`` with ``reduction="none"``."""
+    return bsloss.BERTScoreLoss(encoder=encoder, reduction="none")
 
 
 @pytest.fixture(scope="session")

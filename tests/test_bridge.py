@@ -15,6 +15,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from _helpers import caught_warnings  # noqa: E402
 from _tokenizers import (  # noqa: E402
     MPNET_SHIFT,
     brown_lines,
@@ -448,3 +449,93 @@ def test_cache_key_covers_the_vocabulary(trained):
     )
     assert other.get_vocab() != tok.get_vocab()
     assert tokenizer_fingerprint(other) != tokenizer_fingerprint(tok)
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer(tmp_path_factory):
+    """A SentencePiece-style BPE of 800 tokens: bridges build in a fraction of a second."""
+    return train_sentencepiece_bpe(brown_lines(3000), tmp_path_factory.mktemp("sp-r2"), 800)
+
+
+def test_rc6_a_bad_bridge_cache_file_is_rebuilt_and_writes_are_atomic(
+    small_tokenizer, encoder, tmp_path, monkeypatch
+):
+    """A truncated, empty or garbage cache file made every later build fail with a
+    safetensors header error naming no file; now the build warns, names it and rebuilds it,
+    and VocabularyBridge.load names the file. The file is written to a temporary file and
+    renamed, so a crash mid-write leaves the old file (or none), never half of one."""
+    bridge = VocabularyBridge.build(small_tokenizer, encoder, cache_dir=tmp_path)
+    (path,) = tmp_path.glob("bridge-*.safetensors")
+    good = path.read_bytes()
+    for damaged in (good[: len(good) // 2], b"", b"garbage" * 10):
+        path.write_bytes(damaged)
+        with pytest.raises(ValueError, match=f"{path.name} is not a valid bridge cache"):
+            VocabularyBridge.load(path)
+        rebuilt, messages = caught_warnings(
+            VocabularyBridge.build, small_tokenizer, encoder, cache_dir=tmp_path
+        )
+        assert any("rebuilding the vocabulary bridge" in m and path.name in m for m in messages)
+        assert torch.equal(rebuilt.flat, bridge.flat) and torch.equal(
+            rebuilt.offsets, bridge.offsets
+        )
+        assert VocabularyBridge.load(path).flat.tolist() == bridge.flat.tolist()  # rewritten
+    # a crash mid-write: the cache file is untouched and no temporary file is left
+    import safetensors.torch
+
+    def crash(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a file")
+        raise OSError("No space left on device")
+
+    before = path.read_bytes()  # (the metadata's key order may differ from one write to another)
+    monkeypatch.setattr(safetensors.torch, "save_file", crash)
+    with pytest.raises(OSError, match="No space left"):
+        bridge.save(path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    # the same failure inside build: the bridge is kept, the failure said
+    path.unlink()
+    rebuilt, messages = caught_warnings(
+        VocabularyBridge.build, small_tokenizer, encoder, cache_dir=tmp_path
+    )
+    assert torch.equal(rebuilt.flat, bridge.flat)
+    assert any("not cached" in m and "No space left" in m for m in messages)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_decision_bridge_cache_dir_checked_before_the_build_and_ids_on_load(
+    small_tokenizer, encoder, tmp_path, monkeypatch
+):
+    """A bridge_cache_dir that is a file (or not writable) failed after the build, losing it;
+    decision: refused, named, before any tokenisation. A cache whose piece ids are outside the
+    scorer's vocabulary was loaded unchecked; decision: load refuses it, naming the file, and
+    build rebuilds it."""
+    import bsloss.bridge
+
+    calls = []
+    pieces = bsloss.bridge._ScorerPieces.__call__
+    monkeypatch.setattr(
+        bsloss.bridge._ScorerPieces,
+        "__call__",
+        lambda s, items: calls.append(1) or pieces(s, items),
+    )
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match="bridge_cache_dir .*not-a-folder.* is a file"):
+        BERTScoreLoss(encoder=encoder, generator_tokenizer=small_tokenizer, bridge_cache_dir=a_file)
+    if hasattr(os, "geteuid") and os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match="bridge_cache_dir .* is not writable"):
+            VocabularyBridge.build(small_tokenizer, encoder, cache_dir=locked)
+    assert calls == []
+    cache = tmp_path / "cache"
+    bridge = VocabularyBridge.build(small_tokenizer, encoder, cache_dir=cache)
+    (path,) = cache.glob("*.safetensors")
+    bad = VocabularyBridge.from_csr(bridge.offsets, bridge.flat + 10**6, bridge.special)
+    bad.save(path)
+    with pytest.raises(ValueError, match=rf"{path.name} is not a valid bridge cache.*piece ids"):
+        VocabularyBridge.load(path, scorer_vocab_size=len(encoder.tokenizer))
+    rebuilt, messages = caught_warnings(
+        VocabularyBridge.build, small_tokenizer, encoder, cache_dir=cache
+    )
+    assert torch.equal(rebuilt.flat, bridge.flat) and any("piece ids" in m for m in messages)

@@ -241,7 +241,7 @@ def test_sampled_answers_in_sft_trainer(loss, tokenizer, tmp_path):
 def test_greedy_answers_in_seq2seq_trainer(loss, tokenizer, tmp_path):
     """Seq2SeqTrainer on a tiny BERT2BERT: the answers are the decoder's greedy outputs, scored
     from the one joined pass; the loss equals the term called by hand."""
-    from test_huggingface import tiny_bert2bert
+    from _models import tiny_bert2bert
 
     model = without_dropout(tiny_bert2bert(tokenizer))
     rows = [

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from _models import scorer_vocabulary_tokenizer
+from _models import scorer_vocabulary_tokenizer, tiny_gpt2
 from causal import CausalCollator
 from examples import Example
 
@@ -25,16 +25,12 @@ EXAMPLES = [
 
 @pytest.fixture(scope="module")
 def tiny(scorer):
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config
 
     tokenizer = scorer_vocabulary_tokenizer(scorer)
-    torch.manual_seed(0)
-    model = GPT2LMHeadModel(
-        GPT2Config(
-            vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=2, n_head=2,
-            eos_token_id=tokenizer.sep_token_id, pad_token_id=tokenizer.pad_token_id,
-        )
-    ).eval()  # fmt: skip
+    # two layers, 128 positions, and GPT-2's own bos id (this file's model before the shared one)
+    bos = GPT2Config().bos_token_id
+    model = tiny_gpt2(tokenizer, n_positions=128, n_layer=2, bos_token_id=bos).eval()
     collator = CausalCollator(tokenizer, model, "summarization", 32, 12)
     return model, tokenizer, collator
 

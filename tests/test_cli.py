@@ -1,4 +1,4 @@
-"""The `bsloss` command: score and baseline."""
+"""The `bsloss` command: score, baseline and plot, and its user errors (one line, exit 2)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import bsloss
@@ -111,3 +112,137 @@ def test_a_layer_out_of_range_is_named_by_its_flag(capsys):
     assert status == 2 and len(err) == 1, err
     assert err[0].startswith("bsloss: error: -l/--num_layers must be between 0 and 6"), err[0]
     assert "got 99" in err[0]
+
+
+def run_cli(argv, capsys):
+    status = main(argv)
+    captured = capsys.readouterr()
+    return status, captured.err.strip().splitlines(), captured.out
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    (folder / "c.txt").write_text("a cat sat\na dog ran\n")
+    (folder / "r.txt").write_text("the cat sat\nthe dog ran\n")
+    (folder / "one.txt").write_text("only one sentence here\n")
+    (folder / "empty.txt").write_text("")
+    (folder / "latin1.txt").write_bytes("café au lait\n".encode("latin-1"))
+    (folder / "dir").mkdir()
+    return folder
+
+
+def cli_cases(f):
+    """(argv, the text the one error line must contain) for each user error."""
+    score = ["score", "--progress", "off"]
+    ok = ["-c", str(f / "c.txt"), "-r", str(f / "r.txt")]
+    return {
+        "missing-candidates": (
+            [*score, "-c", str(f / "nope.txt"), "-r", str(f / "r.txt")],
+            "--candidates",
+        ),
+        "missing-references": (
+            [*score, "-c", str(f / "c.txt"), "-r", str(f / "nope.txt")],
+            "--references",
+        ),
+        "invalid-utf8": (
+            [*score, "-c", str(f / "latin1.txt"), "-r", str(f / "one.txt")],
+            "not UTF-8",
+        ),
+        "directory-input": ([*score, "-c", str(f / "dir"), "-r", str(f / "r.txt")], "directory"),
+        "num-layers-too-big": ([*score, *ok, "--num-layers", "99"], "num_layers"),
+        "device-cuda": ([*score, *ok, "--device", "cuda:99"], "cuda:99"),
+        "device-unknown": ([*score, *ok, "--device", "gpu"], "'gpu'"),
+        "bad-model": (
+            [*score, *ok, "--model", str(f / "no-model"), "--num-layers", "2"],
+            "no-model",
+        ),
+        "missing-baseline-path": (
+            [*score, *ok, "--rescale", "--baseline-path", str(f / "nope.tsv")],
+            "nope.tsv",
+        ),
+        "two-stdin": ([*score, "-c", "-", "-r", "-"], "standard input"),
+        "empty-files": ([*score, "-c", str(f / "empty.txt"), "-r", str(f / "empty.txt")], "empty"),
+        "line-counts": ([*score, "-c", str(f / "c.txt"), "-r", str(f / "one.txt")], "2 lines"),
+        "baseline-one-sentence": (
+            ["baseline", "--corpus", str(f / "one.txt"), "-o", str(f / "b.csv")],
+            "at least two",
+        ),
+        "baseline-output-directory": (
+            ["baseline", "--corpus", str(f / "c.txt"), "-o", str(f / "dir")],
+            "directory",
+        ),
+        "baseline-missing-corpus": (
+            ["baseline", "--corpus", str(f / "nope.txt"), "-o", str(f / "b.csv")],
+            "--corpus",
+        ),
+        "plot-output-directory": (
+            ["plot", "-c", "a", "-r", "b", "-o", str(f / "dir")],
+            "directory",
+        ),
+        "plot-unknown-extension": (
+            ["plot", "-c", "a", "-r", "b", "-o", str(f / "x.docx")],
+            "cannot write .docx",
+        ),
+    }
+
+
+CLI_CASES = list(cli_cases(Path("unused")))
+
+
+@pytest.mark.parametrize("case", CLI_CASES)
+def test_rc11_cli_user_error_is_one_line_and_exit_2(files, capsys, case):
+    if case.startswith("plot"):
+        pytest.importorskip("matplotlib")
+    argv, text = cli_cases(files)[case]
+    status, err, out = run_cli(argv, capsys)
+    assert status == 2, (status, err)
+    assert len(err) == 1 and err[0].startswith("bsloss: error: "), err
+    assert text in err[0], err
+    assert "Traceback" not in err[0] and out == ""
+
+
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["score", "-c", "c", "-r", "r", "--batch-size", "0"], "--batch-size"),
+        (["score", "-c", "c", "-r", "r", "--num-layers", "-1"], "--num-layers"),
+        (["baseline", "--corpus", "c", "-o", "o", "--num-pairs", "0"], "--num-pairs"),
+        (["plot", "-c", "a", "-r", "b", "-o", "o.png", "--temperature", "0"], "--temperature"),
+    ],
+    ids=["batch-size-0", "num-layers-negative", "rc13-num-pairs-0", "rc14-temperature-0"],
+)
+def test_rc11_cli_bad_numbers_are_argparse_errors(capsys, argv, option):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}" in err and "Traceback" not in err
+
+
+def test_rc12_cli_empty_files_do_not_print_nan(files, capsys):
+    status, err, out = run_cli(
+        ["score", "-c", str(files / "empty.txt"), "-r", str(files / "empty.txt")], capsys
+    )
+    assert status == 2 and "nan" not in out.lower() and "empty" in err[0]
+
+
+def test_rc11_cli_debug_shows_the_traceback(files):
+    with pytest.raises(ValueError, match="does not exist"):
+        main(["--debug", "score", "-c", str(files / "nope.txt"), "-r", str(files / "r.txt")])
+    with pytest.raises(ValueError, match="does not exist"):
+        main(["score", "-c", str(files / "nope.txt"), "-r", str(files / "r.txt"), "--debug"])
+
+
+def test_rc11_cli_reads_standard_input(files, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("a cat sat\na dog ran\n"))
+    status, err, out = run_cli(
+        ["score", "-c", "-", "-r", str(files / "r.txt"), "--progress", "off"], capsys
+    )
+    from_files = run_cli(
+        ["score", "-c", str(files / "c.txt"), "-r", str(files / "r.txt"), "--progress", "off"],
+        capsys,
+    )
+    assert status == 0 and out == from_files[2] and "F1:" in out

@@ -1,12 +1,23 @@
-"""The pure matching math: gradients, limits, masks and numerical edge cases."""
+"""The functional core (bsloss/functional/): the pure matching math (gradients, limits, masks and
+numerical edge cases), cosine similarity at any scale, and batch centering under
+torch.distributed with an empty batch."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+import bsloss
+from bsloss import BERTScoreLoss
 from bsloss.functional import batch_center, bert_score, token_scores
 from bsloss.functional.matching import SHORTHANDS
+
+REPO = Path(__file__).resolve().parents[1]
 
 SOFT = ("softmax", "logsumexp", "sinkhorn")
 
@@ -211,3 +222,50 @@ def test_logsumexp_bounds_and_sinkhorn_marginal():
     assert torch.all(p_lse[real] <= p_hard[real] + 0.1 * torch.log(torch.tensor(4.0)) + 1e-12)
     assert torch.all(p_soft[real] <= p_hard[real] + 1e-12)
     del sim
+
+
+@pytest.mark.slow  # two processes each load the scorer: ~30 s on 2 busy cores
+def test_rc8_centering_collectives_are_joined_on_an_empty_batch(tmp_path, encoder):
+    """center=True under torch.distributed (two gloo processes): a process with an empty batch
+    returned before the centering all-reduce, so the calls of the processes stopped pairing
+    (a timeout, or a silently wrong mean). Now each call's values are the one-process ones."""
+    from test_distributed_scoring import free_port
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", str(free_port()), str(REPO / "tests/_distributed_empty_batch.py"),
+        str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    import _distributed_empty_batch as script
+
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    loss = BERTScoreLoss(encoder=encoder, center=True, reduction="none")
+    vocab = loss.generator_vocab_size
+    alone = loss(logits=script.batch([0, 1], vocab), references=script.REFERENCES[:2]).detach()
+    both = loss(logits=script.batch([0, 1, 2, 3], vocab), references=script.REFERENCES).detach()
+    torch.testing.assert_close(results[0]["first"], alone, atol=1e-5, rtol=0)
+    assert results[1]["first"].shape == (0,) and results[0]["first_grad_finite"]
+    torch.testing.assert_close(results[0]["second"], both[:2], atol=1e-5, rtol=0)
+    torch.testing.assert_close(results[1]["second"], both[2:], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e-20, 1e30, 1e-30])
+def test_rc9_cosine_similarity_is_scale_invariant(scale):
+    """Token vectors scaled by 1e20 overflowed the float32 norm and by 1e-20 fell under its
+    eps: F came out 0. Now F is the same at every scale, and the gradient is finite."""
+    generator = torch.Generator().manual_seed(0)
+    cands = torch.randn(2, 4, 16, generator=generator)
+    refs = torch.randn(2, 5, 16, generator=generator)
+    mask_c, mask_r = torch.ones(2, 4, dtype=torch.bool), torch.ones(2, 5, dtype=torch.bool)
+    want = bert_score(cands, refs, mask_c, mask_r, mask_c.float(), mask_r.float()).f1
+    scaled = (cands * scale).requires_grad_(True)
+    got = bert_score(scaled, refs * scale, mask_c, mask_r, mask_c.float(), mask_r.float()).f1
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    (grad,) = torch.autograd.grad(got.sum(), scaled)
+    assert torch.isfinite(grad).all()
+    # the rescale is an exact power of two: ordinary vectors normalise bit for bit as before
+    x = torch.randn(7, 384, generator=generator)
+    assert torch.equal(bsloss.functional.l2_normalize(x), torch.nn.functional.normalize(x, dim=-1))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import head_for
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bsloss import BERTScoreLoss, VocabularyBridge
@@ -13,6 +14,7 @@ from bsloss.distributions import expected_inputs, token_distribution
 from bsloss.functional import fused_expectation
 from bsloss.functional.fused_expectation import (
     DEFAULT_CHUNK_ELEMENTS,
+    NonFiniteLogitsError,
     fused_expected_inputs,
     fused_token_log_likelihood,
 )
@@ -554,3 +556,114 @@ def test_loss_hidden_states_bad_input(encoder, references):
     # the loss still works after the errors
     value = loss(hidden_states=h, output_embeddings=torch.randn(vocab, 8), **references)
     assert torch.isfinite(value)
+
+
+def test_rc1_every_fused_variant_tracks_the_argmax_tokens():
+    """The kernel: the top-k pass and the CE-only pass return the argmax of h W^T, as the
+    plain pass does (they returned all zeros: the <pad> token)."""
+    generator = torch.Generator().manual_seed(0)
+    h, W, E = (torch.randn(6, 16, generator=generator), torch.randn(300, 16, generator=generator),
+               torch.randn(300, 5, generator=generator))  # fmt: skip
+    want = (h @ W.T).argmax(-1)
+    targets = torch.tensor([1, 2, -100, 4, 5, 6])
+    variants = {
+        "plain": dict(),
+        "top_k": dict(top_k=4),
+        "top_k+straight_through": dict(top_k=4, straight_through=True),
+        "top_k+targets": dict(top_k=4, target_ids=targets),
+        "temperature+softcap+top_k": dict(top_k=3, temperature=0.5, softcap=30.0),
+    }
+    for name, options in variants.items():
+        out = fused_expected_inputs(h, W, E, chunk_elements=256, **options)
+        assert torch.equal(out.tokens, want), name
+    ce_only = fused_expected_inputs(h, W, None, target_ids=targets, chunk_elements=256)
+    assert torch.equal(ce_only.tokens, want)
+
+
+def test_rc2_fused_float64_hidden_states_forward_and_backward(plain_loss):
+    """float64 hidden states with a float32 head: the kernel's forward and backward (the
+    backward failed in addmm_) and the loss (the forward crashed with 'mixed dtype')."""
+    generator = torch.Generator().manual_seed(1)
+    h = torch.randn(5, 8, dtype=torch.float64, generator=generator).requires_grad_(True)
+    W = torch.randn(50, 8, generator=generator).requires_grad_(True)
+    E = torch.randn(50, 3, generator=generator)
+    for options in (dict(), dict(top_k=4), dict(softcap=5.0, temperature=0.7)):
+        out = fused_expected_inputs(h, W, E, chunk_elements=64, **options)
+        assert out.expected.dtype == torch.float64
+        gh, gw = torch.autograd.grad(out.expected.sum(), (h, W))
+        assert gh.dtype == torch.float64 and gw.dtype == torch.float32
+        # against the dense float64 computation
+        logits = h @ W.double().T
+        if "softcap" in options:
+            logits = torch.tanh(logits / 5.0) * 5.0 / 0.7
+        if "top_k" in options:
+            values, index = logits.topk(4, dim=-1)
+            dense = (torch.softmax(values, -1)[..., None] * E.double()[index]).sum(1)
+        else:
+            dense = torch.softmax(logits, -1) @ E.double()
+        rh, rw = torch.autograd.grad(dense.sum(), (h, W))
+        torch.testing.assert_close(out.expected, dense, atol=1e-10, rtol=1e-9)
+        torch.testing.assert_close(gh, rh, atol=1e-9, rtol=1e-7)
+        torch.testing.assert_close(gw, rw, atol=1e-5, rtol=1e-5)
+    vocab = plain_loss.generator_vocab_size
+    hidden, weight = head_for([2000, 3000, 4000], vocab, width=16)
+    wide = hidden.double().requires_grad_(True)
+    value = plain_loss(hidden_states=wide, output_embeddings=weight, references=["a cat sat"])
+    value.sum().backward()
+    assert wide.grad.dtype == torch.float64 and torch.isfinite(wide.grad).all()
+    narrow = plain_loss(hidden_states=hidden, output_embeddings=weight, references=["a cat sat"])
+    torch.testing.assert_close(value.detach(), narrow, atol=1e-5, rtol=0)
+
+
+def test_rc3_non_finite_logits_inside_the_fused_pass_are_refused_by_name(plain_loss):
+    """A NaN/Inf in the head, an fp16 overflow of h W^T on the CPU, a soft-cap of inf and a
+    temperature of 1e-45 gave a silent NaN loss; now a ValueError names the position or the
+    option, and the loss's next call is unaffected."""
+    vocab = plain_loss.generator_vocab_size
+    hidden, weight = head_for([2000, 3000], vocab, width=16)
+    refs = ["a cat"]
+    before = plain_loss(hidden_states=hidden, output_embeddings=weight, references=refs)
+    for value in (float("nan"), float("inf"), float("-inf")):
+        broken = weight.clone()
+        broken[17, 3] = value
+        with pytest.raises(ValueError, match=r"logits of hidden_states\[0, 0\].*NaN or Inf"):
+            plain_loss(hidden_states=hidden, output_embeddings=broken, references=refs)
+    broken_h = hidden.clone()
+    broken_h[0, 1, 0] = float("nan")
+    with pytest.raises(ValueError, match="hidden_states contains NaN or Inf"):
+        plain_loss(hidden_states=broken_h, output_embeddings=weight, references=refs)
+    huge = (hidden * 300).half(), (weight * 300).half()  # entries fit fp16, h.W ~ 3.6e6 not
+    with pytest.raises(ValueError, match=r"logits of hidden_states\[0, 0\]"):
+        plain_loss(hidden_states=huge[0], output_embeddings=huge[1], references=refs)
+    with pytest.raises(ValueError, match="generator_temperature=1e-45"):
+        plain_loss(
+            hidden_states=hidden, output_embeddings=weight, references=refs,
+            generator_temperature=1e-45,
+        )  # fmt: skip
+    for bad in (float("inf"), float("nan"), 0.0, -3.0):
+        with pytest.raises(ValueError, match="logit_softcap must be a finite number > 0"):
+            plain_loss(
+                hidden_states=hidden, output_embeddings=weight, references=refs,
+                logit_softcap=bad,
+            )  # fmt: skip
+    with pytest.raises(NonFiniteLogitsError, match="row 0"):
+        fused_expected_inputs(hidden[0], weight.clone().fill_(float("nan")), None, top_k=2)
+    after = plain_loss(hidden_states=hidden, output_embeddings=weight, references=refs)
+    torch.testing.assert_close(after, before)
+
+
+def test_fused_pass_with_every_position_masked_backpropagates(plain_loss):
+    """Found by the extended fuzz suite: with no position selected, the fused pass returned
+    tensors off the graph, so backward() raised deep inside torch. Now the value is the empty
+    candidate's (score 0) and the gradients are zero, as on the dense path."""
+    hidden, weight = head_for([2000, 3000], plain_loss.generator_vocab_size, width=8)
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+    nothing = torch.zeros(1, 2, dtype=torch.bool)
+    value = plain_loss(
+        hidden_states=hidden, output_embeddings=weight, candidate_mask=nothing, references=["a"]
+    )
+    dense = plain_loss(logits=hidden @ weight.T, candidate_mask=nothing, references=["a"])
+    torch.testing.assert_close(value, dense)
+    value.sum().backward()
+    assert hidden.grad.abs().sum() == 0 and weight.grad.abs().sum() == 0

@@ -10,6 +10,7 @@ import math
 import re
 
 import pytest
+from _models import tiny_gemma
 from test_recipes import read_log, run_recipe
 
 GEMMA_CONFIG = "recipes/configs/xsum-gemma.yaml"
@@ -66,18 +67,13 @@ def test_grpo_two_steps_on_gemma(gemma_folder, tmp_path):
 def tiny_gemma_folder(gemma_tokenizer, tmp_path_factory):
     """A randomly initialised two-layer Gemma 3 with the real 262,144-token tokenizer: the causal
     layout and the bridge at full vocabulary, at a fraction of the real model's cost."""
-    import torch
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=len(gemma_tokenizer), hidden_size=16, intermediate_size=32,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
-        max_position_embeddings=512, pad_token_id=gemma_tokenizer.pad_token_id,
-        eos_token_id=gemma_tokenizer.eos_token_id, bos_token_id=gemma_tokenizer.bos_token_id,
+    model = tiny_gemma(
+        gemma_tokenizer, hidden_size=16, intermediate_size=32, num_hidden_layers=2, head_dim=8,
+        max_position_embeddings=512, eos_token_id=gemma_tokenizer.eos_token_id,
+        bos_token_id=gemma_tokenizer.bos_token_id,
     )  # fmt: skip
     folder = tmp_path_factory.mktemp("tiny-gemma")
-    Gemma3ForCausalLM(config).save_pretrained(folder)
+    model.save_pretrained(folder)
     gemma_tokenizer.save_pretrained(folder)
     return folder
 

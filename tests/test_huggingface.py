@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _models import scorer_vocabulary_tokenizer, tiny_gpt2
+from _models import scorer_vocabulary_tokenizer, tiny_bert2bert, tiny_gpt2
 
 import bsloss
+from bsloss import BERTScoreLoss
+from bsloss.integrations import huggingface as hf
 from bsloss.integrations.huggingface import (
     BERTScoreTerm,
     BERTScoreTrainerMixin,
@@ -32,25 +34,6 @@ def loss(scorer):
 @pytest.fixture(scope="module")
 def tokenizer(scorer):
     return scorer_vocabulary_tokenizer(scorer)
-
-
-def tiny_bert2bert(tokenizer):
-    torch.manual_seed(0)
-    small = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    encoder = transformers.BertConfig(**small)
-    decoder = transformers.BertConfig(**small, is_decoder=True, add_cross_attention=True)
-    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
-    config.decoder_start_token_id = tokenizer.cls_token_id
-    config.pad_token_id = tokenizer.pad_token_id
-    config.eos_token_id = tokenizer.sep_token_id
-    return transformers.EncoderDecoderModel(config=config)
 
 
 def causal_batch(tokenizer):
@@ -520,3 +503,50 @@ def test_sft_trainer_with_a_tokenizer_without_end_of_sequence(loss, scorer, tmp_
     bare.sep_token = None
     with pytest.raises(ValueError, match=r"eos_token = '...' or SFTConfig\(eos_token='...'\)"):
         _with_end_of_sequence(bare, sft_args)
+
+
+def test_rc7_trainer_keeps_training_and_evaluation_metrics_apart(scorer, tmp_path):
+    """An evaluation between two logging steps reported the pending training batches as
+    eval_ce / eval_bertscore_f, and those training values never reached the log. Now the
+    in-training evaluation equals a clean evaluate() of the same model, and the training
+    values reach the next training log (here the end-of-training one)."""
+    transformers = pytest.importorskip("transformers")
+    datasets = pytest.importorskip("datasets")
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    rows = []
+    for prompt, reference in [("Summarize: the cat sat.", "The cat sat."),
+                              ("Summarize: a dog ran.", "A dog ran.")]:  # fmt: skip
+        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        r = tokenizer(reference, add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
+        rows.append({"input_ids": p + r, "labels": [-100] * len(p) + r})
+
+    class Trainer(hf.BERTScoreTrainerMixin, transformers.Trainer):
+        pass
+
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2,
+        per_device_eval_batch_size=2, learning_rate=1e-2, logging_steps=3, eval_strategy="steps",
+        eval_steps=2, report_to=[], use_cpu=True, save_strategy="no",
+    )  # fmt: skip
+    trainer = Trainer(
+        model=tiny_gpt2(tokenizer),
+        args=args,
+        train_dataset=datasets.Dataset.from_list(rows * 2),
+        eval_dataset=datasets.Dataset.from_list(rows[:1]),
+        data_collator=transformers.DataCollatorForSeq2Seq(tokenizer),
+        processing_class=tokenizer,
+        bertscore_loss=BERTScoreLoss(encoder=scorer.encoder),
+    )
+    trainer.train()
+    inside = [e for e in trainer.state.log_history if "eval_ce" in e]
+    assert len(inside) == 1
+    clean = trainer.evaluate()  # the model has not changed since that evaluation
+    assert inside[0]["eval_ce"] == pytest.approx(clean["eval_ce"], abs=1e-6)
+    assert inside[0]["eval_bertscore_f"] == pytest.approx(clean["eval_bertscore_f"], abs=1e-6)
+    training = [e for e in trainer.state.log_history if "ce" in e]
+    assert len(training) == 1 and training[0]["ce"] > 0 and 0 < training[0]["bertscore_f"] <= 1
+    assert not any(k.startswith("eval_") for k in training[0])
+    # predict() gets its own prefix and leaves nothing pending
+    metrics = trainer.predict(datasets.Dataset.from_list(rows[:1])).metrics
+    assert metrics["test_ce"] == pytest.approx(clean["eval_ce"], abs=1e-6)
+    assert trainer.bertscore_term.pop_metrics(training=False) == {}

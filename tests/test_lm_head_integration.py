@@ -13,7 +13,13 @@ import weakref
 
 import pytest
 import torch
-from _models import scorer_vocabulary_tokenizer, tiny_gpt2, tiny_paligemma, tiny_seq2seq
+from _models import (
+    scorer_vocabulary_tokenizer,
+    tiny_gemma,
+    tiny_gpt2,
+    tiny_paligemma,
+    tiny_seq2seq,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import bsloss
@@ -67,25 +73,6 @@ class AllocationRecorder(TorchDispatchMode):
             self.peak = max(self.peak, self.live)
             weakref.finalize(t, self._release, size)
         return out
-
-
-def tiny_gemma(tokenizer, *, tied: bool = True, softcap: float | None = None):
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=48,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=24,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=tied,
-        final_logit_softcapping=softcap,
-    )
-    return Gemma3ForCausalLM(config)
 
 
 def causal_rows(tokenizer) -> list[dict]:

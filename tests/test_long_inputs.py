@@ -5,32 +5,12 @@ from __future__ import annotations
 import warnings
 
 import torch
+from _helpers import LONG_WORDS
 
 import bsloss
 from bsloss.scorer.inference import embed_windows
 
-FIRST_TOPIC = [
-    "the",
-    "river",
-    "ran",
-    "past",
-    "old",
-    "stone",
-    "houses",
-    "while",
-    "children",
-    "played",
-    "near",
-    "a",
-    "bridge",
-    "and",
-    "dog",
-    "slept",
-    "in",
-    "warm",
-    "afternoon",
-    "sun",
-]
+FIRST_TOPIC = [*LONG_WORDS, "and", "dog", "slept", "in", "warm", "afternoon", "sun"]
 SECOND_TOPIC = [
     "astronomers",
     "measured",

@@ -62,3 +62,25 @@ def test_soft_heatmap_title_gives_the_soft_matchings_scores(scorer):
     assert soft_title == pytest.approx(expected, abs=1e-3)
     assert min(abs(h - s) for h, s in zip(hard, soft_title, strict=True)) > 0.01  # not the hard
     assert title_scores(plot_example(cand, ref, scorer=scorer)) == pytest.approx(hard, abs=1e-3)
+
+
+def test_rc14_plot_temperature_zero(scorer):
+    pytest.importorskip("matplotlib")
+    from bsloss import plot_example
+
+    for temperature in (0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            plot_example("a dog", "a cat", scorer=scorer, temperature=temperature)
+
+
+@pytest.mark.parametrize(
+    "cand, ref, name", [("", "a dog", "candidate"), ("a dog", "  ", "reference")]
+)
+def test_rc15_plot_empty_text(scorer, cand, ref, name):
+    pytest.importorskip("matplotlib")
+    from bsloss import plot_example
+
+    with pytest.raises(ValueError, match=f"{name} has no token"):
+        plot_example(cand, ref, scorer=scorer)
+    with pytest.raises(TypeError, match="candidate must be a string"):
+        plot_example(None, ref, scorer=scorer)

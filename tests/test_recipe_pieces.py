@@ -440,3 +440,26 @@ def test_evaluation_shows_progress_bars_on_a_terminal_only(terminal, scorer, mon
     for bar in ("generating:", "bsloss: encoding:", "teacher-forced CE:"):
         assert f"{bar}   0%" in shown, bar  # each bar drawn at its start
     assert "token 1/4" in shown  # the streamer advances the bar inside a batch
+
+
+def test_decision_recipe_config_values_checked_at_load():
+    """--set train.steps=abc and --set loss.weight=-1 passed config loading; decision: every
+    section's values are checked against their field's type and range when loaded, named."""
+    from config import load_config
+
+    path = REPO / "recipes/configs/xsum-bert2bert.yaml"
+    cases = {
+        "train.steps=abc": "config train.steps: expected int, got 'abc'",
+        "train.steps=0": "config train.steps: expected a finite number > 0",
+        "train.learning_rate=-1e-4": "config train.learning_rate: expected a finite number > 0",
+        "loss.weight=-1": "config loss.weight: expected a finite number >= 0",
+        "loss.weight=nan": "config loss.weight: expected a finite number >= 0",
+        "loss.candidates=beam": "config loss.candidates: expected one of",
+        "eval.before=3": "config eval.before: expected bool",
+        "data.max_train=2.5": "config data.max_train: expected int | None",
+    }
+    for override, message in cases.items():
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("|", r"\|")):
+            load_config(path, [override])
+    config = load_config(path, ["train.steps=3", "loss.weight=0.5", "train.max_grad_norm=null"])
+    assert config.train.steps == 3 and config.loss["weight"] == 0.5

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
+import torch
 
 import bsloss
+from bsloss import BERTScorer
 from bsloss.reward import BERTScoreReward
 from bsloss.scorer import reference_cache
 
@@ -156,3 +160,65 @@ def test_scorer_keywords_are_deprecated_for_a_scorer_object():
     assert old(completions=completions, reference=references) == expected
     with pytest.raises(TypeError, match="unexpected keyword argument 'batchsize'"):
         BERTScoreReward(batchsize=3)
+
+
+def test_rc1_reward_chunk_of_only_cached_texts(scorer):
+    """Every text of the second call is cached: nothing is left to tokenise."""
+    reward = BERTScoreReward(scorer=BERTScorer(encoder=scorer.encoder))
+    first = reward(completions=["Yes", "No"], reference=["Yes", "No"])
+    second = reward(completions=["No", "Yes"], reference=["Yes", "No"])
+    expected = scorer.score(["No", "Yes"], ["Yes", "No"])[2].tolist()
+    assert second == pytest.approx(expected, abs=1e-6)
+    assert first == pytest.approx([1.0, 1.0], abs=1e-6)
+
+
+def test_rc1_scorer_passed_to_reward_is_left_unchanged(encoder):
+    plain = BERTScorer(encoder=encoder)
+    reward = BERTScoreReward(scorer=plain, reference_cache_size=8)
+    reward(completions=["A dog.", "A cat."], reference=["A dog.", "A cat."])
+    assert plain.reference_cache_size == 0 and len(plain._reference_cache) == 0
+    assert len(reward.scorer._reference_cache) == 2 and reward.scorer is not plain
+    # the plain scorer's own score() still works on those texts, all of them now cached by the
+    # reward's copy
+    p, r, f = plain.score(["A cat.", "A dog."], ["A dog.", "A cat."])
+    assert torch.isfinite(f).all() and f.shape == (2,)
+    reward.clear_cache()
+    assert len(reward.scorer._reference_cache) == 0
+
+
+def test_rc1_cached_scorer_passed_to_reward_is_shared(encoder):
+    cached = BERTScorer(encoder=encoder, reference_cache_size=4)
+    reward = BERTScoreReward(scorer=cached)
+    reward(completions=["A dog."], reference=["A cat."])
+    assert reward.scorer is cached and list(cached._reference_cache) == ["A cat."]
+
+
+def test_rc10_reward_completions_as_a_string(scorer):
+    reward = BERTScoreReward(scorer=scorer)
+    with pytest.raises(TypeError, match="completions must be a list"):
+        reward(completions="ab", reference=["a", "b"])
+    with pytest.raises(TypeError, match="summary must be a list"):
+        BERTScoreReward(scorer=scorer, reference_column="summary")(
+            completions=["a", "b"], summary="ab"
+        )
+    with pytest.raises(TypeError, match="reference_cache_size"):
+        BERTScoreReward(scorer=scorer, reference_cache_size=0.5)
+    with pytest.raises(TypeError, match="scorer must be a BERTScorer"):
+        BERTScoreReward(scorer="all-MiniLM-L6-v2")
+
+
+def test_decision_scorer_and_reward_pickle(scorer):
+    """A reward served by a process pool is pickled; a local lambda made that fail. Decision:
+    both pickle, and the copy scores as the original."""
+    reward = BERTScoreReward(scorer=scorer, reference_cache_size=10)
+    for original in (scorer, reward):
+        copy = pickle.loads(pickle.dumps(original))
+        assert type(copy) is type(original)
+    pairs = (["a cat sat", "a dog"], ["the cat sat", "the dog ran"])
+    assert pickle.loads(pickle.dumps(scorer)).score(*pairs)[2].tolist() == pytest.approx(
+        scorer.score(*pairs)[2].tolist(), abs=1e-6
+    )
+    copy = pickle.loads(pickle.dumps(reward))
+    assert copy(completions=pairs[0], reference=pairs[1]) == pytest.approx(
+        reward(completions=pairs[0], reference=pairs[1]), abs=1e-6
+    )

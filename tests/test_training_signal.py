@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 
+import _models
 import pytest
 import torch
 
@@ -31,20 +32,9 @@ LEARNING_RATE = 3e-4
 def tiny_gemma(gemma_tokenizer):
     """A 2-layer Gemma 3 with the real vocabulary, fitted with CE to the references and to
     their wrong versions in turn."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        vocab_size=len(gemma_tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        pad_token_id=gemma_tokenizer.pad_token_id,
+    model = _models.tiny_gemma(
+        gemma_tokenizer, hidden_size=64, intermediate_size=128, num_hidden_layers=2, head_dim=32
     )
-    model = Gemma3ForCausalLM(config)
     batch = _batch(gemma_tokenizer, REFERENCES)
     wrong = _batch(gemma_tokenizer, WRONG)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)

@@ -1,0 +1,89 @@
+"""The reference cache (bsloss/scorer/reference_cache.py): least recently used out first, bounded in
+entries and bytes, keyed on what changes an entry (autocast, long_inputs), and as the loss and
+the scorer use it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _helpers import long_text
+
+from bsloss import BERTScoreLoss, BERTScorer
+from bsloss.integrations import huggingface as hf
+from bsloss.scorer.reference_cache import DEFAULT_MAX_BYTES, ReferenceCache
+
+
+def test_decision_loss_reference_cache_is_bounded_lru_and_clearable(encoder, vocab):
+    loss = BERTScoreLoss(encoder=encoder, reference_cache_size=2)
+    assert isinstance(loss.reference_cache, ReferenceCache)
+    logits = torch.randn(1, 3, vocab)
+    for ref in ("one", "two", "one", "three"):
+        loss(logits=logits, references=[ref])
+    assert list(loss.reference_cache) == ["one", "three"]  # "two" least recently used
+    for hidden, ids in loss.reference_cache.values():
+        assert hidden.untyped_storage().nbytes() == hidden.numel() * 4
+        assert ids.untyped_storage().nbytes() == ids.numel() * 8
+    loss.clear_cache()
+    assert len(loss.reference_cache) == 0
+    assert len(BERTScoreLoss(encoder=encoder).reference_cache) == 0
+    assert BERTScoreLoss(encoder=encoder).reference_cache.max_size == 10_000
+    with pytest.raises(ValueError, match="reference_cache_size"):
+        BERTScoreLoss(encoder=encoder, reference_cache_size=-1)
+
+
+def test_decision_cache_is_keyed_on_autocast_and_long_input_mode(encoder, vocab):
+    loss = BERTScoreLoss(encoder=encoder)
+    logits = torch.randn(1, 3, vocab)
+    plain = loss(logits=logits, references=["a dog"])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss(logits=logits, references=["a dog"])
+    # the bf16 entry replaced the float32 one: the float32 call does not reuse it
+    assert loss(logits=logits, references=["a dog"]) == plain
+    scorer = BERTScorer(encoder=encoder, reference_cache_size=4)
+    truncated = scorer.score(["a river"], [long_text(600)])
+    scorer.long_inputs = "window"
+    windowed = scorer.score(["a river"], [long_text(600)])
+    whole = BERTScorer(encoder=encoder, long_inputs="window").score(["a river"], [long_text(600)])
+    torch.testing.assert_close(windowed, whole)
+    assert (windowed[1] - truncated[1]).abs() > 1e-4
+
+
+def test_reference_cache_unit():
+    cache = ReferenceCache(max_size=2)
+    entry = (torch.zeros(2, 3), torch.tensor([1, 2]))
+    for text in "abc":
+        cache.store(text, entry, truncated=text == "c", variant=("v",))
+    assert list(cache) == ["b", "c"] and cache.truncated("c") and not cache.truncated("b")
+    assert list(cache.lookup(["b"], ("v",))) == ["b"] and list(cache) == ["c", "b"]
+    cache.max_size = 1
+    assert list(cache) == ["b"]
+    assert cache.lookup(["b"], ("other",)) == {} and len(cache) == 0
+    with pytest.raises(TypeError, match="reference_cache_size"):
+        cache.max_size = None
+
+
+def test_decision_caches_are_bounded_in_bytes_and_entries(encoder, monkeypatch):
+    """The reference cache counted entries only (10,500 long references: +1.1 GB); decision:
+    a byte bound too (``max_bytes``, 512 MiB by default), least recently used out first. The
+    term's label -> text cache is bounded (``DECODED_CACHE_SIZE``)."""
+    cache = ReferenceCache(max_size=100, max_bytes=3 * 10 * 8 * 4 + 3 * 10 * 8)
+    assert ReferenceCache().max_bytes == DEFAULT_MAX_BYTES
+    for i in range(5):  # each entry: [10, 8] float32 + [10] int64 = 400 bytes
+        cache.store(f"t{i}", (torch.zeros(10, 8), torch.zeros(10, dtype=torch.long)), False, ())
+        assert cache.nbytes <= cache.max_bytes
+    assert list(cache) == ["t2", "t3", "t4"] and cache.nbytes == 1200
+    cache.max_bytes = 400
+    assert list(cache) == ["t4"]
+    with pytest.raises(ValueError, match="max_bytes"):
+        cache.max_bytes = -1
+    loss = BERTScoreLoss(encoder=encoder)
+    assert loss.reference_cache.max_bytes == DEFAULT_MAX_BYTES
+    loss.reference_cache.max_bytes = 20_000  # ~30 MiniLM tokens
+    loss(logits=torch.zeros(3, 2, 30522), references=["a cat sat on a mat"] * 2 + ["x " * 40])
+    assert 0 < loss.reference_cache.nbytes <= 20_000
+    monkeypatch.setattr(hf, "DECODED_CACHE_SIZE", 2)
+    tokenizer = encoder.tokenizer
+    term = hf.BERTScoreTerm(loss, tokenizer, causal=False)
+    for i in range(5):
+        term.references_from_labels(torch.tensor([[1000 + i, 1001 + i]]))
+    assert len(term._decoded) == 2 and (1004, 1005) in term._decoded
