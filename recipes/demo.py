@@ -37,10 +37,11 @@ sys.path.insert(0, str(RECIPES))
 sys.path.insert(0, str(RECIPES / "study"))
 
 from summarize_results import DIGITS, RESAMPLES, Scores, paired_difference  # noqa: E402
-from summary import CONTROL, STUDY, load_study, references, study_task  # noqa: E402
+from summary import CONTROL, load_study, references, study_task  # noqa: E402
 
 ARM = "sampled"  # the recipe the study measured best (configs/bible-es-en-gemma-sampled.yaml)
 CONFIG = RECIPES / "configs" / "bible-es-en-gemma-sampled.yaml"
+STUDY = RECIPES / "results" / "study"  # the es→en study's committed runs (manifest: es-en)
 START = STUDY / "stage1-seed0" / "best"  # the committed CE-converged LoRA adapter (seed 0)
 INDEPENDENT = "all-mpnet-base-v2"
 COMMITTED_TABLES = STUDY / "tables.md"
