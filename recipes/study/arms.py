@@ -1,4 +1,4 @@
-"""The study's arms (``arms.yaml``) as command lines, for ``stage2.sh`` and the tests.
+"""The study's arms (``arms.yaml``) as command lines, for ``harness.py`` and the tests.
 
 An arm is a mapping of ``--set`` overrides of the stage-2 config, plus two optional keys of its
 own: ``script`` (default ``recipes/finetune.py``) and ``config`` (default: the driver's).
