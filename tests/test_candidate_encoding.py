@@ -9,6 +9,7 @@ import torch
 from _helpers import caught_warnings, head_for
 
 from bsloss import BERTScoreLoss
+from bsloss.candidate_inputs import TokenIds
 
 
 @pytest.fixture(scope="module")
@@ -66,15 +67,11 @@ def test_rc5_retokenize_truncation_counts_scorer_pieces(gemma_loss, gemma_tokeni
     text = "cat\n" * 300
     ids = gemma_tokenizer(text, add_special_tokens=False)["input_ids"]
     assert len(ids) == 600
-    value, messages = caught_warnings(
-        gemma_loss, candidate_ids=torch.tensor([ids]), references=["cat " * 300]
-    )
+    value, messages = caught_warnings(gemma_loss, TokenIds(torch.tensor([ids])), ["cat " * 300])
     assert messages == []
     assert gemma_loss.last_texts == [gemma_tokenizer.decode(ids)]
     assert torch.isfinite(value).all()
     # a text that does exceed the scorer's 510 pieces is cut there, with the warning
     long_ids = gemma_tokenizer(" cat" * 600, add_special_tokens=False)["input_ids"]
-    _, messages = caught_warnings(
-        gemma_loss, candidate_ids=torch.tensor([long_ids]), references=["cat"]
-    )
+    _, messages = caught_warnings(gemma_loss, TokenIds(torch.tensor([long_ids])), ["cat"])
     assert len(messages) == 1 and "candidates[0]" in messages[0], messages

@@ -214,9 +214,9 @@ def test_sampled_answers_in_sft_trainer(loss, tokenizer, tmp_path):
     seen = []
     score = loss.score
 
-    def recording(**kwargs):
+    def recording(*args, **kwargs):
         seen.append((kwargs["candidate_mask"].sum(1).tolist(), list(kwargs["references"])))
-        return score(**kwargs)
+        return score(*args, **kwargs)
 
     loss.score = recording
     try:
