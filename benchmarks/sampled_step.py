@@ -43,7 +43,6 @@ from bsloss.integrations.term_weights import Balanced
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "recipes" / "data" / "bible-es-en-sample.tsv"
 ADAPTER = ROOT / "recipes" / "results" / "study" / "stage1-seed0" / "best"
-PROMPT = "Spanish: {source}\nEnglish:"  # recipes/tasks.py's translation format
 PARTS = ("generate", "forward", "head", "backward", "optimizer")
 
 
@@ -87,29 +86,15 @@ def tiny():
     return GPT2LMHeadModel(config), tokenizer, BERTScoreLoss(matching="softmax"), pairs
 
 
-def batch_of(tokenizer, pairs, max_target_length: int = 40, max_source_length: int = 96) -> dict:
-    """Prompt + reference + end rows, right-padded; labels ``-100`` on prompt and padding."""
-    chat = bool(getattr(tokenizer, "chat_template", None))
-    rows, labels = [], []
-    for source, target in pairs:
-        text = PROMPT.format(source=source)
-        if chat:
-            messages = [{"role": "user", "content": text}]
-            text = tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        prompt = tokenizer(text, add_special_tokens=not chat)["input_ids"][:max_source_length]
-        answer = tokenizer(" " + target, add_special_tokens=False)["input_ids"]
-        answer = answer[: max_target_length - 1] + [tokenizer.eos_token_id]
-        rows.append(prompt + answer)
-        labels.append([-100] * len(prompt) + answer)
-    width = max(map(len, rows))
-    pad = tokenizer.pad_token_id
-    return {
-        "input_ids": torch.tensor([r + [pad] * (width - len(r)) for r in rows]),
-        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
-        "labels": torch.tensor([r + [-100] * (width - len(r)) for r in labels]),
-    }
+def batch_of(model, tokenizer, pairs, max_target_length: int = 40,
+             max_source_length: int = 96) -> dict:  # fmt: skip
+    """The recipe's training batch (``recipes/causal.py``'s ``CausalCollator.training_batch``:
+    prompt + reference + end rows, right-padded, labels ``-100`` on prompt and padding)."""
+    sys.path.insert(0, str(ROOT / "recipes"))
+    from causal import CausalCollator
+
+    collator = CausalCollator(tokenizer, model, "translation", max_source_length, max_target_length)
+    return collator.training_batch([{"source": s, "target": t} for s, t in pairs])
 
 
 def parse_variant(text: str) -> SampledAnswers | None:
@@ -173,7 +158,7 @@ def measure(args) -> tuple[list[tuple[str, dict]], dict]:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model, tokenizer, loss, pairs = tiny() if args.tiny else gemma(Path(args.adapter))
-    batch = batch_of(tokenizer, pairs[: args.batch_size], args.max_target_length)
+    batch = batch_of(model, tokenizer, pairs[: args.batch_size], args.max_target_length)
     term = BERTScoreTerm(loss, tokenizer, weight=Balanced(1.0), causal=True)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=0.0)
