@@ -10,22 +10,30 @@ r"""Candidate-distribution transforms: how a generator's logits become the token
 
 They apply in that order whatever the order given (noise, then the cut, then the one-hot), each
 at most once. The keywords ``top_k=``, ``straight_through=`` and ``gumbel_temperature=`` of
-:class:`~bsloss.BERTScoreLoss` were their shorthand (deprecated: pass the objects). The kernels
-(the dense :func:`~bsloss.distributions.token_distribution` and the chunked
-:func:`~bsloss.functional.fused_expectation.fused_expected_inputs`) read the resolved
-:class:`CandidateOptions` and call the same per-block functions: the Gumbel noise of
-:mod:`bsloss.functional.gumbel_noise` (a function of seed, position and token id, so that the
-fused pass draws, chunk by chunk, the noise the dense path draws: both paths give the same
-candidates for the same seed) and :mod:`bsloss.functional.straight_through`. Every transform
-works on both paths.
+:class:`~bsloss.BERTScoreLoss` were their shorthand (deprecated: pass the objects).
+
+The order and the checks are written here once, for every kernel: :meth:`CandidateOptions.check`
+validates the options against a vocabulary, and :func:`candidate_weights` applies them, in order,
+to one block of scores (or probabilities). Each kernel passes its own primitive, the Gumbel noise
+of its positions and token ids (:mod:`bsloss.functional.gumbel_noise`: a function of seed,
+position and token id, so that the chunked pass draws, chunk by chunk, the noise the dense path
+draws): the dense :func:`~bsloss.distributions.token_distribution` over the whole vocabulary, the
+chunked :func:`~bsloss.functional.fused_expectation.fused_expected_inputs` over the k tokens its
+running top-k kept. The chunked pass without a cut keeps the softmax implicit in its streaming
+expectation and applies the one-hot to the expected row instead
+(:mod:`bsloss.functional.straight_through`). Every transform works on both paths.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+import torch
+from torch import Tensor
+
 from bsloss.functional.matching import check_temperature
+from bsloss.functional.straight_through import one_hot_straight_through
 from bsloss.inputs import check_int
 
 __all__ = [
@@ -34,6 +42,7 @@ __all__ = [
     "Gumbel",
     "StraightThrough",
     "TopK",
+    "candidate_weights",
     "resolve_candidate_transforms",
 ]
 
@@ -46,6 +55,32 @@ class CandidateOptions:
     top_k: int | None = None
     straight_through: bool = False
     gumbel_temperature: float | None = None
+
+    def check(self, vocab: int, *, from_logits: bool = True) -> None:
+        """The checks every kernel makes, against a vocabulary of ``vocab`` tokens (``from_logits``:
+        whether the kernel has scores to add noise to, not probabilities).
+
+        >>> CandidateOptions(top_k=8).check(5)
+        Traceback (most recent call last):
+        ...
+        ValueError: top_k must be in [1, 5], got 8
+        """
+        if self.top_k is not None:
+            check_int(self.top_k, "top_k", 1)
+            if self.top_k > vocab:
+                raise ValueError(f"top_k must be in [1, {vocab}], got {self.top_k}")
+        if not isinstance(self.straight_through, bool):
+            raise TypeError(f"straight_through must be a bool, got {self.straight_through!r}")
+        if self.gumbel_temperature is not None:
+            if not from_logits:
+                raise ValueError("gumbel_temperature needs logits, not probs")
+            check_temperature(self.gumbel_temperature, "gumbel_temperature")
+
+    @property
+    def forms_weights(self) -> bool:
+        """Whether the weights must be formed (a cut or a one-hot); else a kernel may keep the
+        softmax implicit in its expectation."""
+        return self.top_k is not None or self.straight_through
 
 
 class CandidateTransform:
@@ -167,6 +202,57 @@ def resolve_candidate_transforms(
     for transform in shorthand:
         options = transform.configure(options)
     return options
+
+
+def candidate_weights(
+    values: Tensor,
+    options: CandidateOptions,
+    *,
+    perturb: Callable[[Tensor], Tensor] | None = None,
+    probabilities: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """The transforms, in their one order, over the last dimension of one block of ``values``:
+
+    1. Gumbel noise, ``perturb(scores)``: the calling kernel's noise for the block's positions
+       and token ids (needed with :class:`Gumbel`; scores only);
+    2. the :class:`TopK` cut (skipped where the block holds ``k`` columns or fewer: the
+       chunked pass hands over the ``k`` it already kept);
+    3. normalisation: the softmax of scores, or probabilities renormalised;
+    4. the :class:`StraightThrough` one-hot.
+
+    Args:
+        values: scores (logits over the generator temperature) or, with ``probabilities``,
+            non-negative probabilities; float32 or float64.
+        options: the resolved transforms (:meth:`CandidateOptions.check` already passed).
+        perturb: the noise of the calling kernel (its primitive).
+        probabilities: whether ``values`` are probabilities.
+
+    Returns:
+        ``(weights, indices)``: the weights over the kept columns and the columns' indices
+        within the block (``None`` without a cut).
+
+    >>> import torch
+    >>> w, kept = candidate_weights(torch.tensor([[2.0, 0.0, 1.0]]), CandidateOptions(top_k=2))
+    >>> kept
+    tensor([[0, 2]])
+    >>> w.sum().item()
+    1.0
+    """
+    if options.gumbel_temperature is not None:
+        if perturb is None or probabilities:
+            raise ValueError("Gumbel noise needs scores and the kernel's noise (perturb)")
+        values = perturb(values)
+    indices = None
+    if options.top_k is not None and values.shape[-1] > options.top_k:
+        values, indices = values.topk(options.top_k, dim=-1)
+    if probabilities:
+        tiny = torch.finfo(values.dtype).tiny
+        weights = values / values.sum(dim=-1, keepdim=True).clamp_min(tiny)
+    else:
+        weights = torch.softmax(values, dim=-1)
+    if options.straight_through:
+        weights = one_hot_straight_through(weights)
+    return weights, indices
 
 
 def _is_transform_class(value: object) -> bool:

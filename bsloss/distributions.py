@@ -21,13 +21,14 @@ Probabilities are computed in float32 whatever the caller's autocast.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from einops import einsum
 from torch import Tensor
 
+from bsloss.candidate_transforms import CandidateOptions, candidate_weights
 from bsloss.functional.gumbel_noise import draw_seed, gumbel_scores
-from bsloss.functional.straight_through import one_hot_straight_through
 from bsloss.inputs import position_of_first
 
 __all__ = [
@@ -91,36 +92,23 @@ def token_distribution(
     source, name = (logits, "logits") if logits is not None else (probs, "probs")
     if source.dim() != 3:
         raise ValueError(f"{name} must be [B, L, V], got shape {list(source.shape)}")
-    if top_k is not None and not 1 <= top_k <= source.shape[-1]:
-        raise ValueError(f"top_k must be in [1, {source.shape[-1]}], got {top_k}")
-    if gumbel_temperature is not None:
-        if logits is None:
-            raise ValueError("gumbel_temperature needs logits, not probs")
-        if not gumbel_temperature > 0:
-            raise ValueError(f"gumbel_temperature must be > 0, got {gumbel_temperature}")
+    options = CandidateOptions(top_k, straight_through, gumbel_temperature)
+    options.check(source.shape[-1], from_logits=logits is not None)
     check_finite_tensor(source, name)
+    perturb = None
+    if gumbel_temperature is not None:
+        seed = draw_seed() if gumbel_seed is None else gumbel_seed
+        perturb = partial(_perturbed, temperature=gumbel_temperature, seed=seed)
     with torch.autocast(device_type=source.device.type, enabled=False):
-        if logits is not None:
-            scores = _math(logits)
-            if gumbel_temperature is not None:
-                seed = draw_seed() if gumbel_seed is None else gumbel_seed
-                scores = _perturbed(scores, gumbel_temperature, seed)
-            if top_k is None and not straight_through:
-                return TokenDistribution(None, logits=scores)
-            indices = None
-            if top_k is not None:
-                scores, indices = scores.topk(top_k, dim=-1)
-            p = torch.softmax(scores, dim=-1)
-        else:
-            p = _math(probs)
-            if (p < 0).any():
-                raise ValueError("probs must be non-negative")
-            indices = None
-            if top_k is not None:
-                p, indices = p.topk(top_k, dim=-1)
-            p = p / p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
-        if straight_through:
-            p = one_hot_straight_through(p)
+        values = _math(source)
+        if logits is not None and not options.forms_weights:
+            # the plain softmax stays implicit: fused with the table product downstream
+            return TokenDistribution(None, logits=values if perturb is None else perturb(values))
+        if probs is not None and (values < 0).any():
+            raise ValueError("probs must be non-negative")
+        p, indices = candidate_weights(
+            values, options, perturb=perturb, probabilities=probs is not None
+        )
     return TokenDistribution(p, indices)
 
 

@@ -53,7 +53,7 @@ import bsloss
 from bsloss.functional import bert_score
 from bsloss.functional.matching import Hard, LogSumExp, Sinkhorn, Softmax
 from bsloss.functional.matching.sinkhorn import sinkhorn_log_plan
-from bsloss import plot_example
+from bsloss import Logits, TopK, plot_example
 from bsloss.plot import pair_similarity
 
 SMALL = os.environ.get("BSLOSS_NOTEBOOK_SMALL") == "1"
@@ -184,14 +184,15 @@ for name, matching in [("hard", Hard()), ("softmax T=0.05", Softmax(0.05)),
     cells[name] = float((s.grad != 0).float().mean())
 
 density = []
-for name, options in [("hard", dict(matching="hard")),
-                      ("softmax T=0.05", dict(matching="softmax", temperature=0.05)),
-                      ("sinkhorn T=0.05", dict(matching="sinkhorn", temperature=0.05)),
-                      ("hard, top_k=32", dict(matching="hard", top_k=32)),
-                      ("softmax, top_k=32", dict(matching="softmax", temperature=0.05, top_k=32))]:
-    loss_fn = bsloss.BERTScoreLoss(encoder=scorer.encoder, **options)
+for name, options in [("hard", dict(matching=Hard())),
+                      ("softmax T=0.05", dict(matching=Softmax(0.05))),
+                      ("sinkhorn T=0.05", dict(matching=Sinkhorn(0.05))),
+                      ("hard, top_k=32", dict(matching=Hard(), candidate_transforms=TopK(32))),
+                      ("softmax, top_k=32",
+                       dict(matching=Softmax(0.05), candidate_transforms=TopK(32)))]:
+    loss_fn = bsloss.BERTScoreLoss(model=scorer.encoder, **options)
     logits = base_logits.clone().requires_grad_(True)
-    loss_fn(logits=logits, candidate_mask=mask, references=second[:batch]).backward()
+    loss_fn(Logits(logits), candidate_mask=mask, references=second[:batch]).backward()
     grad = logits.grad.abs()
     big = grad > 1e-3 * grad.max()
     density.append({
@@ -217,7 +218,8 @@ width = 0.8 / len(density)
 for i, row in enumerate(density):
     axes[1].bar(np.arange(len(keys)) + i * width, [row[k] for k in keys], width,
                 label=row["loss"])
-axes[1].set_xticks(np.arange(len(keys)) + 0.4 - width / 2, keys, fontsize=8)
+labels = [k.replace("per position ", "per position\\n") for k in keys]  # no overlap
+axes[1].set_xticks(np.arange(len(keys)) + 0.4 - width / 2, labels, fontsize=8)
 axes[1].set_yscale("log")
 axes[1].set_title("logits receiving gradient")
 axes[1].legend(fontsize=7)

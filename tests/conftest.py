@@ -49,6 +49,20 @@ def plain_loss(encoder):
     return bsloss.BERTScoreLoss(encoder=encoder, reduction="none")
 
 
+@pytest.fixture(scope="module")
+def soft_loss(encoder):
+    """A ``BERTScoreLoss`` around ``encoder`` with softmax matching (T = 0.05)."""
+    return bsloss.BERTScoreLoss(model=encoder, matching=bsloss.Softmax(0.05))
+
+
+@pytest.fixture(scope="module")
+def vocabulary_tokenizer(scorer):
+    """A generator tokenizer on the scorer's own vocabulary (no bridge needed)."""
+    from _models import scorer_vocabulary_tokenizer
+
+    return scorer_vocabulary_tokenizer(scorer)
+
+
 @pytest.fixture(scope="session")
 def stsb_dev() -> list[tuple[float, str, str]]:
     """STS-B dev pairs as ``(score, sentence1, sentence2)``."""

@@ -6,25 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _models import scorer_vocabulary_tokenizer
 from test_candidates import causal_batch, causal_trainer, without_dropout
 
-import bsloss
 from bsloss.integrations.candidates import GreedyAnswers, SampledAnswers
 from bsloss.integrations.huggingface import BERTScoreTerm
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("datasets")
-
-
-@pytest.fixture(scope="module")
-def loss(scorer):
-    return bsloss.BERTScoreLoss(encoder=scorer.encoder, matching="softmax")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(scorer):
-    return scorer_vocabulary_tokenizer(scorer)
 
 
 def counting(model):
@@ -46,12 +34,19 @@ def step_loss(trainer, batch, step):
 
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("rows", [2, 5])
-def test_rows_of_the_whole_batch_equal_the_full_method(loss, tokenizer, tmp_path, rows, fused):
-    batch = causal_batch(tokenizer)
+def test_rows_of_the_whole_batch_equal_the_full_method(
+    soft_loss, vocabulary_tokenizer, tmp_path, rows, fused
+):
+    batch = causal_batch(vocabulary_tokenizer)
     values = []
     for source in (GreedyAnswers(), GreedyAnswers(rows=rows)):
-        trainer = causal_trainer(loss, tokenizer, tmp_path, bertscore_candidates=source,
-                                 bertscore_fused=fused)  # fmt: skip
+        trainer = causal_trainer(
+            soft_loss,
+            vocabulary_tokenizer,
+            tmp_path,
+            bertscore_candidates=source,
+            bertscore_fused=fused,
+        )
         without_dropout(trainer.model).train()
         calls = counting(trainer.model)
         values.append(step_loss(trainer, batch, 3))
@@ -61,12 +56,17 @@ def test_rows_of_the_whole_batch_equal_the_full_method(loss, tokenizer, tmp_path
 
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("step", [0, 1])
-def test_a_subset_answers_its_rows_only(loss, tokenizer, tmp_path, step, fused):
+def test_a_subset_answers_its_rows_only(soft_loss, vocabulary_tokenizer, tmp_path, step, fused):
     """rows=1 of 2: one row generated (row ``step`` by the rotation); the loss is the CE over
     both rows plus the term over the answered row alone."""
-    batch = causal_batch(tokenizer)
-    trainer = causal_trainer(loss, tokenizer, tmp_path, bertscore_fused=fused,
-                             bertscore_candidates=GreedyAnswers(rows=1))  # fmt: skip
+    batch = causal_batch(vocabulary_tokenizer)
+    trainer = causal_trainer(
+        soft_loss,
+        vocabulary_tokenizer,
+        tmp_path,
+        bertscore_fused=fused,
+        bertscore_candidates=GreedyAnswers(rows=1),
+    )
     model = without_dropout(trainer.model).train()
     calls = counting(model)
     value = step_loss(trainer, batch, step)
@@ -77,18 +77,24 @@ def test_a_subset_answers_its_rows_only(loss, tokenizer, tmp_path, step, fused):
     outputs = {
         "logits": model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     }
-    ce = BERTScoreTerm(loss, tokenizer, weight=0.0)(outputs, labels)
+    ce = BERTScoreTerm(soft_loss, vocabulary_tokenizer, weight=0.0)(outputs, labels)
     row = slice(step, step + 1)
     alone = {k: v[row] for k, v in batch.items() if k != "labels"}
     joint = GreedyAnswers().answer(
-        model, alone, labels[row], causal=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=[tokenizer.sep_token_id],
-    )  # fmt: skip
+        model,
+        alone,
+        labels[row],
+        causal=True,
+        pad_token_id=vocabulary_tokenizer.pad_token_id,
+        eos_token_ids=[vocabulary_tokenizer.sep_token_id],
+    )
     own, answers = joint.split(model(**joint.inputs).logits)
-    term = BERTScoreTerm(loss, tokenizer, weight=1.0, ce_weight=0.0)(
-        {"logits": own}, labels[row], candidate_outputs={"logits": answers},
+    term = BERTScoreTerm(soft_loss, vocabulary_tokenizer, weight=1.0, ce_weight=0.0)(
+        {"logits": own},
+        labels[row],
+        candidate_outputs={"logits": answers},
         candidate_labels=joint.candidate_labels,
-    )  # fmt: skip
+    )
     assert abs(value.item() - (ce + term).item()) < 1e-5
 
 
@@ -101,10 +107,11 @@ def test_rows_rotate_over_the_batch():
     assert SampledAnswers(rows=2, every=2).answered_rows(4, 2).tolist() == [2, 3]
 
 
-def test_every_k_answers_on_steps_0_k_2k(loss, tokenizer, tmp_path):
-    batch = causal_batch(tokenizer)
-    trainer = causal_trainer(loss, tokenizer, tmp_path,
-                             bertscore_candidates=GreedyAnswers(every=2))  # fmt: skip
+def test_every_k_answers_on_steps_0_k_2k(soft_loss, vocabulary_tokenizer, tmp_path):
+    batch = causal_batch(vocabulary_tokenizer)
+    trainer = causal_trainer(
+        soft_loss, vocabulary_tokenizer, tmp_path, bertscore_candidates=GreedyAnswers(every=2)
+    )
     model = without_dropout(trainer.model).train()
     calls = counting(model)
     answered = []
@@ -113,9 +120,14 @@ def test_every_k_answers_on_steps_0_k_2k(loss, tokenizer, tmp_path):
         value = step_loss(trainer, batch, step)
         answered.append(len(calls) > before)
         if step % 2:  # between answering steps: the CE alone
-            outputs = {"logits": model(input_ids=batch["input_ids"],
-                                       attention_mask=batch["attention_mask"]).logits}  # fmt: skip
-            ce = BERTScoreTerm(loss, tokenizer, weight=0.0)(outputs, batch["labels"])
+            outputs = {
+                "logits": model(
+                    input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                ).logits
+            }
+            ce = BERTScoreTerm(soft_loss, vocabulary_tokenizer, weight=0.0)(
+                outputs, batch["labels"]
+            )
             assert abs(value.item() - ce.item()) < 1e-5
     assert answered == [True, False, True, False, True]
 

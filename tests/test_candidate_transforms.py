@@ -8,7 +8,11 @@ import torch
 
 import bsloss
 from bsloss import CandidateTransform, Gumbel, StraightThrough, TopK
-from bsloss.candidate_transforms import CandidateOptions, resolve_candidate_transforms
+from bsloss.candidate_transforms import (
+    CandidateOptions,
+    candidate_weights,
+    resolve_candidate_transforms,
+)
 
 REFS = ["a cat sat on the mat", "the dog ran home"]
 
@@ -108,3 +112,61 @@ def test_a_new_transform_is_one_small_class(encoder, logits):
     assert torch.equal(
         custom(logits=logits, references=REFS), reference(logits=logits, references=REFS)
     )
+
+
+def test_options_check_names_the_argument_and_the_vocabulary():
+    with pytest.raises(ValueError, match=r"top_k must be in \[1, 5\], got 8"):
+        CandidateOptions(top_k=8).check(5)
+    with pytest.raises(ValueError, match="gumbel_temperature needs logits"):
+        CandidateOptions(gumbel_temperature=0.5).check(5, from_logits=False)
+    with pytest.raises(ValueError, match="gumbel_temperature"):
+        CandidateOptions(gumbel_temperature=0.0).check(5)
+    with pytest.raises(TypeError, match="straight_through must be a bool"):
+        CandidateOptions(straight_through=1).check(5)
+    CandidateOptions(top_k=5, straight_through=True, gumbel_temperature=0.5).check(5)
+
+
+def test_candidate_weights_apply_noise_then_cut_then_normalise_then_one_hot():
+    scores = torch.tensor([[3.0, 1.0, 2.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    # noise that reverses the order: the cut must see the perturbed scores, not the scores
+    reverse = lambda s: -s  # noqa: E731
+    options = CandidateOptions(top_k=2, straight_through=True, gumbel_temperature=1.0)
+    weights, kept = candidate_weights(scores, options, perturb=reverse)
+    assert kept.tolist() == [[3, 1]]
+    assert weights.tolist() == [[1.0, 0.0]]  # the one-hot of the softmax over the kept two
+    weights[0, 1].backward()  # straight-through: the softmax's gradient reaches the scores
+    soft = torch.softmax(torch.tensor([0.0, -1.0], dtype=torch.float64), -1)
+    assert scores.grad[0, 1].item() == pytest.approx(-soft[1].item() * (1 - soft[1].item()))
+    probs, _ = candidate_weights(
+        torch.tensor([[0.2, 0.6, 0.2]]), CandidateOptions(top_k=2), probabilities=True
+    )
+    assert probs.tolist() == [[pytest.approx(0.75), pytest.approx(0.25)]]
+    with pytest.raises(ValueError, match="Gumbel noise needs"):
+        candidate_weights(scores, CandidateOptions(gumbel_temperature=1.0))
+
+
+@pytest.mark.parametrize(
+    "options", [{"top_k": 4}, {"top_k": 4, "straight_through": True, "gumbel_temperature": 0.5}]
+)
+def test_dense_and_chunked_kernels_form_their_weights_in_the_one_place(monkeypatch, options):
+    """Both kernels call :func:`candidate_weights` (the order written once) and agree."""
+    import bsloss.distributions as dense
+    import bsloss.functional.fused_expectation as chunked
+
+    calls = []
+
+    def spy(*args, **kwargs):
+        calls.append(args[1])
+        return candidate_weights(*args, **kwargs)
+
+    monkeypatch.setattr(dense, "candidate_weights", spy)
+    monkeypatch.setattr(chunked, "candidate_weights", spy)
+    torch.manual_seed(0)
+    hidden, head, table = torch.randn(6, 8), torch.randn(40, 8), torch.randn(40, 3)
+    fused = chunked.fused_expected_inputs(
+        hidden, head, table, **options, gumbel_seed=3, chunk_elements=32
+    )
+    distribution = dense.token_distribution((hidden @ head.T)[None], **options, gumbel_seed=3)
+    expected = torch.einsum("blk,blkc->blc", distribution.weights, table[distribution.indices])
+    assert len(calls) == 2 and calls[0] == calls[1] == CandidateOptions(**options)
+    torch.testing.assert_close(fused.expected, expected[0], atol=1e-5, rtol=1e-5)

@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from _models import scorer_vocabulary_tokenizer, scripted, tiny_gpt2
+from _models import scripted, tiny_gpt2
 
 import bsloss
 from bsloss.integrations.candidates import (
@@ -28,23 +28,15 @@ PROMPTS = ["Summarize: the cat sat on the mat.", "Summarize: a dog ran in the lo
 REFERENCES = ["The cat sat.", "A dog ran."]
 
 
-@pytest.fixture(scope="module")
-def loss(scorer):
-    return bsloss.BERTScoreLoss(encoder=scorer.encoder, matching="softmax")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(scorer):
-    return scorer_vocabulary_tokenizer(scorer)
-
-
-def causal_batch(tokenizer, left_pad: bool = False):
+def causal_batch(vocabulary_tokenizer, left_pad: bool = False):
     """Prompt + reference + [SEP] rows (right-padded unless ``left_pad``), labels -100 on the
     prompt and the padding."""
     rows, labels = [], []
     for prompt, reference in zip(PROMPTS, REFERENCES, strict=True):
-        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        r = tokenizer(reference, add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
+        p = vocabulary_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        r = vocabulary_tokenizer(reference, add_special_tokens=False)["input_ids"] + [
+            vocabulary_tokenizer.sep_token_id
+        ]
         rows.append(p + r)
         labels.append([-100] * len(p) + r)
     width = max(map(len, rows))
@@ -54,13 +46,13 @@ def causal_batch(tokenizer, left_pad: bool = False):
         return padding + row if left_pad else row + padding
 
     return {
-        "input_ids": torch.tensor([pad(r, tokenizer.pad_token_id) for r in rows]),
+        "input_ids": torch.tensor([pad(r, vocabulary_tokenizer.pad_token_id) for r in rows]),
         "attention_mask": torch.tensor([pad([1] * len(r), 0) for r in rows]),
         "labels": torch.tensor([pad(r, -100) for r in labels]),
     }
 
 
-def answer_one_by_one(model, tokenizer, batch, max_new_tokens):
+def answer_one_by_one(model, vocabulary_tokenizer, batch, max_new_tokens):
     """Each row's greedy answer from its prompt alone (no padding anywhere), cut after [SEP]:
     (prompt + answer ids, the answer's labels) per row."""
     rows = []
@@ -71,31 +63,38 @@ def answer_one_by_one(model, tokenizer, batch, max_new_tokens):
         model.eval()
         with torch.no_grad():
             out = model.generate(
-                input_ids=prompt[None], attention_mask=torch.ones_like(prompt)[None],
-                do_sample=False, max_new_tokens=max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id, eos_token_id=[tokenizer.sep_token_id],
-            )[0, len(prompt):]  # fmt: skip
+                input_ids=prompt[None],
+                attention_mask=torch.ones_like(prompt)[None],
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=vocabulary_tokenizer.pad_token_id,
+                eos_token_id=[vocabulary_tokenizer.sep_token_id],
+            )[0, len(prompt) :]
         model.train()
-        ends = (out == tokenizer.sep_token_id).nonzero()
+        ends = (out == vocabulary_tokenizer.sep_token_id).nonzero()
         answer = out[: int(ends[0]) + 1] if len(ends) else out
         rows.append((torch.cat([prompt, answer]), [-100] * len(prompt) + answer.tolist()))
     return rows
 
 
 @pytest.mark.parametrize("left_pad", [False, True])
-def test_joined_batch_equals_the_rows_run_alone(tokenizer, left_pad):
+def test_joined_batch_equals_the_rows_run_alone(vocabulary_tokenizer, left_pad):
     """The answers equal each prompt's own greedy answer, and the one joined forward pass gives
     the batch's logits and each answer's logits as if each ran alone."""
-    model = tiny_gpt2(tokenizer)
-    batch = causal_batch(tokenizer, left_pad)
+    model = tiny_gpt2(vocabulary_tokenizer)
+    batch = causal_batch(vocabulary_tokenizer, left_pad)
     labels = batch.pop("labels")
     longest = int((labels != -100).sum(1).max())
     joint = GreedyAnswers().answer(
-        model, batch, labels, causal=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=[tokenizer.sep_token_id],
-    )  # fmt: skip
+        model,
+        batch,
+        labels,
+        causal=True,
+        pad_token_id=vocabulary_tokenizer.pad_token_id,
+        eos_token_ids=[vocabulary_tokenizer.sep_token_id],
+    )
     assert model.training  # its mode is restored after generating
-    expected = answer_one_by_one(model, tokenizer, {**batch, "labels": labels}, longest)
+    expected = answer_one_by_one(model, vocabulary_tokenizer, {**batch, "labels": labels}, longest)
     for i, (_, row_labels) in enumerate(expected):
         got = joint.candidate_labels[i]
         assert got[: len(row_labels)].tolist() == row_labels
@@ -131,21 +130,27 @@ def trainer_class(base):
 def training_args(tmp_path, cls=None, **extra):
     cls = cls or transformers.TrainingArguments
     options = dict(
-        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2,
-        learning_rate=1e-3, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
-    )  # fmt: skip
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+    )
     return cls(**{**options, **extra})
 
 
-def causal_trainer(loss, tokenizer, tmp_path, **options):
-    batch = causal_batch(tokenizer)
+def causal_trainer(soft_loss, vocabulary_tokenizer, tmp_path, **options):
+    batch = causal_batch(vocabulary_tokenizer)
     rows = [{k: v[i].tolist() for k, v in batch.items()} for i in range(2)] * 2
     return trainer_class(transformers.Trainer)(
-        model=tiny_gpt2(tokenizer),
+        model=tiny_gpt2(vocabulary_tokenizer),
         args=training_args(tmp_path),
         train_dataset=datasets.Dataset.from_list(rows),
-        processing_class=tokenizer,
-        bertscore_loss=loss,
+        processing_class=vocabulary_tokenizer,
+        bertscore_loss=soft_loss,
         **options,
     )
 
@@ -161,70 +166,82 @@ CANDIDATE_OPTIONS = {
 
 @pytest.mark.parametrize("options", CANDIDATE_OPTIONS)
 @pytest.mark.parametrize("fused", [False, True])
-def test_mixin_loss_is_the_term_on_the_models_answers(scorer, tokenizer, tmp_path, fused, options):
+def test_mixin_loss_is_the_term_on_the_models_answers(
+    scorer, vocabulary_tokenizer, tmp_path, fused, options
+):
     """compute_loss with greedy answers equals BERTScoreTerm called by hand on answers made
     one by one (CE on the labels, the term on the answers), value and gradients, for each
     matching / candidate transform; the fused path (no [B, L, V] logits) equals the dense
     one."""
     loss = bsloss.BERTScoreLoss(encoder=scorer.encoder, **CANDIDATE_OPTIONS[options])
-    trainer = causal_trainer(loss, tokenizer, tmp_path, bertscore_candidates="greedy",
-                             bertscore_weight=Balanced(1.0), bertscore_fused=fused)  # fmt: skip
+    trainer = causal_trainer(
+        loss,
+        vocabulary_tokenizer,
+        tmp_path,
+        bertscore_candidates="greedy",
+        bertscore_weight=Balanced(1.0),
+        bertscore_fused=fused,
+    )
     model = trainer.model
     without_dropout(model).train()
-    batch = causal_batch(tokenizer)
+    batch = causal_batch(vocabulary_tokenizer)
     value = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()})
     grads = torch.autograd.grad(value, [p for p in model.parameters() if p.requires_grad])
 
     longest = int((batch["labels"] != -100).sum(1).max())
-    expected = answer_one_by_one(model, tokenizer, batch, longest)
+    expected = answer_one_by_one(model, vocabulary_tokenizer, batch, longest)
     width = max(len(ids) for ids, _ in expected)
     answer_ids = torch.stack(
         [torch.nn.functional.pad(ids, (0, width - len(ids))) for ids, _ in expected]
     )
     answer_mask = (torch.arange(width) < torch.tensor([[len(ids)] for ids, _ in expected])).long()
     answer_labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in expected])
-    term = BERTScoreTerm(loss, tokenizer, weight=Balanced(1.0), causal=True)
+    term = BERTScoreTerm(loss, vocabulary_tokenizer, weight=Balanced(1.0), causal=True)
     own = model(input_ids=answer_ids, attention_mask=answer_mask).logits
     reference = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    by_hand = term({"logits": reference}, batch["labels"], candidate_outputs={"logits": own},
-                   candidate_labels=answer_labels)  # fmt: skip
+    by_hand = term(
+        {"logits": reference},
+        batch["labels"],
+        candidate_outputs={"logits": own},
+        candidate_labels=answer_labels,
+    )
     grads_by_hand = torch.autograd.grad(by_hand, [p for p in model.parameters() if p.requires_grad])
     assert abs(value.item() - by_hand.item()) < 1e-5
     for got, want in zip(grads, grads_by_hand, strict=True):
         assert torch.allclose(got, want, atol=1e-5)
 
 
-def test_sampled_answers_in_sft_trainer(loss, tokenizer, tmp_path):
+def test_sampled_answers_in_sft_trainer(soft_loss, vocabulary_tokenizer, tmp_path):
     """SFTTrainer + mixin with sampled answers and the balanced weight (the study's winning
     setting): trains, logs, the scorer sees the answers (not the labels) against the
     completions, and evaluation still scores the labels."""
     trl = pytest.importorskip("trl")
     data = datasets.Dataset.from_dict({"prompt": PROMPTS * 2, "completion": REFERENCES * 2})
     trainer = trainer_class(trl.SFTTrainer)(
-        model=tiny_gpt2(tokenizer),
+        model=tiny_gpt2(vocabulary_tokenizer),
         args=training_args(tmp_path, trl.SFTConfig, max_length=48, bf16=False),
         train_dataset=data,
-        processing_class=tokenizer,
-        bertscore_loss=loss,
+        processing_class=vocabulary_tokenizer,
+        bertscore_loss=soft_loss,
         bertscore_weight=Balanced(1.0),
         bertscore_candidates=SampledAnswers(max_new_tokens=3),
         bertscore_fused=False,
     )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     seen = []
-    score = loss.score
+    score = soft_loss.score
 
     def recording(*args, **kwargs):
         seen.append((kwargs["candidate_mask"].sum(1).tolist(), list(kwargs["references"])))
         return score(*args, **kwargs)
 
-    loss.score = recording
+    soft_loss.score = recording
     try:
         trainer.train()
         trained = len(seen)
         metrics = trainer.evaluate(data)
     finally:
-        del loss.score
+        del soft_loss.score
     assert trained == 2
     for counts, references in seen[:trained]:
         assert all(1 <= c <= 3 for c in counts)  # the answers: at most max_new_tokens
@@ -238,24 +255,27 @@ def test_sampled_answers_in_sft_trainer(loss, tokenizer, tmp_path):
     assert 0 < metrics["eval_bertscore_f"] <= 1
 
 
-def test_greedy_answers_in_seq2seq_trainer(loss, tokenizer, tmp_path):
+def test_greedy_answers_in_seq2seq_trainer(soft_loss, vocabulary_tokenizer, tmp_path):
     """Seq2SeqTrainer on a tiny BERT2BERT: the answers are the decoder's greedy outputs, scored
     from the one joined pass; the loss equals the term called by hand."""
     from _models import tiny_bert2bert
 
-    model = without_dropout(tiny_bert2bert(tokenizer))
+    model = without_dropout(tiny_bert2bert(vocabulary_tokenizer))
     rows = [
-        {"input_ids": tokenizer(p)["input_ids"], "labels": tokenizer(r)["input_ids"][1:]}
+        {
+            "input_ids": vocabulary_tokenizer(p)["input_ids"],
+            "labels": vocabulary_tokenizer(r)["input_ids"][1:],
+        }
         for p, r in zip(PROMPTS, REFERENCES, strict=True)
     ]
-    collator = transformers.DataCollatorForSeq2Seq(tokenizer, model=model)
+    collator = transformers.DataCollatorForSeq2Seq(vocabulary_tokenizer, model=model)
     trainer = trainer_class(transformers.Seq2SeqTrainer)(
         model=model,
         args=training_args(tmp_path, transformers.Seq2SeqTrainingArguments),
         train_dataset=datasets.Dataset.from_list(rows * 2),
         data_collator=collator,
-        processing_class=tokenizer,
-        bertscore_loss=loss,
+        processing_class=vocabulary_tokenizer,
+        bertscore_loss=soft_loss,
         bertscore_candidates=GreedyAnswers(max_new_tokens=5),
     )
     batch = collator(rows)
@@ -264,22 +284,30 @@ def test_greedy_answers_in_seq2seq_trainer(loss, tokenizer, tmp_path):
     model.eval()
     with torch.no_grad():
         generated = model.generate(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-            do_sample=False, max_new_tokens=5, pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=[tokenizer.sep_token_id],
-        )  # fmt: skip
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            do_sample=False,
+            max_new_tokens=5,
+            pad_token_id=vocabulary_tokenizer.pad_token_id,
+            eos_token_id=[vocabulary_tokenizer.sep_token_id],
+        )
     model.train()
-    answers = generated_labels(generated, tokenizer.sep_token_id)
-    term = BERTScoreTerm(loss, tokenizer, causal=False)
+    answers = generated_labels(generated, vocabulary_tokenizer.sep_token_id)
+    term = BERTScoreTerm(soft_loss, vocabulary_tokenizer, causal=False)
 
     def forward(labels):
         return model(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
             decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels=labels),
-        )  # fmt: skip
+        )
 
-    by_hand = term(forward(batch["labels"]), batch["labels"],
-                   candidate_outputs=forward(answers), candidate_labels=answers)  # fmt: skip
+    by_hand = term(
+        forward(batch["labels"]),
+        batch["labels"],
+        candidate_outputs=forward(answers),
+        candidate_labels=answers,
+    )
     assert abs(value.item() - by_hand.item()) < 1e-5
     trainer.train()
     assert trainer.state.global_step == 2
@@ -305,8 +333,12 @@ def test_answer_options_take_any_number_type_and_refuse_bools_named():
     """Numbers of any numeric type (numpy's) are accepted and stored as Python numbers; a
     bool, a float where an integer belongs or a string is refused, the parameter named."""
     np = pytest.importorskip("numpy")
-    options = SampledAnswers(max_new_tokens=np.int64(8), top_k=np.int32(5),
-                             top_p=np.float32(0.5), temperature=np.float64(0.7))  # fmt: skip
+    options = SampledAnswers(
+        max_new_tokens=np.int64(8),
+        top_k=np.int32(5),
+        top_p=np.float32(0.5),
+        temperature=np.float64(0.7),
+    )
     assert options == SampledAnswers(max_new_tokens=8, top_k=5, top_p=0.5, temperature=0.7)
     assert type(options.max_new_tokens) is int and type(options.top_p) is float
     for field, value in [
@@ -339,48 +371,58 @@ def test_generated_labels_end_at_the_first_end_token():
     ]
 
 
-def with_padding(tokenizer, pad_token: str):
+def with_padding(vocabulary_tokenizer, pad_token: str):
     """A copy of ``tokenizer`` whose padding token is ``pad_token``."""
-    tokenizer = copy.deepcopy(tokenizer)
-    tokenizer.pad_token = pad_token
-    return tokenizer
+    vocabulary_tokenizer = copy.deepcopy(vocabulary_tokenizer)
+    vocabulary_tokenizer.pad_token = pad_token
+    return vocabulary_tokenizer
 
 
-def scripted_answers(tokenizer) -> list[list[int]]:
+def scripted_answers(vocabulary_tokenizer) -> list[list[int]]:
     """An answer that ends at once, and one with a [PAD] and a [MASK] token inside it."""
-    ids = tokenizer.convert_tokens_to_ids(["cat", "[PAD]", "[MASK]", "sat"])
-    return [[tokenizer.sep_token_id], ids + [tokenizer.sep_token_id]]
+    ids = vocabulary_tokenizer.convert_tokens_to_ids(["cat", "[PAD]", "[MASK]", "sat"])
+    return [[vocabulary_tokenizer.sep_token_id], ids + [vocabulary_tokenizer.sep_token_id]]
 
 
-def scripted_step(loss, tokenizer, pad_token: str):
+def scripted_step(soft_loss, vocabulary_tokenizer, pad_token: str):
     """The greedy answers' joined batch under ``scripted_answers``, the padding token being
     ``pad_token``, and the term (weight 1) on its one forward pass."""
-    padded = with_padding(tokenizer, pad_token)
+    padded = with_padding(vocabulary_tokenizer, pad_token)
     batch = causal_batch(padded)
     labels = batch.pop("labels")
-    model = without_dropout(scripted(tiny_gpt2(tokenizer), scripted_answers(tokenizer)))
+    model = without_dropout(
+        scripted(tiny_gpt2(vocabulary_tokenizer), scripted_answers(vocabulary_tokenizer))
+    )
     joint = GreedyAnswers(max_new_tokens=6).answer(
-        model, batch, labels, causal=True, pad_token_id=padded.pad_token_id,
+        model,
+        batch,
+        labels,
+        causal=True,
+        pad_token_id=padded.pad_token_id,
         eos_token_ids=[padded.sep_token_id],
-    )  # fmt: skip
+    )
     model.eval()
     with torch.no_grad():
         logits, own = joint.split(model(**joint.inputs).logits)
-        term = BERTScoreTerm(loss, padded, weight=1.0, causal=True)
-        value = term({"logits": logits}, labels, candidate_outputs={"logits": own},
-                     candidate_labels=joint.candidate_labels)  # fmt: skip
+        term = BERTScoreTerm(soft_loss, padded, weight=1.0, causal=True)
+        value = term(
+            {"logits": logits},
+            labels,
+            candidate_outputs={"logits": own},
+            candidate_labels=joint.candidate_labels,
+        )
     return batch, labels, joint, value
 
 
-def test_answers_keep_their_end_token_whatever_the_padding_id(loss, tokenizer):
+def test_answers_keep_their_end_token_whatever_the_padding_id(soft_loss, vocabulary_tokenizer):
     """The same generated answers give the same candidates and the same term whether the
     padding id is the end token [SEP] itself (GPT-2 / Qwen style), [PAD] (0) or [MASK]: each
     answer keeps its end token (one that ends at once is that token, not an empty candidate
     that adds nothing to the term)."""
-    answers = scripted_answers(tokenizer)
+    answers = scripted_answers(vocabulary_tokenizer)
     values = []
     for pad_token in ("[SEP]", "[PAD]", "[MASK]"):
-        batch, labels, joint, value = scripted_step(loss, tokenizer, pad_token)
+        batch, labels, joint, value = scripted_step(soft_loss, vocabulary_tokenizer, pad_token)
         for i, answer in enumerate(answers):
             prompt = int(batch["attention_mask"][i, : (labels[i] != -100).int().argmax()].sum())
             got = joint.candidate_labels[i]
@@ -391,12 +433,12 @@ def test_answers_keep_their_end_token_whatever_the_padding_id(loss, tokenizer):
         torch.testing.assert_close(value, values[0], rtol=0, atol=1e-6)
 
 
-def test_a_generated_padding_id_is_fed_back_as_generated(loss, tokenizer):
+def test_a_generated_padding_id_is_fed_back_as_generated(soft_loss, vocabulary_tokenizer):
     """A padding id the model generated inside its answer ([MASK] as the padding token) is a
     token of the answer: fed back to the model as that token (not as id 0), attended, and
     scored."""
-    batch, labels, joint, _ = scripted_step(loss, tokenizer, "[MASK]")
-    answer = scripted_answers(tokenizer)[1]
+    batch, labels, joint, _ = scripted_step(soft_loss, vocabulary_tokenizer, "[MASK]")
+    answer = scripted_answers(vocabulary_tokenizer)[1]
     prompt = int(batch["attention_mask"][1, : (labels[1] != -100).int().argmax()].sum())
     span = slice(prompt, prompt + len(answer))
     own_ids, own_mask = joint.inputs["input_ids"][3], joint.inputs["attention_mask"][3]
@@ -405,13 +447,15 @@ def test_a_generated_padding_id_is_fed_back_as_generated(loss, tokenizer):
     assert joint.candidate_labels[1, span].tolist() == answer
 
 
-def test_bad_batches_are_refused_named(loss, tokenizer, tmp_path):
+def test_bad_batches_are_refused_named(soft_loss, vocabulary_tokenizer, tmp_path):
     """A completion with no prompt before it and a packed batch (position_ids) are refused with
     the row or the key named; the trainer is usable after the refusal."""
-    trainer = causal_trainer(loss, tokenizer, tmp_path, bertscore_candidates="sample")
+    trainer = causal_trainer(
+        soft_loss, vocabulary_tokenizer, tmp_path, bertscore_candidates="sample"
+    )
     model = trainer.model
     model.train()
-    batch = causal_batch(tokenizer)
+    batch = causal_batch(vocabulary_tokenizer)
     no_prompt = {k: v.clone() for k, v in batch.items()}
     no_prompt["labels"][1] = no_prompt["input_ids"][1].masked_fill(
         no_prompt["attention_mask"][1] == 0, -100
@@ -425,19 +469,25 @@ def test_bad_batches_are_refused_named(loss, tokenizer, tmp_path):
     assert torch.isfinite(value)
 
 
-def test_a_row_without_labels_gets_no_answer_scored(loss, tokenizer, tmp_path):
+def test_a_row_without_labels_gets_no_answer_scored(soft_loss, vocabulary_tokenizer, tmp_path):
     """A row whose labels are all -100 (nothing to train on) has no reference: its answer is
     not scored (no empty-reference score), and the step is the other row's."""
-    trainer = causal_trainer(loss, tokenizer, tmp_path, bertscore_candidates="greedy")
+    trainer = causal_trainer(
+        soft_loss, vocabulary_tokenizer, tmp_path, bertscore_candidates="greedy"
+    )
     model = without_dropout(trainer.model).train()
-    batch = causal_batch(tokenizer)
+    batch = causal_batch(vocabulary_tokenizer)
     batch["labels"][1] = -100
     labels = batch["labels"].clone()
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
     joint = GreedyAnswers().answer(
-        model, inputs, labels, causal=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_ids=[tokenizer.sep_token_id],
-    )  # fmt: skip
+        model,
+        inputs,
+        labels,
+        causal=True,
+        pad_token_id=vocabulary_tokenizer.pad_token_id,
+        eos_token_ids=[vocabulary_tokenizer.sep_token_id],
+    )
     assert (joint.candidate_labels[1] == -100).all() and (joint.candidate_labels[0] != -100).any()
     both = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()})
     alone = trainer.compute_loss(model, {k: v[:1].clone() for k, v in batch.items()})
@@ -446,7 +496,9 @@ def test_a_row_without_labels_gets_no_answer_scored(loss, tokenizer, tmp_path):
 
 @pytest.mark.slow  # two processes each load the scorer
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_answers_across_processes_equal_each_half_run_alone(scorer, tokenizer, tmp_path, mode):
+def test_answers_across_processes_equal_each_half_run_alone(
+    scorer, vocabulary_tokenizer, tmp_path, mode
+):
     """Two CPU processes (gloo) under DDP or FSDP 2, each answering its half of the batch with
     a different answer length (so their generation loops differ): each process's answers are
     the ones a single process gives for that half, and the reduced gradients (fused and dense)
@@ -457,11 +509,15 @@ def test_answers_across_processes_equal_each_half_run_alone(scorer, tokenizer, t
 
     ranks = run_two_processes("_distributed_candidates.py", tmp_path, mode)
 
-    term = BERTScoreTerm(bsloss.BERTScoreLoss(encoder=scorer.encoder), tokenizer, weight=1.0)
+    term = BERTScoreTerm(
+        bsloss.BERTScoreLoss(encoder=scorer.encoder), vocabulary_tokenizer, weight=1.0
+    )
     alone = []
     for rows in ROWS:
-        model, _ = distributed_model(tokenizer, tied=True, mode="none")
-        alone.append(answered_gradients(model, model, term, tokenizer, rows, fused=False))
+        model, _ = distributed_model(vocabulary_tokenizer, tied=True, mode="none")
+        alone.append(
+            answered_gradients(model, model, term, vocabulary_tokenizer, rows, fused=False)
+        )
     lengths = [int((a["answers"] != -100).sum(1).max()) for a in alone]
     assert lengths[0] != lengths[1], lengths  # the processes generated for different lengths
     mean = {n: (alone[0]["grads"][n] + alone[1]["grads"][n]) / 2 for n in alone[0]["grads"]}
@@ -471,11 +527,14 @@ def test_answers_across_processes_equal_each_half_run_alone(scorer, tokenizer, t
             assert torch.equal(got["answers"], alone[rank]["answers"]), (path, rank)
             assert got["grads"].keys() == mean.keys()
             for name, want in mean.items():
-                torch.testing.assert_close(got["grads"][name], want, rtol=0, atol=1e-5,
-                                           msg=f"{path} rank {rank}: {name}")  # fmt: skip
+                torch.testing.assert_close(
+                    got["grads"][name], want, rtol=0, atol=1e-5, msg=f"{path} rank {rank}: {name}"
+                )
 
 
-def test_accumulated_micro_batches_step_as_the_whole_batch(loss, tokenizer, tmp_path):
+def test_accumulated_micro_batches_step_as_the_whole_batch(
+    soft_loss, vocabulary_tokenizer, tmp_path
+):
     """One optimizer step (SGD) over 2 rows with generated answers and a fixed weight: as one
     batch of 2, or as 2 accumulated micro-batches of 1 (the trainer then passes the whole
     batch's token count, num_items_in_batch, and does not divide by the accumulation steps).
@@ -483,12 +542,12 @@ def test_accumulated_micro_batches_step_as_the_whole_batch(loss, tokenizer, tmp_
     parameters alike; a term averaged over each micro-batch alone counted twice (found by this
     test). (A Balanced weight is a ratio of each micro-batch's own means: not linear in the
     batch, so not compared here.)"""
-    batch = causal_batch(tokenizer)
+    batch = causal_batch(vocabulary_tokenizer)
     assert len(set((batch["labels"] != -100).sum(1).tolist())) == 1  # equal reference lengths
     rows = [{k: v[i].tolist() for k, v in batch.items()} for i in range(2)]
     moved = []
     for size, accumulation in ((2, 1), (1, 2)):
-        model = without_dropout(tiny_gpt2(tokenizer))
+        model = without_dropout(tiny_gpt2(vocabulary_tokenizer))
         start = {n: p.detach().clone() for n, p in model.named_parameters()}
         trainer = trainer_class(transformers.Trainer)(
             model=model,
@@ -501,10 +560,10 @@ def test_accumulated_micro_batches_step_as_the_whole_batch(loss, tokenizer, tmp_
                 learning_rate=1.0,
                 max_grad_norm=0.0,
                 lr_scheduler_type="constant",
-            ),  # fmt: skip
+            ),
             train_dataset=datasets.Dataset.from_list(rows),
-            processing_class=tokenizer,
-            bertscore_loss=loss,
+            processing_class=vocabulary_tokenizer,
+            bertscore_loss=soft_loss,
             bertscore_weight=1.0,
             bertscore_candidates=GreedyAnswers(max_new_tokens=3),
         )
@@ -515,14 +574,18 @@ def test_accumulated_micro_batches_step_as_the_whole_batch(loss, tokenizer, tmp_
         torch.testing.assert_close(moved[1][name], delta, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_answers_with_gradient_checkpointing_equal_the_step_without(loss, tokenizer, tmp_path):
+def test_answers_with_gradient_checkpointing_equal_the_step_without(
+    soft_loss, vocabulary_tokenizer, tmp_path
+):
     """gradient_checkpointing=True (the model recomputes its blocks in backward, and turns its
     KV cache off for training): the answers are generated in eval mode as without it, and the
     step's loss and gradients are the same."""
-    batch = causal_batch(tokenizer)
+    batch = causal_batch(vocabulary_tokenizer)
     results = []
     for checkpointing in (False, True):
-        trainer = causal_trainer(loss, tokenizer, tmp_path, bertscore_candidates="greedy")
+        trainer = causal_trainer(
+            soft_loss, vocabulary_tokenizer, tmp_path, bertscore_candidates="greedy"
+        )
         if checkpointing:
             trainer.model.gradient_checkpointing_enable()
         model = without_dropout(trainer.model).train()

@@ -68,15 +68,17 @@ Hopper on a CPU, they have not yet run on a card, so ``"auto"`` keeps the PyTorc
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import asdict
+from functools import partial
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bsloss.candidate_transforms import CandidateOptions, candidate_weights
 from bsloss.functional.gumbel_noise import draw_seed, gumbel_scores
 from bsloss.functional.matching.base import check_temperature
-from bsloss.functional.straight_through import one_hot_straight_through
 from bsloss.inputs import check_targets_shape, position_of_first
 
 __all__ = [
@@ -152,13 +154,21 @@ def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
 class _Options(NamedTuple):
     softcap: float | None
     temperature: float
-    top_k: int | None
-    gumbel: float | None  # Gumbel-softmax temperature tau (None: no noise)
+    candidates: CandidateOptions  # top-k, straight-through, Gumbel noise
     seed: int  # of the Gumbel noise
     row_block: int
     vocab_chunk: int
     matmul_dtype: torch.dtype
     dtype: torch.dtype  # softmax arithmetic
+
+    @property
+    def top_k(self) -> int | None:
+        return self.candidates.top_k
+
+    @property
+    def gumbel(self) -> float | None:
+        """The Gumbel-softmax temperature tau (``None``: no noise)."""
+        return self.candidates.gumbel_temperature
 
 
 def _chunks(total: int, size: int):
@@ -460,7 +470,7 @@ def _split_head(output_embeddings: Tensor | nn.Module, bias: Tensor | None):
     return output_embeddings, bias
 
 
-def _check(hidden: Tensor, weight: Tensor, bias, table, targets, softcap, temperature, top_k):
+def _check(hidden: Tensor, weight: Tensor, bias, table, targets, softcap, temperature):
     if not isinstance(hidden, Tensor) or hidden.dim() != 2 or not hidden.is_floating_point():
         raise ValueError(
             "hidden_states must be a floating [N, d_model] tensor, got "
@@ -498,8 +508,6 @@ def _check(hidden: Tensor, weight: Tensor, bias, table, targets, softcap, temper
     if softcap is not None:
         check_temperature(softcap, "softcap")
     check_temperature(temperature, "temperature")
-    if top_k is not None and not 1 <= top_k <= vocab:
-        raise ValueError(f"top_k must be in [1, {vocab}], got {top_k}")
 
 
 def _sdpa_expectation(hidden: Tensor, weight: Tensor, table: Tensor, o: _Options) -> Tensor | None:
@@ -593,9 +601,10 @@ def fused_expected_inputs(
     True
     """
     weight, bias = _split_head(output_embeddings, bias)
-    _check(hidden_states, weight, bias, table, target_ids, softcap, temperature, top_k)
+    _check(hidden_states, weight, bias, table, target_ids, softcap, temperature)
+    candidates = CandidateOptions(top_k, straight_through, gumbel_temperature)
+    candidates.check(weight.shape[0])
     if gumbel_temperature is not None:
-        check_temperature(gumbel_temperature, "gumbel_temperature")
         if row_ids is None:
             row_ids = torch.arange(hidden_states.shape[0], device=hidden_states.device)
         elif tuple(row_ids.shape) != (hidden_states.shape[0],):
@@ -607,12 +616,7 @@ def fused_expected_inputs(
         row_ids = None
     if chunk_elements is not None and chunk_elements < 1:
         raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
-    sampling = {
-        "top_k": top_k,
-        "straight_through": straight_through,
-        "gumbel_temperature": gumbel_temperature,
-    }
-    if _runs_on_triton(backend, hidden_states, weight, sampling):
+    if _runs_on_triton(backend, hidden_states, weight, asdict(candidates)):
         return _triton_pass(hidden_states, weight, bias, table, target_ids, softcap, temperature)
     n, vocab = hidden_states.shape[0], weight.shape[0]
     dtype = _accumulate_dtype(hidden_states, weight)
@@ -622,8 +626,7 @@ def fused_expected_inputs(
     options = _Options(
         softcap=None if softcap is None else float(softcap),
         temperature=float(temperature),
-        top_k=top_k,
-        gumbel=None if gumbel_temperature is None else float(gumbel_temperature),
+        candidates=candidates,
         seed=(draw_seed() if gumbel_seed is None else int(gumbel_seed))
         if gumbel_temperature is not None
         else 0,
@@ -684,9 +687,7 @@ def fused_expected_inputs(
         if table is None:
             return FusedHeadOutput(None, log_likelihood, argmax)
         if top_k is not None:
-            expected = _top_k_expectation(
-                hidden_states, weight, bias, table, top, row_ids, options, straight_through
-            )
+            expected = _top_k_expectation(hidden_states, weight, bias, table, top, row_ids, options)
         elif straight_through:
             # forward: the argmax row exactly (x + (y - y) == x); backward: the soft expectation's
             hard = table[argmax].to(expected.dtype)
@@ -752,12 +753,10 @@ def _detach(x: Tensor | None) -> Tensor | None:
     return None if x is None else x.detach()
 
 
-def _top_k_expectation(
-    hidden, weight, bias, table, indices, row_ids, o: _Options, straight_through: bool
-):
-    """Renormalised softmax over the k selected scores, recomputed from k gathered rows of the
-    head (differentiable in ``h`` and ``W``; the same Gumbel noise at the k tokens), times k
-    gathered rows of the table."""
+def _top_k_expectation(hidden, weight, bias, table, indices, row_ids, o: _Options):
+    """The candidate weights over the k selected tokens (:func:`candidate_weights`: the same
+    Gumbel noise at the k tokens, the softmax, the one-hot), recomputed from k gathered rows of
+    the head (differentiable in ``h`` and ``W``), times k gathered rows of the table."""
     head_rows = weight[indices]  # [N, k, d]
     z = torch.einsum("nd,nkd->nk", hidden.to(o.matmul_dtype), head_rows.to(o.matmul_dtype))
     z = z.to(o.dtype)
@@ -765,12 +764,12 @@ def _top_k_expectation(
         z = z + bias[indices].to(o.dtype)
     if o.softcap is not None:
         z = torch.tanh(z / o.softcap) * o.softcap
-    s = z / o.temperature
+    noise = None
     if o.gumbel is not None:
-        s = gumbel_scores(s, o.gumbel, o.seed, row_ids[:, None], indices)
-    p = torch.softmax(s, dim=-1)
-    if straight_through:
-        p = one_hot_straight_through(p)
+        noise = partial(
+            gumbel_scores, temperature=o.gumbel, seed=o.seed, rows=row_ids[:, None], tokens=indices
+        )
+    p, _ = candidate_weights(z / o.temperature, o.candidates, perturb=noise)  # k columns: no cut
     summed = F.embedding_bag(indices, table.to(o.dtype), per_sample_weights=p, mode="sum")
     return summed
 
