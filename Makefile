@@ -4,6 +4,9 @@ export TOKENIZERS_PARALLELISM := false
 # the demo's live run (recipes/demo.py): training steps, test verses scored before and after
 DEMO_STEPS ?= 4
 DEMO_TEST ?= 4
+# more of recipes/demo.py's flags, e.g. --committed-mpnet (the independent scorer's committed
+# figures even where all-mpnet-base-v2 is installed: what a user without it sees)
+DEMO_ARGS ?=
 # a fresh folder per run (a second run into one folder is refused: --overwrite replaces it)
 DEMO_DIR ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
@@ -29,7 +32,7 @@ demo-setup:
 # It imports this checkout's bsloss.
 demo: demo-setup
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) recipes/demo.py \
-		--output_dir $(DEMO_DIR) --steps $(DEMO_STEPS) --test $(DEMO_TEST)
+		--output_dir $(DEMO_DIR) --steps $(DEMO_STEPS) --test $(DEMO_TEST) $(DEMO_ARGS)
 
 # Score the shipped STS-B example pairs from the command line.
 score-example: setup

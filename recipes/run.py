@@ -12,7 +12,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import torch
@@ -305,6 +305,18 @@ def memory_reading() -> str:
     return f"memory {kib['VmRSS'] / 2**20:.2f} GiB, peak {kib['VmHWM'] / 2**20:.2f} GiB"
 
 
+M_ARENA_MAX = -8  # glibc's mallopt parameter (malloc.h)
+
+
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """At most ``arenas`` glibc heaps (``mallopt(M_ARENA_MAX)``, as ``MALLOC_ARENA_MAX`` does):
+    each thread that allocates otherwise gets a heap of its own, and the freed activations
+    that each keeps add to the peak (Gemma's sampled step: 3.82 GiB peak with one heap a
+    thread, 3.67 with two; the time the same). A no-op without glibc."""
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, arenas)
+
+
 def release_freed_memory() -> None:
     """Hand the memory a phase freed back to the system (glibc's ``malloc_trim``). A training
     step's activations (about 3 GB for Gemma 3 270M at batch 8 with sampled candidates) are
@@ -364,6 +376,7 @@ class RecipeRun:
 
         self.args = args
         self.timer = Timer()
+        limit_malloc_arenas()
         self.config = load_config(args.config, args.overrides, grpo=grpo)
         self.train = self.config.train
         self.output_dir = args.output_dir

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from run import RecipeRun
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+from transformers.generation.streamers import BaseStreamer
 
 RECIPE_STATE = "recipe_state.json"  # in each checkpoint: the log's time and cpu, early stopping
 
@@ -119,7 +122,12 @@ def train(trainer, run: RecipeRun, start: int, checkpoint: Path | None) -> int:
     trainer.remove_callback(PrinterCallback)
     if not trainer.args.disable_tqdm:  # the bar stays; its printed log lines go
         trainer.remove_callback(ProgressCallback)
-        trainer.add_callback(_QuietProgress)
+        progress = _QuietProgress()
+        trainer.add_callback(progress)
+        source = getattr(trainer, "bertscore_candidates", None)
+        if getattr(source, "generates", False):  # a step that answers says so on the bar
+            streamer = StepProgress(progress, source.max_new_tokens)
+            trainer.bertscore_candidates = replace(source, streamer=streamer)
     if checkpoint is not None and (start >= trainer.args.max_steps or run.stopped_at):
         # stopped after its last checkpoint, before the final evaluation: the Trainer, resumed
         # at max_steps, would still take one more optimizer step (it checks the step count
@@ -128,6 +136,33 @@ def train(trainer, run: RecipeRun, start: int, checkpoint: Path | None) -> int:
         return start
     trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
     return trainer.state.global_step
+
+
+class StepProgress(BaseStreamer):
+    """Inside a training step that generates its answers, the training bar's postfix:
+    ``answering, token 17/40`` as the answers decode, then ``forward and backward`` (a step
+    takes tens of seconds on a CPU: the bar says what it is doing)."""
+
+    def __init__(self, progress: ProgressCallback, max_new_tokens: int | None = None):
+        self.progress, self.tokens, self.shown = progress, -1, 0.0
+        self.of = "" if max_new_tokens is None else f"/{max_new_tokens}"
+
+    def _show(self, text: str) -> None:
+        bar = self.progress.training_bar
+        if bar is not None:
+            bar.set_postfix_str(text)
+            self.shown = time.monotonic()
+
+    def put(self, value) -> None:
+        # generate's first put is the prompt, each later one a decoding step's new tokens
+        self.tokens += 1
+        bar = self.progress.training_bar
+        if self.tokens and bar is not None and time.monotonic() - self.shown >= bar.mininterval:
+            self._show(f"answering, token {self.tokens}{self.of}")
+
+    def end(self) -> None:
+        self.tokens = -1
+        self._show("forward and backward")
 
 
 class _QuietProgress(ProgressCallback):

@@ -600,3 +600,33 @@ def test_answers_with_gradient_checkpointing_equal_the_step_without(
     torch.testing.assert_close(checkpointed, plain, rtol=0, atol=1e-6)
     for name, grad in plain_grads.items():
         torch.testing.assert_close(checkpointed_grads[name], grad, rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_streamer_follows_every_answering_call_and_changes_no_answer(vocabulary_tokenizer):
+    """``streamer=`` reaches ``model.generate`` (the prompt, then one put per decoding step,
+    then ``end``), the answers stay those without it, and it is not one of the options."""
+
+    class Recorder:
+        def __init__(self):
+            self.puts, self.ends = 0, 0
+
+        def put(self, value):
+            self.puts += 1
+
+        def end(self):
+            self.ends += 1
+
+    model = tiny_gpt2(vocabulary_tokenizer)
+    batch = causal_batch(vocabulary_tokenizer)
+    labels = batch.pop("labels")
+    special = dict(
+        pad_token_id=vocabulary_tokenizer.pad_token_id,
+        eos_token_ids=[vocabulary_tokenizer.sep_token_id],
+    )
+    recorder = Recorder()
+    streamed = GreedyAnswers(max_new_tokens=3, streamer=recorder)
+    assert streamed == GreedyAnswers(max_new_tokens=3) and "streamer" not in repr(streamed)
+    with_streamer = streamed.answer(model, batch, labels, causal=True, **special)
+    without = GreedyAnswers(max_new_tokens=3).answer(model, batch, labels, causal=True, **special)
+    assert torch.equal(with_streamer.candidate_labels, without.candidate_labels)
+    assert recorder.ends == 1 and 2 <= recorder.puts <= 1 + 3

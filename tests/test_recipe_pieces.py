@@ -463,3 +463,54 @@ def test_decision_recipe_config_values_checked_at_load():
             load_config(path, [override])
     config = load_config(path, ["train.steps=3", "loss.weight=0.5", "train.max_grad_norm=null"])
     assert config.train.steps == 3 and config.loss["weight"] == 0.5
+
+
+def test_a_step_that_answers_says_so_on_the_training_bar(monkeypatch):
+    """On a terminal, :func:`trainer_run.train` gives the trainer's answer source a streamer
+    that writes the decoding token, then the backward phase, into the training bar."""
+    import trainer_run
+
+    class Bar:
+        mininterval, postfixes = 0.0, []
+
+        def set_postfix_str(self, text):
+            self.postfixes.append(text)
+
+    class Progress:
+        training_bar = Bar()
+
+    progress = trainer_run.StepProgress(Progress(), max_new_tokens=40)
+    for _ in range(3):  # the prompt, then two decoding steps
+        progress.put(None)
+    progress.end()
+    assert Bar.postfixes == [
+        "answering, token 1/40",
+        "answering, token 2/40",
+        "forward and backward",
+    ]
+    Progress.training_bar = None  # before the bar exists (or off a terminal): nothing, no error
+    progress.put(None)
+    progress.end()
+
+    from bsloss.integrations.candidates import SampledAnswers
+
+    class Args:
+        disable_tqdm, max_steps = False, 1
+
+    class Trainer:
+        args, bertscore_candidates, callbacks = Args(), SampledAnswers(rows=2), []
+
+        def remove_callback(self, callback):
+            pass
+
+        def add_callback(self, callback):
+            self.callbacks.append(callback)
+
+        def train(self, resume_from_checkpoint=None):
+            self.state = type("State", (), {"global_step": 1})
+
+    trainer = Trainer()
+    trainer_run.train(trainer, run=type("Run", (), {"stopped_at": None}), start=0, checkpoint=None)
+    assert isinstance(trainer.bertscore_candidates.streamer, trainer_run.StepProgress)
+    assert trainer.bertscore_candidates == SampledAnswers(rows=2)
+    assert trainer.bertscore_candidates.streamer.progress is trainer.callbacks[0]

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -114,6 +115,9 @@ class ModelAnswers(CandidateSource):
             rows. A batch with at most ``rows`` rows is answered whole.
         every: answer on every ``every``-th training step only (steps ``0, every, 2*every,
             ...``); the steps between are the cross-entropy alone (no generation, no term).
+        streamer: ``model.generate``'s ``streamer`` for every answering call (e.g. progress on
+            a terminal while a step generates); not one of the options: it takes no part in
+            equality or the repr.
 
     Raises:
         TypeError: ``max_new_tokens``, ``top_k``, ``rows`` or ``every`` not an integer (a
@@ -132,6 +136,7 @@ class ModelAnswers(CandidateSource):
     temperature: float = 1.0
     rows: int | None = None
     every: int = 1
+    streamer: Any = field(default=None, compare=False, repr=False)
     generates = True
 
     def __post_init__(self):
@@ -143,16 +148,16 @@ class ModelAnswers(CandidateSource):
             "temperature": check_temperature(self.temperature, f"{name}(temperature)"),
             "every": check_int(self.every, f"{name}(every)", 1),
         }
-        for field in ("max_new_tokens", "rows"):
-            if getattr(self, field) is not None:
-                checked[field] = check_int(getattr(self, field), f"{name}({field})", 1)
+        for option in ("max_new_tokens", "rows"):
+            if getattr(self, option) is not None:
+                checked[option] = check_int(getattr(self, option), f"{name}({option})", 1)
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real):
             raise TypeError(f"{name}(top_p) must be a number, got {self.top_p!r}")
         if not 0 < self.top_p <= 1:  # NaN fails this too
             raise ValueError(f"{name}(top_p) must be in (0, 1], got {self.top_p!r}")
         checked["top_p"] = float(self.top_p)
-        for field, value in checked.items():  # a frozen dataclass: set past its __setattr__
-            object.__setattr__(self, field, value)
+        for option, value in checked.items():  # a frozen dataclass: set past its __setattr__
+            object.__setattr__(self, option, value)
 
     def answers_at(self, step: int) -> bool:
         """Whether training step ``step`` (``0, 1, ...``) answers (``every``)."""
@@ -222,6 +227,8 @@ class ModelAnswers(CandidateSource):
             pad_token_id=pad_token_id,
             eos_token_id=list(eos_token_ids),
         )
+        if self.streamer is not None:
+            options["streamer"] = self.streamer
         if not causal:
             sequences = generate_ids(model, input_ids, attention_mask, **options)
             answers = generated_labels(sequences, eos_token_ids)
