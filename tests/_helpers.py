@@ -1,5 +1,5 @@
 """Small helpers shared by the test files: warnings caught as text, a long text, scorer ids
-and one-hot logits, and an LM head whose argmax tokens are given."""
+and one-hot logits, an LM head whose argmax tokens are given, and a tiny trainer's arguments."""
 
 from __future__ import annotations
 
@@ -59,3 +59,23 @@ def head_for(token_ids: list[int], vocab: int, width: int = 64, seed: int = 0):
     weight = weight / weight.norm(dim=1, keepdim=True)
     hidden = weight[token_ids][None] * 40.0
     return hidden, weight
+
+
+def tiny_training_arguments(tmp_path, cls=None, **extra):
+    """The arguments of a trainer over a tiny model on the CPU: 2 steps of batch 2, nothing
+    saved or reported; ``cls`` (default ``TrainingArguments``: ``Seq2SeqTrainingArguments``,
+    TRL's ``SFTConfig``, ...) and ``extra`` override."""
+    import transformers
+
+    cls = cls or transformers.TrainingArguments
+    options = dict(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+    )
+    return cls(**{**options, **extra})

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+from _helpers import tiny_training_arguments
 from _models import scripted, tiny_gpt2
 
 import bsloss
@@ -127,27 +128,12 @@ def trainer_class(base):
     return Trainer
 
 
-def training_args(tmp_path, cls=None, **extra):
-    cls = cls or transformers.TrainingArguments
-    options = dict(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=2,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-    )
-    return cls(**{**options, **extra})
-
-
 def causal_trainer(soft_loss, vocabulary_tokenizer, tmp_path, **options):
     batch = causal_batch(vocabulary_tokenizer)
     rows = [{k: v[i].tolist() for k, v in batch.items()} for i in range(2)] * 2
     return trainer_class(transformers.Trainer)(
         model=tiny_gpt2(vocabulary_tokenizer),
-        args=training_args(tmp_path),
+        args=tiny_training_arguments(tmp_path),
         train_dataset=datasets.Dataset.from_list(rows),
         processing_class=vocabulary_tokenizer,
         bertscore_loss=soft_loss,
@@ -219,7 +205,7 @@ def test_sampled_answers_in_sft_trainer(soft_loss, vocabulary_tokenizer, tmp_pat
     data = datasets.Dataset.from_dict({"prompt": PROMPTS * 2, "completion": REFERENCES * 2})
     trainer = trainer_class(trl.SFTTrainer)(
         model=tiny_gpt2(vocabulary_tokenizer),
-        args=training_args(tmp_path, trl.SFTConfig, max_length=48, bf16=False),
+        args=tiny_training_arguments(tmp_path, trl.SFTConfig, max_length=48, bf16=False),
         train_dataset=data,
         processing_class=vocabulary_tokenizer,
         bertscore_loss=soft_loss,
@@ -271,7 +257,7 @@ def test_greedy_answers_in_seq2seq_trainer(soft_loss, vocabulary_tokenizer, tmp_
     collator = transformers.DataCollatorForSeq2Seq(vocabulary_tokenizer, model=model)
     trainer = trainer_class(transformers.Seq2SeqTrainer)(
         model=model,
-        args=training_args(tmp_path, transformers.Seq2SeqTrainingArguments),
+        args=tiny_training_arguments(tmp_path, transformers.Seq2SeqTrainingArguments),
         train_dataset=datasets.Dataset.from_list(rows * 2),
         data_collator=collator,
         processing_class=vocabulary_tokenizer,
@@ -551,7 +537,7 @@ def test_accumulated_micro_batches_step_as_the_whole_batch(
         start = {n: p.detach().clone() for n, p in model.named_parameters()}
         trainer = trainer_class(transformers.Trainer)(
             model=model,
-            args=training_args(
+            args=tiny_training_arguments(
                 tmp_path,
                 max_steps=1,
                 per_device_train_batch_size=size,

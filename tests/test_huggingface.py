@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _helpers import tiny_training_arguments
 from _models import scorer_vocabulary_tokenizer, tiny_bert2bert, tiny_gpt2
 
 import bsloss
@@ -134,19 +135,7 @@ def test_term_rejects_bad_input(loss, tokenizer):
 
 
 def training_args(tmp_path, cls=None, **extra):
-    cls = cls or transformers.TrainingArguments
-    return cls(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=2,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        **extra,
-    )
+    return tiny_training_arguments(tmp_path, cls, **{"gradient_accumulation_steps": 2, **extra})
 
 
 def changed(model, before) -> bool:

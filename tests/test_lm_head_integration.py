@@ -13,6 +13,7 @@ import weakref
 
 import pytest
 import torch
+from _helpers import tiny_training_arguments
 from _models import (
     scorer_vocabulary_tokenizer,
     tiny_gemma,
@@ -112,18 +113,7 @@ def gemma_loss(scorer, gemma_tokenizer):
 
 
 def trainer_args(tmp_path, cls=None, **extra):
-    cls = cls or transformers.TrainingArguments
-    return cls(
-        output_dir=str(tmp_path),
-        max_steps=1,
-        per_device_train_batch_size=2,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        **extra,
-    )
+    return tiny_training_arguments(tmp_path, cls, **{"max_steps": 1, **extra})
 
 
 def step_gradients(trainer, model, batch: dict) -> tuple[torch.Tensor, dict, AllocationRecorder]:
