@@ -397,8 +397,14 @@ class BERTScoreLoss(nn.Module):
 
     # ------------------------------------------------------------------ references
     def _embed_references(self, texts: list[str]) -> tuple[Tensor, Tensor, Tensor, set[str]]:
+        # no progress bar: a training step's references are one small batch, and a bar per step
+        # would flicker over the trainer's own bar on a terminal
         embedded, truncated = self._references.embed(
-            texts, cache_texts=texts, window=self.long_inputs == "window", batch_size=64
+            texts,
+            cache_texts=texts,
+            window=self.long_inputs == "window",
+            batch_size=64,
+            progress=False,
         )
         hidden, mask, weights = pad_embedded([embedded[t] for t in texts], self._placed())
         return hidden, mask, weights, truncated

@@ -220,6 +220,7 @@ def live_arguments(output_dir: Path, steps: int, test: int, init_from: Path = ST
 def live_run(output_dir: Path, steps: int, test: int, overwrite: bool = False) -> dict:
     """Fine-tune through the recipe (:func:`finetune.main`): its lines as it goes, its table
     of the start against the fine-tuned model; returns its results (``results.json``)."""
+    print("     loading the trainer (transformers, PEFT, accelerate) ...", flush=True)  # ~10 s
     import finetune
     from run import limit_malloc_arenas
 
@@ -293,6 +294,7 @@ def draw(comparison: Comparison, live_log: list[dict] | None, path: Path) -> Pat
         live.set_title(f"this machine: {len(train)} live steps, one batch each{change}",
                        fontsize=9)  # fmt: skip
         live.set_xlabel("training step")
+        live.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         live.legend(fontsize=8)
     pooled = comparison.pooled["f_bert"]
     figure.suptitle(

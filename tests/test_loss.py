@@ -544,3 +544,14 @@ def test_decision_state_dict_leaves_out_the_frozen_scorer(encoder):
     assert fresh.load_state_dict(old).unexpected_keys == []
     torch.testing.assert_close(fresh.loss(logits=torch.zeros(1, 2, 30522), references=["a cat"]),
                                before)  # fmt: skip
+
+
+def test_the_loss_draws_no_progress_bar_on_a_terminal(plain_loss, monkeypatch, capsys):
+    """A training step's references are encoded without a bar, even where stderr is a
+    terminal (the metric's bars stay: ``BERTScorer.score(progress=None)``)."""
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    logits = torch.randn(1, 3, plain_loss.encoder.input_embeddings.num_embeddings)
+    plain_loss(logits, ["a sentence never encoded before by this loss"])
+    assert "bsloss: encoding" not in capsys.readouterr().err
