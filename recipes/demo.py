@@ -110,10 +110,14 @@ def rescore_study(
         ARM: {s: study.arms[ARM][s].test[: len(refs)] for s in seeds},
     }
     metrics = [m for m in COLUMNS if independent or m != "f_bert_mpnet"]
-    levels = {
-        run: {s: {m: scores.all(outputs)[m] for m in metrics} for s, outputs in by_seed.items()}
-        for run, by_seed in answers.items()
-    }
+    from tqdm.auto import tqdm
+
+    # a bar on a terminal: the re-scoring is the demo's first silence otherwise (~12 s)
+    lists = [(run, s) for run, by_seed in answers.items() for s in by_seed]
+    levels: dict[str, dict[int, dict[str, float]]] = {run: {} for run in answers}
+    for run, s in tqdm(lists, desc="re-scoring", unit="run", leave=False, disable=None):
+        every = scores.all(answers[run][s])
+        levels[run][s] = {m: every[m] for m in metrics}
     # the study's resamples (recipes/study/summary.py): seed 0, one row of test verses each
     samples = np.random.default_rng(0).integers(0, len(refs), (RESAMPLES, len(refs)))
     pairs = {s: (answers[ARM][s], answers[CONTROL][s]) for s in seeds}
@@ -220,7 +224,6 @@ def live_arguments(output_dir: Path, steps: int, test: int, init_from: Path = ST
 def live_run(output_dir: Path, steps: int, test: int, overwrite: bool = False) -> dict:
     """Fine-tune through the recipe (:func:`finetune.main`): its lines as it goes, its table
     of the start against the fine-tuned model; returns its results (``results.json``)."""
-    print("     loading the trainer (transformers, PEFT, accelerate) ...", flush=True)  # ~10 s
     import finetune
     from run import limit_malloc_arenas
 
