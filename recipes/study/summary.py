@@ -363,7 +363,8 @@ def plot_dev_curves(curves: dict[str, dict[int, list]], path: Path) -> Path:
             "plot_dev_curves: no run has dev outputs (dev_outputs/step_<K>.txt beside its "
             "log.jsonl, as recipes/study/harness.py sync copies them): nothing to plot"
         )
-    figure, (by_step, by_cpu) = plt.subplots(1, 2, figsize=(11, 4))
+    figure, (by_step, by_cpu) = plt.subplots(1, 2, figsize=(12.5, 4))
+    most_seeds = max(len(by_seed) for by_seed in curves.values())
     for index, (arm, by_seed) in enumerate(curves.items()):
         colour = f"C{index}"
         for points in by_seed.values():
@@ -377,13 +378,15 @@ def plot_dev_curves(curves: dict[str, dict[int, list]], path: Path) -> Path:
                 np.mean([v for pts in by_seed.values() for s, _, v in pts if s == step])
                 for step in shared
             ]
-            by_step.plot(shared, means, color=colour, lw=2.2, marker="o", ms=3, label=arm)
+            # an arm run at fewer seeds says so: its mean starts from those seeds' start
+            fewer = f" ({len(by_seed)} of {most_seeds} seeds)" if len(by_seed) < most_seeds else ""
+            by_step.plot(shared, means, color=colour, lw=2.2, marker="o", ms=3, label=arm + fewer)
     by_step.set(xlabel="stage-2 step", ylabel="dev F_BERT (all-mpnet-base-v2)")
     by_step.set_title("against the step (bold: mean over seeds)")
     by_cpu.set(xlabel="core-hours of the run (training + evaluations)")
     by_cpu.set_title("against compute (one line per seed)")
-    by_step.legend(fontsize=8)
-    figure.tight_layout()
+    figure.legend(loc="center right", fontsize=8)  # beside the panels, over no curve
+    figure.tight_layout(rect=(0, 0, 0.83, 1))
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
