@@ -110,14 +110,16 @@ def rescore_study(
         ARM: {s: study.arms[ARM][s].test[: len(refs)] for s in seeds},
     }
     metrics = [m for m in COLUMNS if independent or m != "f_bert_mpnet"]
-    from tqdm.auto import tqdm
+    from evaluation import progress_bar
 
     # a bar on a terminal: the re-scoring is the demo's first silence otherwise (~12 s)
-    lists = [(run, s) for run, by_seed in answers.items() for s in by_seed]
     levels: dict[str, dict[int, dict[str, float]]] = {run: {} for run in answers}
-    for run, s in tqdm(lists, desc="re-scoring", unit="run", leave=False, disable=None):
-        every = scores.all(answers[run][s])
-        levels[run][s] = {m: every[m] for m in metrics}
+    with progress_bar(sum(map(len, answers.values())), "re-scoring", unit="run") as bar:
+        for run, by_seed in answers.items():
+            for s, outputs in by_seed.items():
+                every = scores.all(outputs)
+                levels[run][s] = {m: every[m] for m in metrics}
+                bar.update()
     # the study's resamples (recipes/study/summary.py): seed 0, one row of test verses each
     samples = np.random.default_rng(0).integers(0, len(refs), (RESAMPLES, len(refs)))
     pairs = {s: (answers[ARM][s], answers[CONTROL][s]) for s in seeds}

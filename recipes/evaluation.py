@@ -18,14 +18,14 @@ from transformers.generation.streamers import BaseStreamer
 from bsloss.integrations.lm_head import IGNORE_INDEX, token_cross_entropy
 
 
-def progress_bar(total: int, desc: str, show: bool | None = None) -> tqdm:
+def progress_bar(total: int, desc: str, show: bool | None = None, unit: str = "example") -> tqdm:
     """A bar over ``total`` examples on stderr; ``show=None`` (tqdm's ``disable=None``): only
     when stderr is a terminal, so a log file gets the run's phase lines and no bar fragments.
     It is cleared when done: the phase's closing line says how long it took."""
     return tqdm(
         total=total,
         desc=desc,
-        unit="example",
+        unit=unit,
         leave=False,
         disable=None if show is None else not show,
     )
@@ -33,22 +33,40 @@ def progress_bar(total: int, desc: str, show: bool | None = None) -> tqdm:
 
 class TokenProgress(BaseStreamer):
     """``model.generate``'s streamer: the decoding step of the batch in the bar's postfix
-    (``token 17/40``), so a batch that decodes for a minute on a CPU shows it advancing."""
+    (``token 17/40``), so a batch that decodes for a minute on a CPU shows it advancing.
+    ``label`` names the phase, ``after`` is shown once the batch is decoded (``None``: left
+    as it is); a subclass may find its bar late (:meth:`current_bar`, ``None``: nothing shown)."""
 
-    def __init__(self, bar: tqdm, max_new_tokens: int):
-        self.bar, self.max_new_tokens = bar, max_new_tokens
+    def __init__(
+        self,
+        bar: tqdm | None,
+        max_new_tokens: int | None,
+        label: str = "token",
+        after: str | None = None,
+    ):
+        self.bar, self.label, self.after = bar, label, after
+        self.of = "" if max_new_tokens is None else f"/{max_new_tokens}"
         self.steps, self.shown = -1, 0.0
+
+    def current_bar(self) -> tqdm | None:
+        return self.bar
+
+    def _show(self, bar: tqdm, text: str) -> None:
+        bar.set_postfix_str(text)
+        self.shown = time.monotonic()
 
     def put(self, value) -> None:
         # generate's first put is the prompt, each later one a decoding step's new tokens
         self.steps += 1
-        now = time.monotonic()
-        if self.steps and now - self.shown >= self.bar.mininterval:  # tqdm's refresh rate
-            self.bar.set_postfix_str(f"token {self.steps}/{self.max_new_tokens}")
-            self.shown = now
+        bar = self.current_bar()
+        if self.steps and bar is not None and time.monotonic() - self.shown >= bar.mininterval:
+            self._show(bar, f"{self.label} {self.steps}{self.of}")  # at tqdm's refresh rate
 
     def end(self) -> None:
         self.steps = -1
+        bar = self.current_bar()
+        if self.after is not None and bar is not None:
+            self._show(bar, self.after)
 
 
 class Evaluator:

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from evaluation import TokenProgress
 from run import RecipeRun
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
-from transformers.generation.streamers import BaseStreamer
 
 RECIPE_STATE = "recipe_state.json"  # in each checkpoint: the log's time and cpu, early stopping
 
@@ -138,31 +137,18 @@ def train(trainer, run: RecipeRun, start: int, checkpoint: Path | None) -> int:
     return trainer.state.global_step
 
 
-class StepProgress(BaseStreamer):
+class StepProgress(TokenProgress):
     """Inside a training step that generates its answers, the training bar's postfix:
     ``answering, token 17/40`` as the answers decode, then ``forward and backward`` (a step
-    takes tens of seconds on a CPU: the bar says what it is doing)."""
+    takes tens of seconds on a CPU: the bar says what it is doing). The bar is the trainer's,
+    made when training begins."""
 
     def __init__(self, progress: ProgressCallback, max_new_tokens: int | None = None):
-        self.progress, self.tokens, self.shown = progress, -1, 0.0
-        self.of = "" if max_new_tokens is None else f"/{max_new_tokens}"
+        super().__init__(None, max_new_tokens, "answering, token", "forward and backward")
+        self.progress = progress
 
-    def _show(self, text: str) -> None:
-        bar = self.progress.training_bar
-        if bar is not None:
-            bar.set_postfix_str(text)
-            self.shown = time.monotonic()
-
-    def put(self, value) -> None:
-        # generate's first put is the prompt, each later one a decoding step's new tokens
-        self.tokens += 1
-        bar = self.progress.training_bar
-        if self.tokens and bar is not None and time.monotonic() - self.shown >= bar.mininterval:
-            self._show(f"answering, token {self.tokens}{self.of}")
-
-    def end(self) -> None:
-        self.tokens = -1
-        self._show("forward and backward")
+    def current_bar(self):
+        return self.progress.training_bar
 
 
 class _QuietProgress(ProgressCallback):

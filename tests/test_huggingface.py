@@ -512,10 +512,9 @@ def test_rc7_trainer_keeps_training_and_evaluation_metrics_apart(scorer, tmp_pat
     class Trainer(hf.BERTScoreTrainerMixin, transformers.Trainer):
         pass
 
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2,
-        per_device_eval_batch_size=2, learning_rate=1e-2, logging_steps=3, eval_strategy="steps",
-        eval_steps=2, report_to=[], use_cpu=True, save_strategy="no",
+    args = tiny_training_arguments(
+        tmp_path, per_device_eval_batch_size=2, learning_rate=1e-2, logging_steps=3,
+        eval_strategy="steps", eval_steps=2,
     )  # fmt: skip
     trainer = Trainer(
         model=tiny_gpt2(tokenizer),

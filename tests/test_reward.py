@@ -6,6 +6,7 @@ import pickle
 
 import pytest
 import torch
+from _helpers import tiny_training_arguments
 
 import bsloss
 from bsloss import BERTScorer
@@ -114,18 +115,8 @@ def test_trl_grpo_two_steps(reward, scorer, tmp_path):
             "reference": ["The cat sat.", "A dog ran."] * 2,
         }
     )
-    config = trl.GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=2,
-        per_device_train_batch_size=2,
-        num_generations=2,
-        max_completion_length=6,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        bf16=False,
+    config = tiny_training_arguments(
+        tmp_path, trl.GRPOConfig, num_generations=2, max_completion_length=6, bf16=False
     )
     trainer = trl.GRPOTrainer(
         model=model,
