@@ -104,6 +104,24 @@ class Run:
         ]
         return float(np.median(steps)) if steps else float("nan")
 
+    @property
+    def cpu_over_ce_steps(self) -> float:
+        """Training compute against CE alone, measured inside the run: the mean CPU-seconds
+        of its steps over the mean of its steps without the term (a schedule that answers
+        every k-th step logs no ``bertscore_loss`` between). Both from one process on one
+        machine, so unlike a ratio to another run it needs no idle machine; NaN for a run
+        whose steps all carry the term, or none."""
+        lines = [e for e in self.log if e.get("kind") in ("train", "eval")]
+        steps = [
+            (b["cpu"] - a["cpu"], "bertscore_loss" in b)
+            for a, b in zip(lines, lines[1:], strict=False)
+            if a.get("kind") == b.get("kind") == "train" and b["step"] == a["step"] + 1
+        ]
+        alone = [cost for cost, term in steps if not term]
+        if not alone or len(alone) == len(steps):
+            return float("nan")
+        return float(np.mean([cost for cost, _ in steps]) / np.mean(alone))
+
     def dev_cpu(self, step: int) -> float:
         """The CPU-seconds when the dev evaluation of ``step`` was logged."""
         return next(
@@ -266,8 +284,8 @@ def cost_table(study: Study) -> tuple[list[str], float]:
     stage-2 arms' core-hours in all."""
     lines = [
         "| run | runs | CPU-s per step (median) | training core-hours per run "
-        "| core-hours per run (training + evaluations) |",
-        "|---|---:|---:|---:|---:|",
+        "| core-hours per run (training + evaluations) | × its own CE-alone steps |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     total = 0.0
     for name, runs in (study.arms | study.equal_compute).items():
@@ -275,8 +293,10 @@ def cost_table(study: Study) -> tuple[list[str], float]:
         training = np.mean([r.cpu_training / 3600 for r in runs.values()])
         hours = [r.cpu_total / 3600 for r in runs.values()]
         total += sum(hours) if name in study.arms else 0.0
+        within = [r.cpu_over_ce_steps for r in runs.values()]
+        within_text = "—" if np.isnan(within).all() else f"{np.nanmean(within):.2f}"
         lines.append(f"| {name} | {len(runs)} | {per_step:.1f} | {training:.2f} "
-                     f"| {np.mean(hours):.2f} |")  # fmt: skip
+                     f"| {np.mean(hours):.2f} | {within_text} |")  # fmt: skip
     return lines, total
 
 
