@@ -89,7 +89,7 @@ def test_runs_and_costs_are_read_from_the_folders(made_up_study):
     # the stage-2 arms' total: the runs of other lengths are listed but not added
     assert total == pytest.approx(3 * (240 + 248 + 1000 + 240) / 3600)
     hours = f"{4 * 200.0 / 3600:.2f} | {1000.0 / 3600:.2f} |"
-    assert f"| grpo | 3 | 200.0 | {hours}" in lines
+    assert f"| grpo | 3 | 200.0 | {hours} — |" in lines  # every step carries the term
     assert any(line.startswith("| short | 3 | 6.0 |") for line in lines)
 
 
@@ -243,3 +243,27 @@ def test_stored_scores_are_the_computed_ones_and_are_not_recomputed(tmp_path, mo
     Scores(task, POOR, store=tmp_path).cached(REFERENCES)  # other references
     assert len(list(tmp_path.glob("*.npz"))) == 3
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_a_schedule_run_is_timed_against_its_own_ce_alone_steps():
+    """A run that answers every 4th step: its mean step over its CE-alone steps (the steps
+    without ``bertscore_loss``), the evaluations left out; NaN where no step (or every step)
+    carries the term."""
+    costs = {1: 30.0, 2: 10.0, 3: 12.0, 4: 8.0, 5: 30.0, 6: 10.0}  # steps 1 and 5 answer
+    log, cpu = [], 0.0
+    for step, cost in costs.items():
+        cpu += cost
+        entry = {"kind": "train", "step": step, "cpu": cpu}
+        if step % 4 == 1:
+            entry["bertscore_loss"] = 0.3
+        log.append(entry)
+        if step == 3:
+            cpu += 500.0  # an evaluation between steps 3 and 4: neither step's cost
+            log.append({"kind": "eval", "split": "validation", "step": step, "cpu": cpu})
+    run = summary.Run([], log)
+    # intervals ending at steps 2, 3, 5, 6 (step 1 has no step before it; 4 follows the eval)
+    assert run.cpu_over_ce_steps == pytest.approx(np.mean([10, 12, 30, 10]) / np.mean([10, 12, 10]))
+    untimed = [{k: v for k, v in e.items() if k != "bertscore_loss"} for e in log]
+    assert np.isnan(summary.Run([], untimed).cpu_over_ce_steps)  # CE alone: no control to take
+    every = [e | {"bertscore_loss": 0.3} if e["kind"] == "train" else e for e in log]
+    assert np.isnan(summary.Run([], every).cpu_over_ce_steps)
