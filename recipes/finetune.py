@@ -31,9 +31,15 @@ from config import (
     base_arguments,
     recipe_loss_settings,
 )
-from examples import batch_indices
 from run import RecipeRun, check_fresh_output, end_processes, linear_warmup
-from trainer_run import RecipeCallback, resume_point, train, trainer_arguments
+from trainer_run import (
+    REFERENCE_COLUMN,
+    RecipeCallback,
+    resume_point,
+    train,
+    trainer_arguments,
+    training_examples,
+)
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from bsloss import BERTScoreLoss
@@ -44,13 +50,12 @@ from bsloss.integrations.candidates import GreedyAnswers, SampledAnswers, Teache
 from bsloss.integrations.huggingface import BERTScoreTrainerMixin
 from bsloss.scorer.encoder import ScorerEncoder
 
-__all__ = ["RecipeTrainer", "build_loss", "build_trainer", "main", "training_examples"]
+__all__ = ["RecipeTrainer", "build_loss", "build_trainer", "main"]
 
 # the trainer's log keys kept in log.jsonl, under the recipe's names
 LOGGED = {"loss": "loss", "ce": "ce", "bertscore_loss": "bertscore_loss",
           "bertscore_f": "bertscore_f", "bertscore_weight": "term_weight",
           "learning_rate": "lr"}  # fmt: skip
-REFERENCE_COLUMN = "reference"  # the training examples' target text, the term's reference
 
 
 class RecipeTrainer(BERTScoreTrainerMixin, Trainer):
@@ -108,21 +113,6 @@ def candidate_source(settings: dict, max_new_tokens: int):
     )
 
 
-def training_examples(run: RecipeRun) -> list[dict]:
-    """The training examples in the order the recipes have always drawn them
-    (:func:`examples.batch_indices`: a seeded permutation per epoch), one batch after another
-    for every micro-batch of the run; the trainer reads them in that order."""
-    train, examples = run.train, run.data["train"]
-    batches = batch_indices(len(examples), train.batch_size, train.seed, 0)
-    rows = []
-    for _ in range(train.steps * train.gradient_accumulation_steps):
-        for index in next(batches):
-            example = examples[index]
-            rows.append({"source": example.source, "target": example.target,
-                         REFERENCE_COLUMN: example.target})  # fmt: skip
-    return rows
-
-
 class TermWeightWarmup(TrainerCallback):
     """``loss.warmup_steps``: the term's weight grows linearly to ``loss.weight`` over them,
     set on the trainer's term before each step."""
@@ -178,7 +168,7 @@ def main(argv: list[str] | None = None) -> dict:
         check_fresh_output(args.output_dir, args.resume, args.overwrite)
     except FileExistsError as refused:
         parser.error(str(refused))
-    run = RecipeRun(args, gradient_accumulation=False)  # the trainer accumulates
+    run = RecipeRun(args)  # the trainer accumulates
     start, checkpoint = resume_point(run)
     trainer = build_trainer(run, start)
     run.unwrapped = trainer.accelerator.unwrap_model(trainer.model)

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     from trl import GRPOTrainer
 
     args = base_arguments(__doc__.splitlines()[0]).parse_args(argv)
-    run = RecipeRun(args, gradient_accumulation=False, grpo=True)
+    run = RecipeRun(args, grpo=True)
     if run.config.model.kind == "seq2seq" or getattr(run.model.config, "is_encoder_decoder", False):
         raise ValueError(
             f"model.generator {run.config.model.generator!r} is an encoder-decoder; GRPO here "

@@ -1,27 +1,51 @@
-"""Self-critical sequence training (Rennie et al., 2017) of a seq2seq model with the F_BERT reward.
+"""Self-critical sequence training (Rennie et al., 2017) of a generator with the F_BERT reward.
 
     accelerate launch recipes/rl_scst.py --config recipes/configs/xsum-bert2bert.yaml \\
         --output_dir runs/xsum-scst --init_from runs/xsum-ce/model [--set rl.ce_weight=0.1]
 
-For each source the model samples a sequence and decodes greedily; the reward is the hard
-BERTScore F of each against the reference (:class:`bsloss.BERTScoreReward`), and the policy-gradient
-loss is
+For each source the model samples an answer and decodes one greedily; the reward is the hard
+BERTScore F of each against the reference (:class:`bsloss.BERTScoreReward`), and the
+policy-gradient loss is
 
 .. math::  -(r(y^s) - r(\\hat y)) \\frac{1}{|y^s|} \\sum_t \\log p(y^s_t \\mid y^s_{<t}, x)
 
-(the greedy reward is the baseline), plus ``rl.ce_weight`` times the teacher-forced CE. Shares
-the config, data, evaluation, log and checkpoints of ``finetune.py``; the ``rl`` section
-of the config (optional) sets ``ce_weight`` and ``sample_top_k``.
+(the greedy reward is the baseline), plus ``rl.ce_weight`` times the teacher-forced CE.
+
+A transformers ``Trainer`` whose loss is that (:class:`SelfCriticalTrainer`): both answers come
+from the library's :class:`~bsloss.integrations.candidates.SampledAnswers` /
+:class:`~bsloss.integrations.candidates.GreedyAnswers` (the sampled ones join the batch as extra
+rows, so one forward pass gives the CE's logits and the answers'), as the mixin's ``sampled``
+candidates do; the trainer's optimiser, clipping, schedule and checkpoints, and the recipe's
+log, dev evaluations and early stopping as in ``finetune.py`` (:mod:`trainer_run`). The
+generator is an encoder-decoder or a decoder-only LM (:mod:`causal`); the ``rl`` section of the
+config (optional) sets ``ce_weight`` and ``sample_top_k``.
 """
 
 from __future__ import annotations
 
 import torch
 from config import base_arguments
-from run import RecipeRun, end_processes
+from run import RecipeRun, check_fresh_output, end_processes
+from trainer_run import (
+    REFERENCE_COLUMN,
+    RecipeCallback,
+    resume_point,
+    train,
+    trainer_arguments,
+    training_examples,
+)
+from transformers import Trainer, TrainingArguments
 
 from bsloss import BERTScoreReward
+from bsloss.integrations.candidates import GreedyAnswers, SampledAnswers
 from bsloss.integrations.lm_head import IGNORE_INDEX, token_cross_entropy
+
+__all__ = ["SelfCriticalTrainer", "build_trainer", "main", "sequence_log_prob"]
+
+# the trainer's log keys kept in log.jsonl, under the recipe's names
+LOGGED = {"loss": "loss", "ce": "ce", "reward": "reward", "greedy_reward": "greedy_reward",
+          "learning_rate": "lr"}  # fmt: skip
+REFERENCES = "references"  # the batch's key of its reference texts (the reward's)
 
 
 def sequence_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -31,63 +55,122 @@ def sequence_log_prob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
     return token_log_probs.sum(1) / mask.sum(1).clamp_min(1)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = base_arguments(__doc__.splitlines()[0]).parse_args(argv)
-    run = RecipeRun(args, gradient_accumulation=False)
-    run.log_setup()
-    train_spec, rl_spec = run.train, run.config.rl
-    reward = BERTScoreReward(scorer=run.scorer)
-    trainable = [p for p in run.model.parameters() if p.requires_grad]  # train.freeze_embeddings
-    optimizer = torch.optim.AdamW(trainable, lr=train_spec.learning_rate)
-    model, optimizer, start_step = run.prepare(optimizer)
+class SelfCriticalTrainer(Trainer):
+    """A ``Trainer`` whose loss is self-critical policy gradient with ``reward``.
 
-    accelerator, collator = run.accelerator, run.collator
-    ce_weight, top_k = rl_spec.ce_weight, rl_spec.sample_top_k
-    max_new = run.config.data.max_target_length
-    batches = run.batches(start_step)
-    stop = run.last_step(start_step)
-    model.train()
-    for step in range(start_step + 1, stop + 1):
-        examples = next(batches)
-        batch = run.collate(examples)
-        references = [e.target for e in examples]
-        with accelerator.autocast():
-            sampled = collator.generate(run.unwrapped, batch, max_new, sample=True, top_k=top_k)
-            greedy = collator.generate(run.unwrapped, batch, max_new)
-            # one reward call: both outputs are scored in the same encoder batches
-            rewards = torch.tensor(
-                reward(
-                    completions=collator.decode(sampled) + collator.decode(greedy),
-                    reference=references * 2,
-                )
-            )
-            sampled_reward, greedy_reward = rewards.chunk(2)
-            advantage = (sampled_reward - greedy_reward).to(accelerator.device)
-            label_sets = [sampled]
-            if ce_weight > 0:
-                label_sets.append(batch["labels"])
-            logits = collator.teacher_forced_logits(model, batch, label_sets)
-            loss = -(advantage * sequence_log_prob(logits[0], label_sets[0])).mean()
-            parts = {}
-            if ce_weight > 0:
-                ce = token_cross_entropy(batch["labels"], logits=logits[1])
-                loss = loss + ce_weight * ce
-                parts["ce"] = ce.item()
-        accelerator.backward(loss)
-        if train_spec.max_grad_norm:
-            accelerator.clip_grad_norm_(model.parameters(), train_spec.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad()
-        stop_early = run.end_of_step(
-            step,
-            loss=loss.item(),
-            reward=float(sampled_reward.mean()),
-            greedy_reward=float(greedy_reward.mean()),
-            **parts,
+    Args:
+        reward: scores a list of answers against their references (``completions=``,
+            ``reference=``), one float each.
+        sampled, greedy: the answers' sources (their ``max_new_tokens``, ``top_k``).
+        decode: answer ids (labels-style, ``-100`` outside) to answer texts.
+        pad_token_id, eos_token_id: the collator's padding and end-of-answer tokens.
+        ce_weight: the teacher-forced CE's weight beside the policy gradient.
+    """
+
+    def __init__(
+        self, *args, reward, sampled: SampledAnswers, greedy: GreedyAnswers, decode,
+        pad_token_id: int, eos_token_id: int, ce_weight: float = 0.0, **kwargs,
+    ):  # fmt: skip
+        super().__init__(*args, **kwargs)
+        self.reward, self.sampled, self.greedy, self.decode = reward, sampled, greedy, decode
+        self.special = {"pad_token_id": pad_token_id, "eos_token_ids": [eos_token_id]}
+        self.ce_weight = ce_weight
+        # the loss is a mean over its micro-batch's rows: the trainer divides it by the
+        # accumulation steps (it does not when a model takes num_items_in_batch)
+        self.model_accepts_loss_kwargs = False
+        self._logged: dict[str, list[float]] = {}
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        references = inputs.pop(REFERENCES)
+        labels = inputs.pop("labels")
+        unwrapped = self.accelerator.unwrap_model(model)
+        causal = not unwrapped.config.is_encoder_decoder
+        prompts = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
+        answering = dict(causal=causal, **self.special)
+        greedy = self.greedy.answer(unwrapped, prompts, labels, **answering).candidate_labels
+        joint = self.sampled.answer(unwrapped, prompts, labels, **answering)
+        logits, answer_logits = joint.split(model(**joint.inputs, use_cache=False).logits)
+        sampled, reference_labels = joint.candidate_labels, labels
+        if causal:  # position t predicts token t + 1
+            logits, reference_labels = logits[:, :-1], labels[:, 1:]
+            answer_logits, sampled = answer_logits[:, :-1], sampled[:, 1:]
+        # one reward call: both answers are scored in the same encoder batches
+        rewards = torch.tensor(
+            self.reward(
+                completions=self.decode(joint.candidate_labels) + self.decode(greedy),
+                reference=list(references) * 2,
+            ),
+            device=logits.device,
         )
-        if stop_early:
-            break
-    return run.finish(stop, f"SCST: {args.config.name}")
+        sampled_reward, greedy_reward = rewards.chunk(2)
+        advantage = sampled_reward - greedy_reward
+        loss = -(advantage * sequence_log_prob(answer_logits, sampled)).mean()
+        self._record(reward=sampled_reward.mean(), greedy_reward=greedy_reward.mean())
+        if self.ce_weight > 0:
+            ce = token_cross_entropy(reference_labels, logits=logits)
+            loss = loss + self.ce_weight * ce
+            self._record(ce=ce)
+        return loss
+
+    def _record(self, **values: torch.Tensor) -> None:
+        for key, value in values.items():
+            self._logged.setdefault(key, []).append(float(value.detach()))
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        """The step's rewards (and CE) joined to the trainer's log line, means over its
+        micro-batches."""
+        logs.update({k: sum(v) / len(v) for k, v in self._logged.items()})
+        self._logged = {}
+        super().log(logs, *args, **kwargs)
+
+
+def build_trainer(run: RecipeRun, start: int = 0) -> SelfCriticalTrainer:
+    """The recipe's trainer: the config's ``rl`` section, the run's scorer as the reward, the
+    training examples in the recipes' order, the callbacks that keep the run's log."""
+    rl, collator = run.config.rl, run.collator
+    run.log_setup()
+    max_new = run.config.data.max_target_length
+    run.model.config.use_cache = False  # a training forward keeps no cache (generation its own)
+
+    def batch_with_references(rows: list[dict]) -> dict:
+        return collator.training_batch(rows) | {REFERENCES: [row[REFERENCE_COLUMN] for row in rows]}
+
+    return SelfCriticalTrainer(
+        model=run.model,
+        args=trainer_arguments(
+            run,
+            TrainingArguments,
+            train_sampling_strategy="sequential",
+            remove_unused_columns=False,
+        ),  # fmt: skip
+        train_dataset=training_examples(run),
+        data_collator=batch_with_references,
+        processing_class=run.tokenizer,
+        reward=BERTScoreReward(scorer=run.scorer),
+        sampled=SampledAnswers(max_new_tokens=max_new, top_k=rl.sample_top_k),
+        greedy=GreedyAnswers(max_new_tokens=max_new),
+        decode=collator.decode,
+        pad_token_id=collator.pad,
+        eos_token_id=collator.eos,
+        ce_weight=rl.ce_weight,
+        callbacks=[RecipeCallback(run, start, LOGGED, marker="reward")],
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = base_arguments(__doc__.splitlines()[0])
+    args = parser.parse_args(argv)
+    try:  # before any model loads, one line as argparse prints (RecipeRun checks it again)
+        check_fresh_output(args.output_dir, args.resume, args.overwrite)
+    except FileExistsError as refused:
+        parser.error(str(refused))
+    run = RecipeRun(args)  # the trainer accumulates
+    start, checkpoint = resume_point(run)
+    trainer = build_trainer(run, start)
+    run.unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    run.begin(start)
+    last_step = train(trainer, run, start, checkpoint)
+    return run.finish(last_step, f"SCST: {args.config.name}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""What every recipe does around its own training step (:class:`RecipeRun`): config,
-accelerator, data, scorer, generator, collator, evaluator; the run's log, checkpoints (accelerate's,
-with a total limit) and resume; the final model, test scores, results file and plot.
+"""What every recipe does around its trainer's training step (:class:`RecipeRun`): config,
+accelerator, data, scorer, generator, collator, evaluator; the run's log, dev evaluations and
+early stopping; the final model, test scores, results file and plot. The trainer's side
+(arguments, checkpoints, resume) is :mod:`trainer_run`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -20,7 +20,7 @@ import torch
 from causal import CausalCollator
 from config import load_config
 from evaluation import Evaluator
-from examples import batch_indices, check_dev_split, load_splits
+from examples import check_dev_split, load_splits
 from generators import (
     freeze_embeddings,
     load_generator,
@@ -88,52 +88,6 @@ class EarlyStopping:
     def load_state_dict(self, state: dict) -> None:
         self.best, self.best_step = state["best"], state["best_step"]
         self.since_best = int(state["since_best"])
-
-
-class Progress:
-    """The last completed step and the early-stopping state, saved in every checkpoint with the
-    model, optimizer, scheduler and RNG states (``accelerator.register_for_checkpointing``)."""
-
-    def __init__(self, early_stopping: EarlyStopping, timer: Timer):
-        self.step = 0
-        self.early_stopping = early_stopping
-        self.timer = timer
-
-    def state_dict(self) -> dict:
-        return {
-            "step": self.step,
-            "early_stopping": self.early_stopping.state_dict(),
-            "time": self.timer(),
-            "cpu": self.timer.cpu(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
-        if "early_stopping" in state:  # absent from checkpoints written before it existed
-            self.early_stopping.load_state_dict(state["early_stopping"])
-        if "cpu" in state:  # the log's time and cpu go on from the checkpoint's
-            self.timer.continue_from(state["time"], state["cpu"])
-
-
-def resume(accelerator, output_dir: Path, log: RunLog, progress: Progress) -> int:
-    """Load the newest checkpoint of ``output_dir/checkpoints`` (accelerate's automatic naming)
-    and return its step; the log loses the lines written after it.
-
-    accelerate reads the optimizer, scheduler, sampler, RNG and progress states with
-    ``torch.load``, i.e. by unpickling; they are read here with ``weights_only=True``
-    (torch's restricted unpickler: tensors, numbers, containers, no arbitrary objects), so a
-    tampered checkpoint fails instead of running code. Resume only from checkpoints you wrote."""
-    folder = output_dir / "checkpoints"
-    saved = sorted(folder.glob("checkpoint_*"), key=lambda p: int(p.name.split("_")[1]))
-    if not saved:
-        raise FileNotFoundError(f"--resume: no checkpoint under {folder}")
-    accelerator.load_state(str(saved[-1]), load_kwargs={"weights_only": True})
-    # the next save continues the numbering (accelerate refuses to overwrite a checkpoint)
-    accelerator.project_configuration.iteration = int(saved[-1].name.split("_")[1]) + 1
-    if accelerator.is_main_process:
-        log.truncate_after(progress.step)
-    accelerator.wait_for_everyone()
-    return progress.step
 
 
 def linear_warmup(weight: float, warmup_steps: int, step: int) -> float:
@@ -372,11 +326,9 @@ class RecipeRun:
     validation and checkpoints; the final model, test score, results file and plot. The config
     is checked first (``grpo``: for grpo.py too), before any model is loaded."""
 
-    def __init__(
-        self, args: argparse.Namespace, gradient_accumulation: bool = True, grpo: bool = False
-    ):
+    def __init__(self, args: argparse.Namespace, grpo: bool = False):
         from accelerate import Accelerator
-        from accelerate.utils import ProjectConfiguration, set_seed
+        from accelerate.utils import set_seed
 
         from bsloss import BERTScorer
         from bsloss.scorer.encoder import ScorerEncoder
@@ -388,26 +340,15 @@ class RecipeRun:
         self.train = self.config.train
         self.output_dir = args.output_dir
         check_fresh_output(self.output_dir, args.resume, getattr(args, "overwrite", False))
-        # checkpoints/checkpoint_N every train.save_every steps, the last few kept
-        checkpoints = ProjectConfiguration(
-            project_dir=str(self.output_dir),
-            automatic_checkpoint_naming=True,
-            total_limit=self.train.checkpoints_total_limit,
-        )
+        # the trainer's too (trainer_run.trainer_arguments: use_configured_state); the trainer
+        # accumulates gradients and writes the checkpoints
         self.accelerator = Accelerator(
-            mixed_precision=args.mixed_precision or self.train.mixed_precision,
-            gradient_accumulation_steps=self.train.gradient_accumulation_steps
-            if gradient_accumulation
-            else 1,
-            cpu=args.cpu,
-            project_config=checkpoints,
+            mixed_precision=args.mixed_precision or self.train.mixed_precision, cpu=args.cpu
         )
         self.early_stopping = EarlyStopping(
             self.train.early_stopping_metric, self.train.early_stopping_patience
         )
         self.stopped_at: int | None = None  # the step early stopping ended the run at
-        self.progress = Progress(self.early_stopping, self.timer)
-        self.accelerator.register_for_checkpointing(self.progress)
         set_seed(self.train.seed)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.log = RunLog(self.output_dir / "log.jsonl", self.accelerator.is_main_process)
@@ -485,18 +426,6 @@ class RecipeRun:
     def device(self) -> torch.device:
         return self.accelerator.device
 
-    def prepare(self, *objects):
-        """``accelerator.prepare(model, *objects)``, then resume (``--resume``) or score the test
-        split before training. Returns the prepared objects and the first step to run."""
-        prepared = self.accelerator.prepare(self.model, *objects)
-        self.model = prepared[0]
-        self.unwrapped = self.accelerator.unwrap_model(self.model)
-        start = 0
-        if self.args.resume:
-            start = resume(self.accelerator, self.output_dir, self.log, self.progress)
-        self.begin(start)
-        return (*prepared, start)
-
     def begin(self, start: int) -> None:
         """Before the first step: the test score before training and the dev metrics at step 0
         (a run that starts at ``start`` > 0 has them already)."""
@@ -573,39 +502,6 @@ class RecipeRun:
             )
         if tracker.exhausted:
             self.stopped_at = step
-
-    def batches(self, start_step: int) -> Iterator[list]:
-        """This process's share of each global batch of training examples."""
-        accelerator = self.accelerator
-        world, rank = accelerator.num_processes, accelerator.process_index
-        stream = batch_indices(
-            len(self.data["train"]),
-            self.train.batch_size * world,
-            self.train.seed,
-            start_step * accelerator.gradient_accumulation_steps,
-        )
-        for indices in stream:
-            yield [self.data["train"][i] for i in indices[rank::world]]
-
-    def collate(self, examples: list) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.device) for k, v in self.collator(examples).items()}
-
-    def last_step(self, start_step: int) -> int:
-        steps = self.train.steps
-        stop_after = self.args.stop_after
-        return steps if stop_after is None else min(steps, start_step + stop_after)
-
-    def end_of_step(self, step: int, **entry) -> bool:
-        """A recipe's own loop (rl_scst.py): :meth:`record_step`, :meth:`validation_turn`, and
-        accelerate's checkpoint every ``train.save_every`` steps. Returns whether early stopping
-        ends the run here."""
-        self.record_step(step, **entry)
-        stop = self.validation_turn(step)
-        save_every = self.train.save_every
-        if save_every and step % save_every == 0:
-            self.progress.step = step
-            self.accelerator.save_state()
-        return stop
 
     def record_step(self, step: int, **entry) -> None:
         """The step's line in ``log.jsonl`` (with the time and CPU so far), and one on the

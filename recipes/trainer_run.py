@@ -13,10 +13,12 @@ from pathlib import Path
 
 import torch
 from evaluation import TokenProgress
+from examples import batch_indices
 from run import RecipeRun
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 RECIPE_STATE = "recipe_state.json"  # in each checkpoint: the log's time and cpu, early stopping
+REFERENCE_COLUMN = "reference"  # the training examples' target text (the term's reference)
 
 
 def trainer_arguments(run: RecipeRun, arguments_class, **extra):
@@ -55,6 +57,21 @@ def trainer_arguments(run: RecipeRun, arguments_class, **extra):
         accelerator_config={"use_configured_state": True},
         **extra,
     )
+
+
+def training_examples(run: RecipeRun) -> list[dict]:
+    """The training examples in the order the recipes have always drawn them
+    (:func:`examples.batch_indices`: a seeded permutation per epoch), one batch after another
+    for every micro-batch of the run; the trainer reads them in that order."""
+    train, examples = run.train, run.data["train"]
+    batches = batch_indices(len(examples), train.batch_size, train.seed, 0)
+    rows = []
+    for _ in range(train.steps * train.gradient_accumulation_steps):
+        for index in next(batches):
+            example = examples[index]
+            rows.append({"source": example.source, "target": example.target,
+                         REFERENCE_COLUMN: example.target})  # fmt: skip
+    return rows
 
 
 class RecipeCallback(TrainerCallback):

@@ -59,7 +59,7 @@ def recipe_run(generator: Path, output_dir: Path, overrides: list[str]) -> Recip
     for setting in settings:
         words += ["--set", setting]
     args = base_arguments("test").parse_args(words)
-    run = RecipeRun(args, gradient_accumulation=False)
+    run = RecipeRun(args)
     for module in run.model.modules():  # GPT-2's dropout (Gemma and the LoRA have none)
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -132,12 +132,13 @@ def noise_by_token(monkeypatch):
 @pytest.mark.parametrize("arm", ARMS)
 def test_a_recipe_step_is_the_study_step(arm, tiny_generator, tmp_path, noise_by_token):
     import finetune
+    import trainer_run
 
     run = recipe_run(tiny_generator, tmp_path / arm, study_arms()[arm])
     trainer = finetune.build_trainer(run)
     assert isinstance(trainer, finetune.RecipeTrainer)
     batch_size = run.train.batch_size
-    first = finetune.training_examples(run)[:batch_size]
+    first = trainer_run.training_examples(run)[:batch_size]
     examples = [Example(row["source"], row["target"]) for row in first]
     torch.manual_seed(1234)  # the sampled answers: the same draws on both paths
     expected = study_step(run, trainer.bertscore_term.loss, examples)
@@ -191,3 +192,65 @@ def test_the_cheaper_answers_are_refused_where_nothing_answers(tiny_generator, t
     ):
         with pytest.raises((ValueError, TypeError), match=message):
             recipe_loss_settings(load_config(STAGE2, keys).loss)
+
+
+def scst_loop_step(run: RecipeRun, reward, examples, ce_weight: float, top_k: int) -> torch.Tensor:
+    """One step of ``recipes/rl_scst.py``'s former own loop (before its trainer, a2cd957 and
+    earlier): the recipe's layout, its own generation (sampled, then greedy) and one
+    teacher-forced pass over the sampled answers and the references; the backward pass done."""
+    from rl_scst import sequence_log_prob
+
+    collator, model = run.collator, run.model
+    batch = collator(examples)
+    max_new = run.config.data.max_target_length
+    sampled = collator.generate(model, batch, max_new, sample=True, top_k=top_k)
+    greedy = collator.generate(model, batch, max_new)
+    references = [e.target for e in examples]
+    rewards = torch.tensor(
+        reward(
+            completions=collator.decode(sampled) + collator.decode(greedy),
+            reference=references * 2,
+        )
+    )
+    sampled_reward, greedy_reward = rewards.chunk(2)
+    logits = collator.teacher_forced_logits(model, batch, [sampled, batch["labels"]])
+    loss = -((sampled_reward - greedy_reward) * sequence_log_prob(logits[0], sampled)).mean()
+    loss = loss + ce_weight * token_cross_entropy(batch["labels"], logits=logits[1])
+    loss.backward()
+    return loss.detach()
+
+
+@pytest.mark.parametrize("top_k", [0, 5])
+def test_a_scst_trainer_step_is_the_former_loop_step(top_k, tiny_generator, tmp_path):
+    """rl_scst.py on a transformers Trainer (its answers from the library's SampledAnswers /
+    GreedyAnswers, one forward pass for answers and references) gives its former loop's loss and
+    gradients, with the CE beside the policy gradient and with top-k sampling."""
+    import rl_scst
+    import trainer_run
+
+    overrides = ["rl.ce_weight=0.5", f"rl.sample_top_k={top_k}"]
+    run = recipe_run(tiny_generator, tmp_path / "scst", overrides)
+    with torch.no_grad():  # the random model's greedy answer would be its end token alone
+        run.model.get_output_embeddings().weight[run.collator.eos] = 0.0
+    trainer = rl_scst.build_trainer(run)
+    first = trainer_run.training_examples(run)[: run.train.batch_size]
+    examples = [Example(row["source"], row["target"]) for row in first]
+    torch.manual_seed(1234)  # the sampled answers: the same draws on both paths
+    expected = scst_loop_step(run, trainer.reward, examples, 0.5, top_k)
+    expected_grads = gradients(run.model)
+    inputs, num_items = recipe_batch(trainer)
+    torch.manual_seed(1234)
+    trainer.model.train()
+    # set by trainer.train()'s loop: the SCST loss is divided by it (a mean per micro-batch)
+    trainer.current_gradient_accumulation_steps = 1
+    measured = trainer.training_step(trainer.model, inputs, num_items).detach()
+    measured_grads = gradients(run.model)
+
+    assert torch.isfinite(expected) and expected != 0
+    assert measured.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
+    assert expected_grads.keys() == measured_grads.keys() and len(expected_grads) > 0
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(measured_grads[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+    logged = {key: values[0] for key, values in trainer._logged.items()}
+    assert set(logged) == {"reward", "greedy_reward", "ce"}
+    assert logged["greedy_reward"] > 0 and logged["reward"] != logged["greedy_reward"]
