@@ -28,15 +28,13 @@ from config import (
     RECIPE_LOSS_KEYS,
     TERM_WEIGHTS,
     RecipeConfig,
-    base_arguments,
     recipe_loss_settings,
 )
-from run import RecipeRun, check_fresh_output, end_processes, linear_warmup
+from run import RecipeRun, end_processes, linear_warmup
 from trainer_run import (
     REFERENCE_COLUMN,
     RecipeCallback,
-    resume_point,
-    train,
+    train_from_command_line,
     trainer_arguments,
     training_examples,
 )
@@ -162,22 +160,11 @@ def build_trainer(run: RecipeRun, start: int = 0) -> RecipeTrainer:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = base_arguments(__doc__.splitlines()[0])
-    args = parser.parse_args(argv)
-    try:  # before any model loads, one line as argparse prints (RecipeRun checks it again)
-        check_fresh_output(args.output_dir, args.resume, args.overwrite)
-    except FileExistsError as refused:
-        parser.error(str(refused))
-    run = RecipeRun(args)  # the trainer accumulates
-    start, checkpoint = resume_point(run)
-    trainer = build_trainer(run, start)
-    run.unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    run.begin(start)
-    last_step = train(trainer, run, start, checkpoint)
+    run, trainer, last_step = train_from_command_line(__doc__.splitlines()[0], build_trainer, argv)
     settings = recipe_loss_settings(run.config.loss)
     term = f"{trainer.bertscore_term.loss.matching.name} matching, "
     term += CANDIDATE_LABELS[settings["candidates"]]
-    return run.finish(last_step, f"{run.config.task}: {args.config.name}", term=term)
+    return run.finish(last_step, f"{run.config.task}: {run.args.config.name}", term=term)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,11 @@ config (optional) sets ``ce_weight`` and ``sample_top_k``.
 from __future__ import annotations
 
 import torch
-from config import base_arguments
-from run import RecipeRun, check_fresh_output, end_processes
+from run import RecipeRun, end_processes
 from trainer_run import (
     REFERENCE_COLUMN,
     RecipeCallback,
-    resume_point,
-    train,
+    train_from_command_line,
     trainer_arguments,
     training_examples,
 )
@@ -158,19 +156,8 @@ def build_trainer(run: RecipeRun, start: int = 0) -> SelfCriticalTrainer:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = base_arguments(__doc__.splitlines()[0])
-    args = parser.parse_args(argv)
-    try:  # before any model loads, one line as argparse prints (RecipeRun checks it again)
-        check_fresh_output(args.output_dir, args.resume, args.overwrite)
-    except FileExistsError as refused:
-        parser.error(str(refused))
-    run = RecipeRun(args)  # the trainer accumulates
-    start, checkpoint = resume_point(run)
-    trainer = build_trainer(run, start)
-    run.unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-    run.begin(start)
-    last_step = train(trainer, run, start, checkpoint)
-    return run.finish(last_step, f"SCST: {args.config.name}")
+    run, _, last_step = train_from_command_line(__doc__.splitlines()[0], build_trainer, argv)
+    return run.finish(last_step, f"SCST: {run.args.config.name}")
 
 
 if __name__ == "__main__":

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from config import base_arguments
 from evaluation import TokenProgress
 from examples import batch_indices
-from run import RecipeRun
+from run import RecipeRun, check_fresh_output
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 RECIPE_STATE = "recipe_state.json"  # in each checkpoint: the log's time and cpu, early stopping
@@ -152,6 +154,27 @@ def train(trainer, run: RecipeRun, start: int, checkpoint: Path | None) -> int:
         return start
     trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
     return trainer.state.global_step
+
+
+def train_from_command_line(
+    description: str, build_trainer: Callable, argv: list[str] | None = None
+) -> tuple[RecipeRun, object, int]:
+    """A trainer recipe's run from its command line: the arguments (an ``--output_dir`` that
+    holds a run refused in one line before any model loads), the run, its trainer
+    (``build_trainer(run, start)``) resumed where ``--resume`` says, the scores before
+    training, then the training. Returns (the run, the trainer, the last step trained)."""
+    parser = base_arguments(description)
+    args = parser.parse_args(argv)
+    try:  # one line as argparse prints (RecipeRun checks it again)
+        check_fresh_output(args.output_dir, args.resume, args.overwrite)
+    except FileExistsError as refused:
+        parser.error(str(refused))
+    run = RecipeRun(args)  # the trainer accumulates the gradients
+    start, checkpoint = resume_point(run)
+    trainer = build_trainer(run, start)
+    run.unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+    run.begin(start)
+    return run, trainer, train(trainer, run, start, checkpoint)
 
 
 class StepProgress(TokenProgress):
