@@ -35,10 +35,9 @@ from trainer_run import (
     REFERENCE_COLUMN,
     RecipeCallback,
     train_from_command_line,
-    trainer_arguments,
-    training_examples,
+    trainer_inputs,
 )
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainerCallback
 
 from bsloss import BERTScoreLoss
 from bsloss.bridge import Bridge
@@ -137,16 +136,7 @@ def build_trainer(run: RecipeRun, start: int = 0) -> RecipeTrainer:
     run.model.generation_config.eos_token_id = run.collator.eos
     run.model.config.use_cache = False
     trainer = RecipeTrainer(
-        model=run.model,
-        args=trainer_arguments(
-            run,
-            TrainingArguments,
-            train_sampling_strategy="sequential",
-            remove_unused_columns=False,
-        ),  # fmt: skip
-        train_dataset=training_examples(run),
-        data_collator=run.collator.training_batch,
-        processing_class=run.tokenizer,
+        **trainer_inputs(run, run.collator.training_batch),
         bertscore_loss=loss_fn,
         bertscore_weight=TERM_WEIGHTS[settings["weighting"]](settings["weight"]),
         bertscore_ce_weight=settings["ce_weight"],

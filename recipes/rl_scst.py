@@ -29,10 +29,9 @@ from trainer_run import (
     REFERENCE_COLUMN,
     RecipeCallback,
     train_from_command_line,
-    trainer_arguments,
-    training_examples,
+    trainer_inputs,
 )
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer
 
 from bsloss import BERTScoreReward
 from bsloss.integrations.candidates import GreedyAnswers, SampledAnswers
@@ -134,16 +133,7 @@ def build_trainer(run: RecipeRun, start: int = 0) -> SelfCriticalTrainer:
         return collator.training_batch(rows) | {REFERENCES: [row[REFERENCE_COLUMN] for row in rows]}
 
     return SelfCriticalTrainer(
-        model=run.model,
-        args=trainer_arguments(
-            run,
-            TrainingArguments,
-            train_sampling_strategy="sequential",
-            remove_unused_columns=False,
-        ),  # fmt: skip
-        train_dataset=training_examples(run),
-        data_collator=batch_with_references,
-        processing_class=run.tokenizer,
+        **trainer_inputs(run, batch_with_references),
         reward=BERTScoreReward(scorer=run.scorer),
         sampled=SampledAnswers(max_new_tokens=max_new, top_k=rl.sample_top_k),
         greedy=GreedyAnswers(max_new_tokens=max_new),

@@ -17,7 +17,7 @@ from config import base_arguments
 from evaluation import TokenProgress
 from examples import batch_indices
 from run import RecipeRun, check_fresh_output
-from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback, TrainingArguments
 
 RECIPE_STATE = "recipe_state.json"  # in each checkpoint: the log's time and cpu, early stopping
 REFERENCE_COLUMN = "reference"  # the training examples' target text (the term's reference)
@@ -154,6 +154,22 @@ def train(trainer, run: RecipeRun, start: int, checkpoint: Path | None) -> int:
         return start
     trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
     return trainer.state.global_step
+
+
+def trainer_inputs(run: RecipeRun, data_collator: Callable) -> dict:
+    """A transformers ``Trainer``'s model, arguments and data for ``run``: the training
+    examples in the recipes' order (sequential sampling: :func:`training_examples` draws the
+    order), every column kept for ``data_collator``."""
+    arguments = trainer_arguments(
+        run, TrainingArguments, train_sampling_strategy="sequential", remove_unused_columns=False
+    )
+    return {
+        "model": run.model,
+        "args": arguments,
+        "train_dataset": training_examples(run),
+        "data_collator": data_collator,
+        "processing_class": run.tokenizer,
+    }
 
 
 def train_from_command_line(
