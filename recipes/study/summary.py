@@ -386,12 +386,13 @@ def plot_dev_curves(curves: dict[str, dict[int, list]], path: Path) -> Path:
     figure, (by_step, by_cpu) = plt.subplots(1, 2, figsize=(12.5, 4))
     most_seeds = max(len(by_seed) for by_seed in curves.values())
     for index, (arm, by_seed) in enumerate(curves.items()):
-        colour = f"C{index}"
+        # ten colours, then the same ten dashed: an 11th arm must not pass for the first
+        colour, style = f"C{index % 10}", ("-", "--", ":")[index // 10 % 3]
         for points in by_seed.values():
             if points:
                 steps, cpu, values = zip(*points, strict=True)
-                by_step.plot(steps, values, color=colour, lw=0.7, alpha=0.4)
-                by_cpu.plot(np.array(cpu) / 3600, values, color=colour, lw=1, label=None)
+                by_step.plot(steps, values, color=colour, ls=style, lw=0.7, alpha=0.4)
+                by_cpu.plot(np.array(cpu) / 3600, values, color=colour, ls=style, lw=1)
         shared = sorted(set.intersection(*[{p[0] for p in pts} for pts in by_seed.values()]))
         if shared:
             means = [
@@ -400,7 +401,8 @@ def plot_dev_curves(curves: dict[str, dict[int, list]], path: Path) -> Path:
             ]
             # an arm run at fewer seeds says so: its mean starts from those seeds' start
             fewer = f" ({len(by_seed)} of {most_seeds} seeds)" if len(by_seed) < most_seeds else ""
-            by_step.plot(shared, means, color=colour, lw=2.2, marker="o", ms=3, label=arm + fewer)
+            by_step.plot(shared, means, color=colour, ls=style, lw=2.2, marker="o", ms=3,
+                         label=arm + fewer)  # fmt: skip
     by_step.set(xlabel="stage-2 step", ylabel="dev F_BERT (all-mpnet-base-v2)")
     by_step.set_title("against the step (bold: mean over seeds)")
     by_cpu.set(xlabel="core-hours of the run (training + evaluations)")
