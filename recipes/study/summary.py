@@ -407,8 +407,12 @@ def plot_dev_curves(curves: dict[str, dict[int, list]], path: Path) -> Path:
     by_step.set_title("against the step (bold: mean over seeds)")
     by_cpu.set(xlabel="core-hours of the run (training + evaluations)")
     by_cpu.set_title("against compute (one line per seed)")
-    figure.legend(loc="center right", fontsize=8)  # beside the panels, over no curve
-    figure.tight_layout(rect=(0, 0, 0.83, 1))
+    if len(curves) <= 4:  # a few arms: the legend fits in a corner of the panel
+        by_step.legend(fontsize=8)
+        figure.tight_layout()
+    else:  # many: beside the panels, over no curve
+        figure.legend(loc="center right", fontsize=8)
+        figure.tight_layout(rect=(0, 0, 0.83, 1))
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
