@@ -86,7 +86,7 @@ class SelfCriticalTrainer(Trainer):
         answering = dict(causal=causal, **self.special)
         greedy = self.greedy.answer(unwrapped, prompts, labels, **answering).candidate_labels
         joint = self.sampled.answer(unwrapped, prompts, labels, **answering)
-        logits, answer_logits = joint.split(model(**joint.inputs, use_cache=False).logits)
+        logits, answer_logits = joint.split(model(**joint.inputs).logits)
         sampled, reference_labels = joint.candidate_labels, labels
         if causal:  # position t predicts token t + 1
             logits, reference_labels = logits[:, :-1], labels[:, 1:]

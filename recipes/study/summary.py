@@ -92,16 +92,20 @@ class Run:
                 previous = entry["cpu"]
         return spent
 
-    @property
-    def cpu_per_step(self) -> float:
-        """The median CPU-seconds between consecutive training steps with no evaluation
-        between them (an evaluation's cost is not a step's)."""
+    def _step_costs(self) -> list[tuple[float, dict]]:
+        """(CPU-seconds, the step's log line) for each training step that follows another
+        with no evaluation between them (an evaluation's cost is not a step's)."""
         lines = [e for e in self.log if e.get("kind") in ("train", "eval")]
-        steps = [
-            b["cpu"] - a["cpu"]
+        return [
+            (b["cpu"] - a["cpu"], b)
             for a, b in zip(lines, lines[1:], strict=False)
             if a.get("kind") == b.get("kind") == "train" and b["step"] == a["step"] + 1
         ]
+
+    @property
+    def cpu_per_step(self) -> float:
+        """The median CPU-seconds of a training step (:meth:`_step_costs`)."""
+        steps = [cost for cost, _ in self._step_costs()]
         return float(np.median(steps)) if steps else float("nan")
 
     @property
@@ -111,13 +115,8 @@ class Run:
         every k-th step logs no ``bertscore_loss`` between). Both from one process on one
         machine, so unlike a ratio to another run it needs no idle machine; NaN for a run
         whose steps all carry the term, or none."""
-        lines = [e for e in self.log if e.get("kind") in ("train", "eval")]
-        steps = [
-            (b["cpu"] - a["cpu"], "bertscore_loss" in b)
-            for a, b in zip(lines, lines[1:], strict=False)
-            if a.get("kind") == b.get("kind") == "train" and b["step"] == a["step"] + 1
-        ]
-        alone = [cost for cost, term in steps if not term]
+        steps = self._step_costs()
+        alone = [cost for cost, line in steps if "bertscore_loss" not in line]
         if not alone or len(alone) == len(steps):
             return float("nan")
         return float(np.mean([cost for cost, _ in steps]) / np.mean(alone))
