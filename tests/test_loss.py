@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -236,18 +237,48 @@ def test_bad_input_errors(encoder, pairs):
         BERTScoreLoss(encoder=encoder, target="accuracy")
 
 
+@pytest.fixture
+def cuda_scorer(tmp_path) -> tuple[str | None, int | None]:
+    """``(model, num_layers)``: the embedded MiniLM where installed (``None``, its default layer);
+    else, as on a lent GPU machine that carries no weights (the model file is 90 MB), MiniLM's
+    architecture and tokenizer from the GPU benchmark's carried folder (``.gpu-bench/minilm``)
+    with seeded random weights: what the test checks (placement, finiteness under autocast)
+    does not depend on trained weights."""
+    from bsloss.scorer.default import embedded_model_installed
+
+    if embedded_model_installed():
+        return None, None
+    template = Path(__file__).resolve().parents[1] / ".gpu-bench" / "minilm"
+    if not (template / "config.json").is_file():
+        pytest.skip("no embedded MiniLM and no .gpu-bench/minilm (benchmarks/gpu.py --prepare)")
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    BertModel(BertConfig.from_pretrained(template)).save_pretrained(tmp_path)
+    for name in template.iterdir():
+        if name.name != "config.json":
+            (tmp_path / name.name).write_bytes(name.read_bytes())
+    return str(tmp_path), 6  # MiniLM's layer (a folder of other weights must name it)
+
+
+CUDA_PAIRS = (
+    ["a cat sat on the mat", "the weather is cold today", "he plays the guitar", "rain again"],
+    ["a cat was sitting on a mat", "it is cold outside", "she plays piano", "sunny skies"],
+)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_bf16_autocast(pairs):
-    cands, refs = pairs
-    encoder = ScorerEncoder.from_pretrained(None, device="cuda")
-    logits, mask = one_hot_logits(encoder, cands[:4], value=3.0)
+def test_cuda_bf16_autocast(cuda_scorer):
+    cands, refs = CUDA_PAIRS
+    encoder = ScorerEncoder.from_pretrained(*cuda_scorer, device="cuda")
+    logits, mask = one_hot_logits(encoder, cands, value=3.0)
     logits = logits.cuda().requires_grad_(True)
     loss = BERTScoreLoss(encoder=encoder)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        value = loss(logits=logits, candidate_mask=mask.cuda(), references=refs[:4])
+        value = loss(logits=logits, candidate_mask=mask.cuda(), references=refs)
     value.backward()
     assert torch.isfinite(value) and torch.isfinite(logits.grad).all()
-    assert bsloss.BERTScorer(encoder=encoder).score(cands[:4], refs[:4])[2].is_cpu
+    assert bsloss.BERTScorer(encoder=encoder).score(cands, refs)[2].is_cpu
 
 
 # ---------------------------------------------------------------- device placement
