@@ -144,17 +144,19 @@ def test_kernels_compile_for_hopper():
     if kernels.interpreter_active():
         pytest.skip("this process imported triton with TRITON_INTERPRET=1")
     float32 = "*fp32"
-    forward_pointers = {
-        name: float32 for name in ("b_ptr", "max_ptr", "norm_ptr", "acc_ptr", "check_ptr")
-    }
-    forward_pointers.update(max1_ptr=float32, norm1_ptr=float32, arg_ptr="*i64")
-    for has_table in (True, False):
-        options = {"HAS_BIAS": True, "HAS_SOFTCAP": True, "HAS_TABLE": has_table}
-        options.update(Z_STATS=True, DOT_PRECISION="ieee")
+    statistics_pointers = {name: float32 for name in ("b_ptr", "max_ptr", "norm_ptr", "check_ptr")}
+    statistics_pointers.update(max1_ptr=float32, norm1_ptr=float32, arg_ptr="*i64")
+    options = {"HAS_BIAS": True, "HAS_SOFTCAP": True, "Z_STATS": True, "DOT_PRECISION": "ieee"}
+    for config in kernels._STATISTICS_CONFIGS:
         compiled = _compile_for_hopper(
-            kernels._forward_kernel, kernels._FORWARD_CONFIGS[0], options, forward_pointers
+            kernels._statistics_kernel, config, options, statistics_pointers
         )
         assert compiled.metadata.shared <= 228 * 1024  # an H100's shared memory per block
+    options = {"HAS_BIAS": True, "HAS_SOFTCAP": True, "DOT_PRECISION": "ieee"}
+    pointers = {"b_ptr": float32, "log_z_ptr": float32}
+    for config in kernels._PROBABILITY_CONFIGS:
+        compiled = _compile_for_hopper(kernels._probabilities_kernel, config, options, pointers)
+        assert compiled.metadata.shared <= 228 * 1024
     backward_pointers = {
         name: float32
         for name in ("b_ptr", "g_dot_e_ptr", "log_z_ptr", "g_log_z1_ptr", "log_z1_ptr", "db_ptr")
