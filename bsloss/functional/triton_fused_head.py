@@ -13,22 +13,22 @@ The same mathematics (that module's docstring): for hidden states :math:`h \in \
 computed without an ``[N, V]`` tensor of logits, as flash attention computes attention with
 queries :math:`h`, keys :math:`W` and values :math:`E` (no :math:`1/\sqrt{d}` scale).
 
-Forward, one kernel: a grid of (row blocks, vocabulary splits, table-column blocks). A program
-walks its split of the vocabulary in ``BLOCK_V`` blocks; each logits tile ``[BLOCK_N,
-BLOCK_V]`` is built in registers by an inner loop over ``d`` (``d = 640`` does not fit one
-tile), soft-capped, and folded into an online softmax (running maximum and normaliser) and the
-accumulator ``p E`` of its ``BLOCK_C`` table columns; the running argmax (the tokens that
-``bridge_mode="retokenize"`` decodes) and a per-row finiteness check come from the same tile.
-The partial statistics of the splits are merged on the host (flash-decoding's split-K: a few
-``[splits, N]`` and ``[splits, N, c]`` tensors), which keeps a GPU full when ``N`` is small
-(2,048 positions are 32 row blocks of 64: a quarter of an H100's 132 multiprocessors without
-splits). A column-block grid axis recomputes the logits once per column block, so the tuned
-configurations prefer one block over all of ``c`` (385 columns for MiniLM pad to 512); the
-alternative, a statistics pass then an expectation pass with a known ``log Z``, computes the
-logits at least twice, always more than one fused pass.
+Forward, two passes over the logits. The statistics kernel, a grid of (row blocks, vocabulary
+splits), walks its split in ``BLOCK_V`` blocks; each logits tile ``[BLOCK_N, BLOCK_V]`` is built
+in registers by an inner loop over ``d`` (``d = 640`` does not fit one tile), soft-capped, and
+folded into an online softmax (running maximum and normaliser); the running argmax (the tokens
+that ``bridge_mode="retokenize"`` decodes) and a per-row finiteness check come from the same
+tile. The splits' partial statistics are merged on the host (flash-decoding's split-K), which
+keeps a GPU full when ``N`` is small. With ``log Z`` known, the probabilities kernel writes
+``p = exp(s - log Z)`` of one vocabulary chunk in the head's dtype, and cuBLAS multiplies it by
+the chunk's table rows. Flash attention's single pass, which carries the ``p E`` accumulator
+through the online softmax, was the first design: with MiniLM's ``c = 385`` columns (a ``[64,
+512]`` float32 accumulator) it did not fit the registers and took 111 ms at Gemma 3's sizes on
+an H200, against ~17 ms for the two passes and the products.
 
-Backward, per chunk of the vocabulary: one kernel over (row blocks, vocabulary blocks)
-recomputes the logits tile from the saved log-normalisers and forms
+Backward, per chunk of the vocabulary: cuBLAS makes the chunk's ``h W^\top`` and ``g E^\top``
+in float32 (the kernels' own tiles of them ran at ~150 TFLOP/s), and one elementwise kernel
+forms
 
 .. math::
 
@@ -41,15 +41,15 @@ matrix products. Holding ``dh`` or ``dW`` in registers instead (flash attention'
 ``dK, dV`` kernels) needs a ``[BLOCK, d]`` float32 accumulator, 160 KiB at ``d = 640`` and 64
 rows; accumulating them with atomics from every ``[128, 128]`` tile (Cut Cross-Entropy's
 scheme) moves ``N V d (1/BLOCK_N + 1/BLOCK_V) * 4`` bytes, about 86 GB at Gemma 3's sizes
-(``N`` = 8,192, ``V`` = 262,144, ``d`` = 640), against about 13 GB to write and read the
-bfloat16 ``dz`` chunks (three passes over ``N V`` two-byte values).
+(``N`` = 8,192, ``V`` = 262,144, ``d`` = 640), against about 30 GB for the chunks here.
 
 The target log-likelihood is :math:`z_{y} - \log Z_1` with :math:`z_y` from a gathered row of
 the head (``N d`` work, differentiated by autograd: the one-hot part of the CE's gradient), so
-the kernels carry no targets. Tiles accumulate in float32; the products read bfloat16 / float16
-operands when the head is in that dtype (the table and the upstream gradient are cast to it, as
-flash attention's ``P V`` and ``dO V^\top`` are) and float32 ones otherwise (``"ieee"`` precision
-unless :func:`torch.get_float32_matmul_precision` allows TF32).
+the kernels carry no targets. Tiles and products accumulate in float32; they read bfloat16 /
+float16 operands when the head is in that dtype (the table and the upstream gradient are cast to
+it, as flash attention's ``P V`` and ``dO V^\top`` are; the table's rows padded to 8 entries
+for cuBLAS's aligned kernels) and float32 ones otherwise (``"ieee"`` precision unless
+:func:`torch.get_float32_matmul_precision` allows TF32).
 
 CPU tensors run under Triton's interpreter, which must be switched on before triton is first
 imported (``TRITON_INTERPRET=1`` in the environment): the tests' path, slow, for small shapes.
@@ -72,9 +72,12 @@ __all__ = ["TritonHeadOutput", "interpreter_active", "triton_fused_head"]
 
 # Vocabulary entries per split is a multiple of every tuned BLOCK_V.
 _SPLIT_ALIGN = 256
-# Elements of one backward dz chunk [N, chunk] (128 MiB in bfloat16): large enough for
-# efficient cuBLAS products, small next to the dense path's [N, V] float32 logits.
-_GRAD_CHUNK_ELEMENTS = 1 << 26
+# Elements of one vocabulary chunk's buffers [N, chunk]: 4,096 vocabulary entries at 8,192
+# positions, large enough for efficient cuBLAS products and few enough chunks (64 at Gemma 3's
+# sizes) that launching a chunk's kernels takes the host less time than the GPU takes to run
+# them; small next to the dense path's [N, V] float32 logits. Forward: p in the head's dtype
+# (64 MiB in bfloat16); backward: the two float32 products and dz (320 MiB).
+_CHUNK_ELEMENTS = 1 << 25
 # The interpreter runs one small configuration, with splits of two blocks so that the host
 # merge of the splits is exercised at the tests' vocabulary sizes.
 _INTERPRETER_BLOCKS = {"BLOCK_N": 16, "BLOCK_V": 32, "BLOCK_D": 16, "BLOCK_C": 16}
@@ -290,22 +293,19 @@ if triton is not None:
 
     @triton.jit
     def _grad_logits_kernel(
-        h_ptr,  # [N, D]
-        w_ptr,  # [V, D]
+        hw_ptr,  # [N, width] float32: h W^T of the chunk (cuBLAS), rows in_stride apart
+        ge_ptr,  # [N, width] float32: g E^T of the chunk (cuBLAS; unused without TABLE_GRAD)
         b_ptr,  # [V] float32
-        e_ptr,  # [V, C] the head's dtype
-        g_ptr,  # [N, C] the head's dtype: grad of the expectation
         g_dot_e_ptr,  # [N] float32: <g, e>
         log_z_ptr,  # [N] float32: normaliser of s
         g_log_z1_ptr,  # [N] float32: grad of log Z_1
         log_z1_ptr,  # [N] float32: normaliser of z
-        dz_ptr,  # [N, v_end - v_begin] the head's dtype, rows out_stride apart
+        dz_ptr,  # [N, width] the head's dtype, rows out_stride apart
         db_ptr,  # [V] float32
         N,
-        D,
-        C,
         v_begin,
         v_end,
+        in_stride,
         out_stride,
         softcap,
         inv_temperature,
@@ -315,29 +315,29 @@ if triton is not None:
         TABLE_GRAD: tl.constexpr,
         LOG_Z1_GRAD: tl.constexpr,
         BIAS_GRAD: tl.constexpr,
-        DOT_PRECISION: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_V: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        BLOCK_C: tl.constexpr,
     ):
+        """``dL/dz`` of one vocabulary chunk, elementwise from the two products (which cuBLAS
+        makes at its own pace: in-kernel tiles of them ran at ~150 TFLOP/s on an H200)."""
         pid_n = tl.program_id(0)
         pid_v = tl.program_id(1)
         rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
         row_ok = rows < N
-        cols = (v_begin + pid_v * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
+        local = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        cols = (v_begin + local).to(tl.int64)
         col_ok = cols < v_end
-        z = _logits_tile(  # the logits tile, as in every kernel here
-            h_ptr, w_ptr, b_ptr, rows, cols, row_ok, col_ok, D, softcap, HAS_BIAS,
-            HAS_SOFTCAP, DOT_PRECISION, UPCAST_DOT, BLOCK_N, BLOCK_V, BLOCK_D,
-        )  # fmt: skip
+        ok = row_ok[:, None] & col_ok[None, :]
+        at = rows[:, None] * in_stride + local[None, :]
+        z = tl.load(hw_ptr + at, mask=ok, other=0.0)
+        if HAS_BIAS:
+            z += tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
+        if HAS_SOFTCAP:  # as _logits_tile
+            t = tl.exp(-2.0 * tl.abs(z / softcap))
+            z = tl.where(z < 0, -softcap, softcap) * (1.0 - t) / (1.0 + t)
         dz = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
         if TABLE_GRAD:
-            g_e = _row_dots(
-                g_ptr, e_ptr, rows, cols, row_ok, col_ok, C, DOT_PRECISION, UPCAST_DOT,
-                BLOCK_N, BLOCK_V, BLOCK_C,
-            )  # fmt: skip
+            g_e = tl.load(ge_ptr + at, mask=ok, other=0.0)
             log_z = tl.load(log_z_ptr + rows, mask=row_ok, other=0.0)
             g_dot_e = tl.load(g_dot_e_ptr + rows, mask=row_ok, other=0.0)
             p = tl.exp(z * inv_temperature - log_z[:, None])
@@ -349,13 +349,13 @@ if triton is not None:
         if HAS_SOFTCAP:  # d(kappa tanh(x / kappa)) / dx = 1 - (z / kappa)^2
             capped = z / softcap
             dz = dz * (1.0 - capped * capped)
-        dz = tl.where(row_ok[:, None] & col_ok[None, :], dz, 0.0)
+        dz = tl.where(ok, dz, 0.0)
         if BIAS_GRAD:
             tl.atomic_add(db_ptr + cols, tl.sum(dz, axis=0), mask=col_ok)
         tl.store(
-            dz_ptr + rows[:, None] * out_stride + (cols - v_begin)[None, :],
+            dz_ptr + rows[:, None] * out_stride + local[None, :],
             dz.to(dz_ptr.dtype.element_ty),
-            mask=row_ok[:, None] & col_ok[None, :],
+            mask=ok,
         )
 
     def _config(n, v, d, warps, stages, **extra):
@@ -378,12 +378,12 @@ if triton is not None:
         _config(128, 128, 32, 8, 3),
         _config(64, 64, 32, 4, 3),
     ]
+    # elementwise: tiles of 2^13 to 2^14 elements, 16 per thread at most
     _BACKWARD_CONFIGS = [
-        _config(64, 64, 64, 8, 3, BLOCK_C=64),
-        _config(128, 64, 64, 8, 3, BLOCK_C=64),
-        _config(64, 128, 64, 8, 3, BLOCK_C=64),
-        _config(128, 128, 32, 8, 3, BLOCK_C=32),
-        _config(64, 64, 32, 4, 3, BLOCK_C=32),
+        triton.Config({"BLOCK_N": 32, "BLOCK_V": 256}, num_warps=4),
+        triton.Config({"BLOCK_N": 64, "BLOCK_V": 256}, num_warps=8),
+        triton.Config({"BLOCK_N": 16, "BLOCK_V": 512}, num_warps=4),
+        triton.Config({"BLOCK_N": 64, "BLOCK_V": 128}, num_warps=4),
     ]
     # each kernel's autotuned launcher (the interpreter runs one small configuration instead)
     _TUNED = {}
@@ -396,7 +396,7 @@ if triton is not None:
         )(_probabilities_kernel)
         _TUNED[_grad_logits_kernel] = triton.autotune(
             _BACKWARD_CONFIGS,
-            key=["D", "C", "N_BUCKET", "TABLE_GRAD", "LOG_Z1_GRAD"],
+            key=["N_BUCKET", "TABLE_GRAD", "LOG_Z1_GRAD", "HAS_SOFTCAP"],
             reset_to_zero=["db_ptr"],
         )(_grad_logits_kernel)
 
@@ -445,12 +445,31 @@ class _Statistics(NamedTuple):
 
 
 def _vocab_chunk(n: int, vocab: int) -> int:
-    """Vocabulary entries of one ``[N, chunk]`` buffer (``p`` forward, ``dz`` backward): about
-    :data:`_GRAD_CHUNK_ELEMENTS` elements; under the interpreter a width ragged against its
-    blocks, so that the tests' small vocabularies still make several chunks."""
+    """Vocabulary entries of one ``[N, chunk]`` buffer of :data:`_CHUNK_ELEMENTS`; under
+    the interpreter a width ragged against its blocks, so that the tests' small vocabularies
+    still make several chunks."""
     if interpreter_active():
         return min(vocab, _INTERPRETER_CHUNK)
-    return max(1, min(vocab, _GRAD_CHUNK_ELEMENTS // max(n, 1)))
+    return max(1, min(vocab, _CHUNK_ELEMENTS // max(n, 1)))
+
+
+_FLOAT32_OUTPUT = {}
+
+
+def _float32_product(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` in float32 from half-precision operands without float32 copies of them:
+    ``torch.mm(..., out_dtype=torch.float32)`` on CUDA (PyTorch 2.8 and later); elsewhere, and
+    on older versions, the operands upcast (exact: a product of two bfloat16 or float16
+    numbers fits a float32)."""
+    if a.dtype == torch.float32:
+        return a @ b
+    device = a.device.type
+    if _FLOAT32_OUTPUT.get(device, True) and device == "cuda":
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (TypeError, RuntimeError, NotImplementedError):
+            _FLOAT32_OUTPUT[device] = False
+    return a.float() @ b.float()
 
 
 def _statistics(hidden, weight, bias, softcap, temperature, z_stats) -> _Statistics:
@@ -599,6 +618,10 @@ class _TritonFusedHead(torch.autograd.Function):
         for v0 in range(0, vocab, chunk):
             v1 = min(v0 + chunk, vocab)
             part = dz[:, : v1 - v0]
+            # the chunk's logits and g E^T as float32 products of the half-precision operands:
+            # the same numbers as the kernels' own float32 tiles, in another summation order
+            hw = _float32_product(hidden, weight[v0:v1].T)
+            g_e = _float32_product(g, table[v0:v1].T) if table_grad else hw
 
             def grid(meta, width=v1 - v0):
                 return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(width, meta["BLOCK_V"]))
@@ -606,11 +629,9 @@ class _TritonFusedHead(torch.autograd.Function):
             _launch(
                 _grad_logits_kernel,
                 grid,
-                hidden,
-                weight,
+                hw,
+                g_e,
                 bias if bias is not None else log_z,
-                table if table_grad else hidden,
-                g,
                 g_dot_e,
                 log_z,
                 g_log_z1,
@@ -618,10 +639,9 @@ class _TritonFusedHead(torch.autograd.Function):
                 part,
                 grad_b,
                 n,
-                d,
-                table.shape[1] if table_grad else 1,
                 v0,
                 v1,
+                hw.stride(0),
                 part.stride(0),
                 float(ctx.softcap or 1.0),
                 1.0 / ctx.temperature,
@@ -631,7 +651,6 @@ class _TritonFusedHead(torch.autograd.Function):
                 TABLE_GRAD=table_grad,
                 LOG_Z1_GRAD=log_z1_grad,
                 BIAS_GRAD=need_b,
-                DOT_PRECISION=_dot_precision(hidden.dtype),
             )
             if need_h:  # each chunk's product rounds to the head's dtype, summed in float32
                 grad_h += (part @ weight[v0:v1]).float()
