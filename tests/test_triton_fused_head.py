@@ -181,6 +181,51 @@ def test_kernels_compile_for_hopper():
         assert compiled.metadata.shared <= 228 * 1024
 
 
+@needs_triton
+@pytest.mark.parametrize("case", ["softcap-temperature-targets", "cross-entropy-only"])
+def test_compiled_launches_get_exactly_each_kernels_arguments(monkeypatch, case):
+    """What the interpreter cannot check: the compiled launcher raises on a keyword its kernel
+    lacks, where the interpreter ignores it (a stray UPCAST_DOT passed every CPU test and failed
+    every GPU call). The host code runs as on a GPU, the autotuned launchers replaced by
+    recorders; every launch must name each parameter once, tuned blocks aside."""
+    from bsloss.functional import triton_fused_head as kernels
+
+    if kernels.interpreter_active():
+        pytest.skip("this process imported triton with TRITON_INTERPRET=1")
+    launched = []
+
+    class Recorder:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append(self.kernel.__name__)
+                tuned = {k for c in kernels._CONFIGS[self.kernel] for k in c.kwargs}
+                names = self.kernel.arg_names[: len(args)] + list(kwargs)
+                assert sorted(names + sorted(tuned)) == sorted(self.kernel.arg_names)
+                assert grid({k: 16 for k in tuned})  # the grid reads only tuned blocks
+
+            return launch
+
+    monkeypatch.setattr(kernels, "_TUNED", {k: Recorder(k) for k in kernels._CONFIGS})
+    monkeypatch.setattr(kernels, "_vocab_splits", lambda n, vocab, device: 64)
+    h, weight, bias, table, targets, grad_e, grad_ll = inputs(**CASES[case])
+    h.requires_grad_(), weight.requires_grad_()
+    out = kernels.triton_fused_head(
+        h, weight, bias, table, targets, softcap=3.0, temperature=0.7,
+        compute_dtype=torch.float32,
+    )  # fmt: skip
+    loss = out.log_likelihood.sum()
+    if table is not None:
+        loss = loss + (out.expected * grad_e).sum()
+    loss.backward()
+    expected = {"_statistics_kernel", "_grad_logits_kernel"}
+    if table is not None:
+        expected.add("_probabilities_kernel")
+    assert set(launched) == expected
+
+
 def test_auto_backend_on_cpu_is_the_torch_pass():
     h, weight, _, table, *_ = inputs(n=5, d=8, vocab=40, c=3)
     auto = fused_expected_inputs(h, weight, table)

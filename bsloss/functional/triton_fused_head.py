@@ -385,7 +385,13 @@ if triton is not None:
         triton.Config({"BLOCK_N": 16, "BLOCK_V": 512}, num_warps=4),
         triton.Config({"BLOCK_N": 64, "BLOCK_V": 128}, num_warps=4),
     ]
-    # each kernel's autotuned launcher (the interpreter runs one small configuration instead)
+    # each kernel's configurations and autotuned launcher (the interpreter runs one small
+    # configuration instead)
+    _CONFIGS = {
+        _statistics_kernel: _STATISTICS_CONFIGS,
+        _probabilities_kernel: _PROBABILITY_CONFIGS,
+        _grad_logits_kernel: _BACKWARD_CONFIGS,
+    }
     _TUNED = {}
     if not interpreter_active():
         _TUNED[_statistics_kernel] = triton.autotune(
@@ -405,12 +411,26 @@ def _launch(kernel, grid, *args, **kwargs) -> None:
     """The autotuned kernel on a GPU; the interpreter's one small configuration on CPU, with
     the products' half-precision operands converted to float32 first (exact), since the
     interpreter multiplies the bit patterns of bfloat16 ``tl.dot`` operands
-    (triton-lang/triton#11584)."""
-    if interpreter_active():
-        blocks = {k: v for k, v in _INTERPRETER_BLOCKS.items() if k in kernel.arg_names}
-        kernel[grid](*args, **kwargs, UPCAST_DOT=True, **blocks)
-    else:
-        _TUNED[kernel][grid](*args, **kwargs, UPCAST_DOT=False)
+    (triton-lang/triton#11584).
+
+    The arguments are checked against the kernel's own in both modes: the interpreter ignores a
+    keyword the kernel lacks, where the compiled launcher raises (a stray ``UPCAST_DOT`` once
+    passed every CPU test and failed every GPU call)."""
+    interpreted = interpreter_active()
+    if "UPCAST_DOT" in kernel.arg_names:
+        kwargs["UPCAST_DOT"] = interpreted
+    if interpreted:
+        kwargs.update((k, v) for k, v in _INTERPRETER_BLOCKS.items() if k in kernel.arg_names)
+    tuned = {name for config in _CONFIGS.get(kernel, ()) for name in config.kwargs}
+    given = kernel.arg_names[: len(args)] + list(kwargs)
+    unknown = sorted(set(kwargs) - set(kernel.arg_names))
+    missing = sorted(set(kernel.arg_names) - set(given) - (set() if interpreted else tuned))
+    if unknown or missing or len(args) > len(kernel.arg_names):
+        raise TypeError(
+            f"{kernel.__name__}: arguments that are not the kernel's {unknown}, missing "
+            f"{missing}, {len(args)} positional for {len(kernel.arg_names)} parameters"
+        )
+    (kernel if interpreted else _TUNED[kernel])[grid](*args, **kwargs)
 
 
 def _n_bucket(n: int) -> int:
