@@ -3,15 +3,15 @@
 Six sections, each in its own Python process (a crash or a poisoned CUDA context stays in its
 section; a section that outlives its time share is killed and keeps what it had measured):
 
-1. ``placement``: the loss (``BERTScoreLoss(encoder=ScorerEncoder.from_pretrained(folder,
+1. ``placement``: the loss (``BERTScoreLoss(model=ScorerEncoder.from_pretrained(folder,
    device=...))``, forward and backward), the metric (``BERTScorer``), the reward
    (``BERTScoreReward``) and a ``Trainer`` step with ``BERTScoreTrainerMixin`` (fused and dense),
    with no ``.to()`` in user code: OK or the error. On CUDA also: a CPU input to a CUDA loss is
    refused naming the argument and both devices.
 2. ``fused``: the large-vocabulary pass at Gemma 3's sizes (V = 262,144, d = 640, bf16 head and
    hidden states; 8 x 1024 and 8 x 256 tokens; forward + backward): torch's CE on bf16 and on
-   float32 logits, bsloss dense (CE + term from ``logits=``), bsloss fused CE + term
-   (``hidden_states=``, ``output_embeddings=``, ``target_ids=``) and term only, Cut
+   float32 logits, bsloss dense (CE + term from the logits), bsloss fused CE + term
+   (``loss_and_cross_entropy(LMHeadInputs(h, W), targets, references)``) and term only, Cut
    Cross-Entropy's ``linear_cross_entropy`` and Liger's fused linear CE when importable. The
    fused rows run once per backend of ``fused_expected_inputs`` (``backend="torch"`` /
    ``"triton"``) when it takes a ``backend=``. Ratios against CCE's CE and the dense path;
@@ -944,17 +944,17 @@ def section_placement(ctx: Context, section: Section) -> None:
             harness.log(traceback.format_exc())
 
     def loss_forward_backward() -> str:
-        loss = BERTScoreLoss(encoder=encoder())
+        loss = BERTScoreLoss(model=encoder())
         vocab = encoder().input_embeddings.num_embeddings
         logits = torch.randn(len(refs), 12, vocab, device=ctx.device, requires_grad=True)
-        value = loss(logits=logits, references=refs)
+        value = loss(logits, references=refs)
         value.backward()
         if not torch.isfinite(value) or logits.grad is None:
             raise AssertionError(f"value {value.item()}, gradient {logits.grad}")
         return f"loss {value.item():.4f} on {value.device}, gradient on {logits.grad.device}"
 
     check(
-        f"BERTScoreLoss(encoder=ScorerEncoder.from_pretrained(folder, device={device!r})) "
+        f"BERTScoreLoss(model=ScorerEncoder.from_pretrained(folder, device={device!r})) "
         "forward + backward",
         loss_forward_backward,
     )
@@ -971,7 +971,8 @@ def section_placement(ctx: Context, section: Section) -> None:
     check(f"BERTScorer(folder, device={device!r}).score and BERTScorer(encoder=...)", metric)
 
     def reward() -> str:
-        own = BERTScoreReward(str(ctx.scorer_folder()), ctx.scorer_layers, device=device)
+        folder, layers = str(ctx.scorer_folder()), ctx.scorer_layers
+        own = BERTScoreReward(scorer=BERTScorer(folder, layers, device=device))
         shared = BERTScoreReward(scorer=BERTScorer(encoder=encoder()))
         scores = own(completions=cands, reference=refs)
         again = shared(completions=cands, reference=refs)
@@ -981,7 +982,10 @@ def section_placement(ctx: Context, section: Section) -> None:
             raise AssertionError(f"the two rewards differ: {scores} vs {again}")
         return f"rewards {[round(s, 4) for s in scores]}"
 
-    check(f"BERTScoreReward(folder, device={device!r}) and BERTScoreReward(scorer=...)", reward)
+    check(
+        f"BERTScoreReward(scorer=BERTScorer(folder, device={device!r})) and from a shared encoder",
+        reward,
+    )
 
     for fused in (True, False):
         check(
@@ -992,10 +996,10 @@ def section_placement(ctx: Context, section: Section) -> None:
     if ctx.cuda:
 
         def refused() -> str:
-            loss = BERTScoreLoss(encoder=encoder())
+            loss = BERTScoreLoss(model=encoder())
             vocab = loss.encoder.input_embeddings.num_embeddings
             try:
-                loss(logits=torch.randn(2, 5, vocab), references=refs[:2])
+                loss(torch.randn(2, 5, vocab), references=refs[:2])
             except ValueError as error:
                 text = str(error)
                 if "logits" in text and "cpu" in text and "cuda" in text:
@@ -1026,7 +1030,7 @@ def trainer_step(ctx: Context, encoder: Any, fused: bool) -> str:
     class Trainer(BERTScoreTrainerMixin, transformers.Trainer):
         pass
 
-    loss = BERTScoreLoss(encoder=encoder)
+    loss = BERTScoreLoss(model=encoder)
     tokenizer = scorer_vocabulary_tokenizer(loss)
     texts = ["the cat sat on the mat", "a dog ran in the park"]  # the same length: no padding
     ids = [tokenizer(t)["input_ids"] for t in texts]
@@ -1074,7 +1078,7 @@ def section_fused(ctx: Context, section: Section) -> None:
     weight = weight.to(torch.bfloat16).requires_grad_()
     encoder = ctx.encoder()
     bridge = synthetic_bridge(vocab, encoder.input_embeddings.num_embeddings)
-    loss = measured_loss(ctx, encoder=encoder, bridge=bridge)
+    loss = measured_loss(ctx, model=encoder, bridge=bridge)
     cce = optional_fused_ce(ctx, "cut_cross_entropy")
     liger = optional_fused_ce(ctx, "liger_kernel")
     backends = fused_backends()
@@ -1111,6 +1115,8 @@ def fused_at_size(
     import torch
     import torch.nn.functional as F
 
+    from bsloss import LMHeadInputs
+
     vocab, dim = weight.shape
     cce, liger = libraries
     nan = float("nan")
@@ -1135,20 +1141,17 @@ def fused_at_size(
     def dense() -> torch.Tensor:
         logits = hidden @ weight.T
         ce = F.cross_entropy(logits.flatten(0, 1).float(), flat_t)
-        term = loss(logits=logits, references=refs)
+        term = loss(logits, references=refs)
         (ce + term).backward()
         return pair(ce.detach(), term.detach())
 
     def fused(with_ce: bool) -> torch.Tensor:
-        out = loss(
-            hidden_states=hidden,
-            output_embeddings=weight,
-            references=refs,
-            target_ids=targets if with_ce else None,
-        )
+        inputs = LMHeadInputs(hidden, weight)
         if with_ce:
+            out = loss.loss_and_cross_entropy(inputs, targets, refs)
             (out.loss + out.cross_entropy).backward()
             return pair(out.cross_entropy.detach(), out.loss.detach())
+        out = loss(inputs, references=refs)
         out.backward()
         return pair(term=out.detach())
 
@@ -1305,7 +1308,7 @@ def section_gemma_step(ctx: Context, section: Section) -> None:
     refs = ctx.references(batch)
     encoder = ctx.encoder()
     bridge = synthetic_bridge(vocab, encoder.input_embeddings.num_embeddings)
-    loss = measured_loss(ctx, encoder=encoder, bridge=bridge)
+    loss = measured_loss(ctx, model=encoder, bridge=bridge)
     loss.encode_references(refs)
     term = BERTScoreTerm(loss, ReferencesGiven(), weight=1.0, causal=True)
     section.note(
@@ -1409,7 +1412,7 @@ def section_precision(ctx: Context, section: Section) -> None:
     )
     settings = checkpointing_settings()
     for setting, flag in settings:
-        loss = measured_loss(ctx, encoder=encoder, gradient_checkpointing=flag)
+        loss = measured_loss(ctx, model=encoder, gradient_checkpointing=flag)
         loss.encode_references(refs)
         fp32_ms = None
         for precision, dtype in precisions:
@@ -1417,7 +1420,7 @@ def section_precision(ctx: Context, section: Section) -> None:
 
             def run(loss=loss, dtype=dtype) -> torch.Tensor:
                 with torch.autocast(ctx.device.type, dtype=dtype, enabled=dtype is not None):
-                    value = loss(logits=logits, references=refs)
+                    value = loss(logits, references=refs)
                 value.backward()
                 return value.detach()
 
@@ -1479,11 +1482,11 @@ def section_checkpointing(ctx: Context, section: Section) -> None:
     rows = {}
     for setting, flag in checkpointing_settings():
         ctx.log(f"checkpointing {setting}: {layers}-layer scorer, {batch}x{length}")
-        loss = measured_loss(ctx, encoder=encoder, gradient_checkpointing=flag)
+        loss = measured_loss(ctx, model=encoder, gradient_checkpointing=flag)
         loss.encode_references(refs)
 
         def run(loss=loss) -> torch.Tensor:
-            value = loss(logits=logits, references=refs)
+            value = loss(logits, references=refs)
             value.backward()
             return value.detach()
 
