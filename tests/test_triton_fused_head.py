@@ -238,9 +238,14 @@ def test_auto_backend_on_cpu_is_the_torch_pass():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels need CUDA")
 def test_compiled_kernels_match_torch_pass_on_cuda():
     """Gemma-like head in bfloat16 at a medium size: the kernels (autotuned) against the
-    PyTorch pass on the float32 values of the same operands."""
+    PyTorch pass on the float32 values of the same operands. The vocabulary makes three chunks
+    of the kernels' buffers, the last one narrower (its row stride is the buffer's)."""
+    from bsloss.functional.triton_fused_head import _vocab_chunk
+
     g = torch.Generator(device="cuda").manual_seed(0)
-    n, d, vocab, c = 1000, 640, 32768 + 37, 385
+    n, d, vocab, c = 1000, 640, 100_000 + 37, 385
+    chunk = _vocab_chunk(n, vocab)
+    assert vocab // chunk == 2 and vocab % chunk  # ragged
     h = torch.randn(n, d, device="cuda", generator=g).bfloat16()
     weight = (torch.randn(vocab, d, device="cuda", generator=g) / math.sqrt(d)).bfloat16()
     table = torch.randn(vocab, c, device="cuda", generator=g)
