@@ -142,6 +142,12 @@ if triton is not None:
         return acc
 
     @triton.jit
+    def _softcapped(z, softcap):
+        """``kappa tanh(z / kappa)`` from one exp, stable for any sign and size of ``z``."""
+        t = tl.exp(-2.0 * tl.abs(z / softcap))
+        return tl.where(z < 0, -softcap, softcap) * (1.0 - t) / (1.0 + t)
+
+    @triton.jit
     def _logits_tile(
         h_ptr,
         w_ptr,
@@ -168,9 +174,7 @@ if triton is not None:
         if HAS_BIAS:
             z += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
         if HAS_SOFTCAP:
-            # kappa tanh(x / kappa) from one exp, stable for any sign and size of x
-            t = tl.exp(-2.0 * tl.abs(z / softcap))
-            z = tl.where(z < 0, -softcap, softcap) * (1.0 - t) / (1.0 + t)
+            z = _softcapped(z, softcap)
         return z
 
     @triton.jit
@@ -332,9 +336,8 @@ if triton is not None:
         z = tl.load(hw_ptr + at, mask=ok, other=0.0)
         if HAS_BIAS:
             z += tl.load(b_ptr + cols, mask=col_ok, other=0.0)[None, :]
-        if HAS_SOFTCAP:  # as _logits_tile
-            t = tl.exp(-2.0 * tl.abs(z / softcap))
-            z = tl.where(z < 0, -softcap, softcap) * (1.0 - t) / (1.0 + t)
+        if HAS_SOFTCAP:
+            z = _softcapped(z, softcap)
         dz = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
         if TABLE_GRAD:
             g_e = tl.load(ge_ptr + at, mask=ok, other=0.0)
@@ -481,6 +484,21 @@ def _vocab_chunk(n: int, vocab: int) -> int:
     return max(1, min(vocab, _CHUNK_ELEMENTS // max(n, 1)))
 
 
+def _vocab_chunks(n: int, vocab: int, like: Tensor):
+    """For each vocabulary chunk: ``(v0, v1, buffer, grid)``, the chunk's ``[N, v1 - v0]`` view
+    of one ``[N, chunk]`` buffer in ``like``'s dtype (reused from chunk to chunk: its row
+    stride is the full chunk's) and the kernels' grid of (row blocks, vocabulary blocks)."""
+    chunk = _vocab_chunk(n, vocab)
+    buffer = torch.empty(n, chunk, dtype=like.dtype, device=like.device)
+    for v0 in range(0, vocab, chunk):
+        v1 = min(v0 + chunk, vocab)
+
+        def grid(meta, width=v1 - v0):
+            return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(width, meta["BLOCK_V"]))
+
+        yield v0, v1, buffer[:, : v1 - v0], grid
+
+
 _FLOAT32_OUTPUT = {}
 
 
@@ -560,16 +578,8 @@ def _expectation(hidden, weight, bias, table, log_z, softcap, temperature) -> Te
     chunk's product rounded to that dtype, summed in float32, as ``dh`` is backward)."""
     n, d = hidden.shape
     vocab = weight.shape[0]
-    chunk = _vocab_chunk(n, vocab)
     expected = torch.zeros(n, table.shape[1], dtype=torch.float32, device=hidden.device)
-    buffer = torch.empty(n, chunk, dtype=hidden.dtype, device=hidden.device)
-    for v0 in range(0, vocab, chunk):
-        v1 = min(v0 + chunk, vocab)
-        part = buffer[:, : v1 - v0]
-
-        def grid(meta, width=v1 - v0):
-            return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(width, meta["BLOCK_V"]))
-
+    for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
         _launch(
             _probabilities_kernel,
             grid,
@@ -641,19 +651,11 @@ class _TritonFusedHead(torch.autograd.Function):
         g = grad_expected.to(table.dtype).contiguous() if table_grad else hidden
         g_dot_e = (g.float() * expected).sum(dim=1) if table_grad else log_z
         g_log_z1 = grad_log_z1.float().contiguous() if log_z1_grad else log_z
-        chunk = _vocab_chunk(n, vocab)
-        dz = torch.empty(n, chunk, dtype=hidden.dtype, device=hidden.device)
-        for v0 in range(0, vocab, chunk):
-            v1 = min(v0 + chunk, vocab)
-            part = dz[:, : v1 - v0]
+        for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
             # the chunk's logits and g E^T as float32 products of the half-precision operands:
             # the same numbers as the kernels' own float32 tiles, in another summation order
             hw = _float32_product(hidden, weight[v0:v1].T)
             g_e = _float32_product(g, table[v0:v1].T) if table_grad else hw
-
-            def grid(meta, width=v1 - v0):
-                return (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(width, meta["BLOCK_V"]))
-
             _launch(
                 _grad_logits_kernel,
                 grid,
