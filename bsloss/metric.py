@@ -601,13 +601,14 @@ class BERTScorer:
         return num_hidden_layers(self.encoder.model) + 1 if self.all_layers else 1
 
     def _score_pairs(self, pair_cands, pair_refs, embeddings, table, batch_size) -> Tensor:
-        """``[num_pairs, layers, 3]`` raw P, R, F, in batches of pairs of similar lengths."""
+        """``[num_pairs, layers, 3]`` raw P, R, F, in batches of pairs of similar lengths; the
+        host reads the scores once, after the last batch (no wait for the device per batch)."""
         order = sorted(
             range(len(pair_cands)),
             key=lambda i: len(embeddings[pair_cands[i]][1]) + len(embeddings[pair_refs[i]][1]),
         )
         layers = self._layer_count()
-        scores = torch.empty(len(pair_cands), layers, 3)
+        batches = []  # each batch's [layers * B, 3] on the device: one copy to the host at the end
         for start in range(0, len(order), batch_size):
             batch = order[start : start + batch_size]
             cand_emb, cand_mask, cand_w = pad_embedded(
@@ -629,8 +630,10 @@ class BERTScorer:
                 matching="hard",
                 normalized=True,
             )
-            stacked = torch.stack(prf, dim=-1).float().cpu()  # [layers * B, 3], layer-major
-            scores[batch] = stacked.view(layers, len(batch), 3).transpose(0, 1)
+            stacked = torch.stack(prf, dim=-1).float()  # [layers * B, 3], layer-major
+            batches.append(stacked.view(layers, len(batch), 3).transpose(0, 1))
+        scores = torch.empty(len(pair_cands), layers, 3)
+        scores[order] = torch.cat(batches).cpu()
         return scores
 
     @staticmethod

@@ -45,3 +45,31 @@ def test_rc2_constructor_numbers(encoder, name):
 def test_rc3_idf_weights_must_be_finite_and_non_negative(encoder, idf, error, match):
     with pytest.raises(error, match=match):
         BERTScorer(encoder=encoder, idf=idf)
+
+
+def test_the_matching_loop_reads_scores_back_once_whatever_the_batch_count(scorer, monkeypatch):
+    """On a GPU each read back to the host waits for every queued kernel: one per batch kept
+    the host from preparing the next batch while the card worked (issue 45). The scores come
+    back once per call, whether the 12 pairs make 1 batch or 3, and equal."""
+    import torch
+
+    cands = ["a cat sat on the mat", "it rained", "he left early", "good food"] * 3
+    refs = ["the cat is on a mat", "rain fell", "she stayed", "bad service"] * 3
+    reads = collections.Counter()
+    original = torch.Tensor.cpu
+
+    def counted(self, *args, **kwargs):
+        reads[tuple(self.shape)] += 1
+        return original(self, *args, **kwargs)
+
+    results, counts = {}, {}
+    for batch_size in (64, 5):
+        reads.clear()
+        monkeypatch.setattr(torch.Tensor, "cpu", counted)
+        results[batch_size] = scorer.score(cands, refs, batch_size=batch_size)
+        monkeypatch.undo()
+        counts[batch_size] = dict(reads)
+    # the [pairs, layers, 3] scores of all 12 pairs, read once; no batch's own
+    assert counts[5] == counts[64] == {(12, 1, 3): 1}, counts
+    for one, many in zip(results[64], results[5], strict=True):
+        torch.testing.assert_close(one, many, rtol=0, atol=1e-6)

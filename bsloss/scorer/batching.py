@@ -16,6 +16,7 @@ __all__ = [
     "token_budget_rows",
     "token_budget_batches",
     "pad_embedded",
+    "to_device",
 ]
 
 TOKENS_PER_SEQUENCE = 128  # token budget of a batch: batch_size * this many padded tokens
@@ -78,6 +79,18 @@ def token_budget_batches(lengths: Sequence[int], batch_size: int) -> list[tuple[
     return batches
 
 
+def to_device(tensor: Tensor, device: torch.device) -> Tensor:
+    """A fresh host ``tensor`` (ids, lengths, masks built in Python) on ``device``, without
+    waiting for it: on CUDA pinned and copied asynchronously, since a copy from pageable memory
+    synchronises the stream, and one such wait per batch keeps the host from preparing the next
+    batch while the card works on this one (the metric's loop set the pace on an H200:
+    ``benchmarks/README.md``, "On a GPU"). The caching host allocator keeps the pinned block
+    until the copy has run."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def pad_embedded(
     rows: Sequence[tuple[Tensor, Tensor]], weight_table: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -85,6 +98,6 @@ def pad_embedded(
     real-token mask ``[B, L]`` and importance weights ``weight_table[ids]`` (0 on padding)."""
     embeddings = pad_sequence([e for e, _ in rows], batch_first=True)
     ids = pad_sequence([i for _, i in rows], batch_first=True)
-    lengths = torch.tensor([len(i) for _, i in rows], device=embeddings.device)
+    lengths = to_device(torch.tensor([len(i) for _, i in rows]), embeddings.device)
     mask = torch.arange(embeddings.shape[1], device=embeddings.device)[None, :] < lengths[:, None]
     return embeddings, mask, weight_table[ids] * mask

@@ -24,6 +24,7 @@ from bsloss.scorer.batching import (
     bucket_length,
     bucket_rows,
     progress_bar,
+    to_device,
     token_budget_batches,
     token_budget_rows,
 )
@@ -112,11 +113,12 @@ def embed_token_ids(
             torch.arange(length)[None, :] == 0
         )
         attended = real | filler_first_token
+        device = encoder.device
         hidden = transform(
-            encoder.encode_without_grad(input_ids.to(encoder.device), attended.to(encoder.device))
+            encoder.encode_without_grad(to_device(input_ids, device), to_device(attended, device))
         )
         flat_hidden = hidden.reshape(rows * length, -1)
-        token_rows = real.flatten().nonzero().squeeze(1).to(encoder.device)
+        token_rows = to_device(real.flatten().nonzero().squeeze(1), device)
         # row-major: sequence by sequence, which is the packed layout of ``members``
         out = slots(members[0], len(token_rows), flat_hidden)
         torch.index_select(flat_hidden, 0, token_rows, out=out)
