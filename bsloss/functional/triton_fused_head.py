@@ -686,6 +686,7 @@ class _TritonFusedHead(torch.autograd.Function):
                 grad_h += (part @ weight[v0:v1]).float()
             if need_w:
                 torch.mm(part.T, hidden, out=grad_w[v0:v1])
+            del hw, g_e  # freed before the next chunk's products are made, not after
         return _grads(grad_h if need_h else None, hidden, grad_w, grad_b if need_b else None)
 
 
