@@ -617,8 +617,17 @@ def fused_expected_inputs(
         row_ids = None
     if chunk_elements is not None and chunk_elements < 1:
         raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+    width = None if table is None else table.shape[1]
+    if table is not None:
+        table = table.detach()
+        if hidden_states.is_cuda and width % 8:
+            # cuBLAS takes its fast kernels only for 16-byte aligned rows: MiniLM's 385 columns
+            # ran p E and g E^T on a slow fallback (~30 of 110 ms at Gemma 3's sizes on an
+            # H200). Zero columns change no product; the result is cut back to `width`.
+            table = F.pad(table, (0, -width % 8))
     if _runs_on_triton(backend, hidden_states, weight, asdict(candidates)):
-        return _triton_pass(hidden_states, weight, bias, table, target_ids, softcap, temperature)
+        out = _triton_pass(hidden_states, weight, bias, table, target_ids, softcap, temperature)
+        return out._replace(expected=None if table is None else out.expected[:, :width])
     n, vocab = hidden_states.shape[0], weight.shape[0]
     dtype = _accumulate_dtype(hidden_states, weight)
     row_block, vocab_chunk = _chunk_shape(
@@ -636,14 +645,6 @@ def fused_expected_inputs(
         matmul_dtype=_matmul_dtype(hidden_states, weight),
         dtype=dtype,
     )
-    width = None if table is None else table.shape[1]
-    if table is not None:
-        table = table.detach()
-        if hidden_states.is_cuda and width % 8:
-            # cuBLAS takes its fast kernels only for 16-byte aligned rows: MiniLM's 385 columns
-            # ran p E and g E^T on a slow fallback (~30 of 110 ms at Gemma 3's sizes on an
-            # H200). Zero columns change no product; the result is cut back to `width`.
-            table = F.pad(table, (0, -width % 8))
     plain = (
         top_k is None
         and softcap is None

@@ -47,9 +47,9 @@ The target log-likelihood is :math:`z_{y} - \log Z_1` with :math:`z_y` from a ga
 the head (``N d`` work, differentiated by autograd: the one-hot part of the CE's gradient), so
 the kernels carry no targets. Tiles and products accumulate in float32; they read bfloat16 /
 float16 operands when the head is in that dtype (the table and the upstream gradient are cast to
-it, as flash attention's ``P V`` and ``dO V^\top`` are; the table's rows padded to 8 entries
-for cuBLAS's aligned kernels) and float32 ones otherwise (``"ieee"`` precision unless
-:func:`torch.get_float32_matmul_precision` allows TF32).
+it, as flash attention's ``P V`` and ``dO V^\top`` are; on CUDA the caller pads the table's
+rows to 8 entries for cuBLAS's aligned kernels) and float32 ones otherwise (``"ieee"``
+precision unless :func:`torch.get_float32_matmul_precision` allows TF32).
 
 CPU tensors run under Triton's interpreter, which must be switched on before triton is first
 imported (``TRITON_INTERPRET=1`` in the environment): the tests' path, slow, for small shapes.
@@ -58,7 +58,6 @@ imported (``TRITON_INTERPRET=1`` in the environment): the tests' path, slow, for
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 try:
@@ -80,7 +79,7 @@ _SPLIT_ALIGN = 256
 _CHUNK_ELEMENTS = 1 << 25
 # The interpreter runs one small configuration, with splits of two blocks so that the host
 # merge of the splits is exercised at the tests' vocabulary sizes.
-_INTERPRETER_BLOCKS = {"BLOCK_N": 16, "BLOCK_V": 32, "BLOCK_D": 16, "BLOCK_C": 16}
+_INTERPRETER_BLOCKS = {"BLOCK_N": 16, "BLOCK_V": 32, "BLOCK_D": 16}
 _INTERPRETER_SPLIT = 64
 # ... and vocabulary chunks (p forward, dz backward) ragged against those blocks
 _INTERPRETER_CHUNK = 80
@@ -121,7 +120,7 @@ if triton is not None:
         BLOCK_K: tl.constexpr,
     ):
         """``A[rows] B[cols]^T`` in float32 for row-major ``A [., K]`` and ``B [., K]`` (``h
-        W^T``, ``g E^T``), over ``K`` in ``BLOCK_K`` slices."""
+        W^T``), over ``K`` in ``BLOCK_K`` slices."""
         acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
@@ -718,12 +717,8 @@ def triton_fused_head(
     hidden = hidden.to(compute_dtype).contiguous()
     weight = weight.to(compute_dtype).contiguous()
     bias32 = None if bias is None else bias.float().contiguous()
-    # the products read the table in the head's dtype (a bfloat16 P E, as flash attention's),
-    # its rows padded with zeros to a multiple of 8 entries: cuBLAS takes its fast kernels only
-    # for 16-byte aligned rows (MiniLM's 385 columns ran on a slow fallback)
-    width = None if table is None else table.shape[1]
-    if table is not None:
-        table = F.pad(table.detach().to(compute_dtype), (0, -width % 8)).contiguous()
+    # the products read the table in the head's dtype (a bfloat16 P E, as flash attention's)
+    table = None if table is None else table.detach().to(compute_dtype).contiguous()
     wants_ll = targets is not None
     if table is None:  # the CE alone: its softmax is that of z (the argmax is the same)
         temperature = 1.0
@@ -742,5 +737,4 @@ def triton_fused_head(
         if softcap is not None:
             target_logit = softcap * torch.tanh(target_logit / softcap)
         log_likelihood = torch.where(ignored, 0.0, target_logit - log_z1)
-    expected = expected[:, :width] if table is not None else None
-    return TritonHeadOutput(expected, log_likelihood, tokens, finite)
+    return TritonHeadOutput(expected if table is not None else None, log_likelihood, tokens, finite)
