@@ -260,6 +260,33 @@ def test_no_host_synchronisation_inside_the_loops(name):
     assert counts[0] == counts[1] <= 2, counts
 
 
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_padded_table_rows_give_the_same_values_and_gradients(monkeypatch, name):
+    """CUDA pads the table's rows to 8 entries (cuBLAS's aligned kernels) and cuts the result
+    back: with the padding forced on the CPU, every variant (top-k's gathered rows, the
+    straight-through argmax rows, the CE beside it, no rows at all) gives the unpadded values
+    and gradients, at the caller's width."""
+    options = dict(VARIANTS[name])
+    if "gumbel_temperature" in options:
+        options["gumbel_seed"] = GUMBEL_SEED
+    h, weight, table = problem(c=5)
+    targets = torch.randint(0, weight.shape[0], (h.shape[0],), generator=torch.Generator())
+    results = []
+    for padded in (False, True):
+        monkeypatch.setattr(fused_expectation, "_pads_table_rows", lambda _, on=padded: on)
+        for rows in (h, h[:0]):
+            out = fused_expected_inputs(rows, weight, table, target_ids=targets[: len(rows)],
+                                        **options)  # fmt: skip
+            assert out.expected.shape == (len(rows), 5)
+            loss = (out.expected * torch.arange(1.0, 6.0)).sum() - out.log_likelihood.sum()
+            results.append((out.expected, *torch.autograd.grad(loss, [h, weight])))
+    # equal up to float32 summation order (the products' blocking changes with the width,
+    # which a low Gumbel temperature's sharp softmax amplifies to a few 1e-6)
+    for plain, padded in zip(results[:2], results[2:], strict=True):
+        for a, b in zip(plain, padded, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_row_blocks_and_bias():
     """Fewer chunk elements than rows: the positions are split in blocks too; a bias (module)."""
     h, weight, table = problem(n=11, vocab=40)  # 4-row blocks, 1-token vocabulary chunks

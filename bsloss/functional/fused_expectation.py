@@ -620,10 +620,8 @@ def fused_expected_inputs(
     width = None if table is None else table.shape[1]
     if table is not None:
         table = table.detach()
-        if hidden_states.is_cuda and width % 8:
-            # cuBLAS takes its fast kernels only for 16-byte aligned rows: MiniLM's 385 columns
-            # ran p E and g E^T on a slow fallback (~30 of 110 ms at Gemma 3's sizes on an
-            # H200). Zero columns change no product; the result is cut back to `width`.
+        if _pads_table_rows(hidden_states) and width % 8:
+            # zero columns change no product; the result is cut back to `width`
             table = F.pad(table, (0, -width % 8))
     if _runs_on_triton(backend, hidden_states, weight, asdict(candidates)):
         out = _triton_pass(hidden_states, weight, bias, table, target_ids, softcap, temperature)
@@ -701,6 +699,13 @@ def fused_expected_inputs(
             hard = table[argmax].to(expected.dtype)
             expected = hard + (expected - expected.detach())
     return FusedHeadOutput(expected[:, :width], log_likelihood, argmax)
+
+
+def _pads_table_rows(hidden: Tensor) -> bool:
+    """Whether the table's rows are padded with zeros to a multiple of 8 entries: on CUDA,
+    where cuBLAS takes its fast kernels only for 16-byte aligned rows (MiniLM's 385 columns ran
+    ``p E`` and ``g E^T`` on a slow fallback: ~30 of 110 ms at Gemma 3's sizes on an H200)."""
+    return hidden.is_cuda
 
 
 def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict) -> bool:
