@@ -6,10 +6,15 @@ worker process (:class:`~benchmarks.harness.Worker`), which imports bsloss from 
 holds a scorer and a loss; the two workers then run alternately
 (:class:`~benchmarks.harness.AlternatingTimer`), so load from other processes falls on both:
 
-* **metric**: ``BERTScorer.score`` of the 1,500 STS-B dev pairs (batch 64), the reference cache
-  off, so every call encodes every text;
+* **metric**: ``BERTScorer.score`` of the 1,500 STS-B dev pairs (batch 64; ``--brown-pairs N``:
+  N pairs of distinct Brown sentences), the reference cache off, so every call encodes every text;
 * **loss**: ``BERTScoreLoss`` (softmax matching) forward and backward on random logits
   ``[8, 24, V]`` against 8 STS-B references (the references' embeddings cached, as in training).
+
+``--narrow`` swaps MiniLM for a random scorer of its vocabulary, tokenizer and depth but 32 wide
+(seeded, written once to a temporary folder): its arithmetic is then negligible, so the times are
+the host's own work (Python, dispatch, tokenisation, padding), which is what sets the pace of
+these paths on a GPU (``benchmarks/README.md``, "On a GPU"). Its scores are not meaningful.
 
 The report gives each tree's median seconds, the ratio new / old (about 1: no change; the range of
 the per-round ratios shows the noise) and whether the F1 of the metric is bit-identical.
@@ -23,13 +28,14 @@ Reproduce (the old tree from git)::
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 if not __package__:  # run as `python benchmarks/revisions.py`
     import _path  # noqa: F401
 
 from benchmarks import harness
-from benchmarks._data import load_stsb_dev
+from benchmarks._data import data_dir, load_stsb_dev
 
 SAME_SPEED = harness.Goal("new / old seconds", 1.05, "<=")
 
@@ -37,7 +43,7 @@ SAME_SPEED = harness.Goal("new / old seconds", 1.05, "<=")
 class TreeScoring:
     """A worker's state: bsloss imported from ``tree``, a scorer and a loss built once."""
 
-    def __init__(self, tree: str, threads: int):
+    def __init__(self, tree: str, threads: int, scorer: str | None = None, brown_pairs: int = 0):
         sys.path.insert(0, tree)  # before bsloss is first imported in this process
         import torch
 
@@ -48,7 +54,9 @@ class TreeScoring:
         torch.set_num_threads(threads)
         self.torch = torch
         self.cands, self.refs = load_stsb_dev()
-        self.scorer = bsloss.BERTScorer(device="cpu", batch_size=64)
+        if brown_pairs:  # distinct sentences, shuffled (seed 0): several of the metric's chunks
+            self.cands, self.refs = brown_pairs_of(brown_pairs)
+        self.scorer = bsloss.BERTScorer(scorer, 6 if scorer else None, device="cpu", batch_size=64)
         self.loss_fn = bsloss.BERTScoreLoss(encoder=self.scorer.encoder, matching="softmax")
         generator = torch.Generator().manual_seed(0)
         vocab = self.scorer.encoder.input_embeddings.num_embeddings
@@ -67,17 +75,65 @@ class TreeScoring:
         return float(value)
 
 
+def brown_pairs_of(count: int) -> tuple[list[str], list[str]]:
+    """``count`` pairs of distinct Brown sentences (shuffled with seed 0), as the GPU
+    benchmark's metric section takes them."""
+    import random
+
+    lines = (data_dir() / "brown-sentences.txt").read_text(encoding="utf-8").splitlines()
+    distinct = list(dict.fromkeys(line.strip() for line in lines if line.strip()))
+    random.Random(0).shuffle(distinct)
+    return distinct[:count], distinct[count : 2 * count]
+
+
+def narrow_scorer(folder: Path, width: int = 32) -> str:
+    """A random BERT with MiniLM's config, vocabulary and tokenizer but ``width`` wide, saved in
+    ``folder`` (seed 0)."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from bsloss.scorer.default import embedded_model_path
+
+    template = Path(embedded_model_path())
+    config = BertConfig.from_pretrained(template)
+    config.hidden_size, config.intermediate_size, config.num_attention_heads = width, 2 * width, 2
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(folder)
+    for path in template.iterdir():
+        if path.is_file() and path.name != "config.json" and "token" in path.name:
+            shutil.copy2(path, folder / path.name)
+    if (template / "vocab.txt").is_file():
+        shutil.copy2(template / "vocab.txt", folder / "vocab.txt")
+    return str(folder)
+
+
 def main() -> None:
     parser = harness.argument_parser(__doc__)
     parser.add_argument("--old", required=True, help="the other bsloss source tree (a checkout)")
     parser.add_argument("--new", default=str(harness.REPO_ROOT), help="default: this tree")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--narrow",
+        action="store_true",
+        help="a random 32-wide scorer of MiniLM's vocabulary: the host's work alone",
+    )
+    parser.add_argument(
+        "--brown-pairs",
+        type=int,
+        default=0,
+        help="score this many pairs of distinct Brown sentences instead of STS-B's dev pairs",
+    )
     args = parser.parse_args()
     env = harness.environment()
     trees = {"old": args.old, "new": args.new}
+    scratch = tempfile.TemporaryDirectory(prefix="bsloss-narrow-")
+    scorer = narrow_scorer(Path(scratch.name)) if args.narrow else None
     workers = {
-        name: harness.Worker(TreeScoring, tree, args.threads) for name, tree in trees.items()
+        name: harness.Worker(TreeScoring, tree, args.threads, scorer, args.brown_pairs)
+        for name, tree in trees.items()
     }
     try:
         for worker in workers.values():
@@ -105,6 +161,9 @@ def main() -> None:
         *harness.header_lines(env),
         # header_lines reports this process's threads; the timed work runs in the workers
         f"- old: `{args.old}`; new: `{args.new}`; each worker {args.threads} torch thread(s)",
+        "- scorer: "
+        + ("random, 32 wide (--narrow: the host's work)" if args.narrow else "MiniLM")
+        + (f"; metric: {args.brown_pairs:,} distinct Brown pairs" if args.brown_pairs else ""),
         "",
     ]
     lines.append(harness.markdown_table(header, rows, "lrrrrll"))

@@ -32,7 +32,7 @@ from bsloss.plot import draw_pair
 from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.layers import num_hidden_layers
-from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder
+from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder, TokenizeAhead
 from bsloss.scorer.weights import IdfSpec, weight_table
 
 __all__ = ["BERTScorer", "score", "LANG_TO_MODEL", "model_for_lang", "get_hash"]
@@ -568,24 +568,35 @@ class BERTScorer:
         table = table.to(self.encoder.device, torch.float32)
         pair_scores = torch.empty(len(pair_cands), width, 3)
         long_texts: set[str] = set()
-        for start in range(0, len(pair_cands), self.chunk_size):
-            chunk = slice(start, start + self.chunk_size)
-            embeddings, truncated = self._references.embed(
-                pair_cands[chunk] + pair_refs[chunk],
-                cache_texts=pair_refs[chunk],
-                window=self.long_inputs == "window",
-                batch_size=self.batch_size,
-                progress=progress,
-            )
-            long_texts.update(truncated)
-            pair_scores[chunk] = self._score_pairs(
-                pair_cands[chunk],
-                pair_refs[chunk],
-                embeddings,
-                table,
-                batch_size or self.batch_size,
-            )
-            del embeddings
+        window = self.long_inputs == "window"
+        chunks = [
+            slice(start, start + self.chunk_size)
+            for start in range(0, len(pair_cands), self.chunk_size)
+        ]
+        ahead = TokenizeAhead(self._references, window, len(chunks) > 1)
+        with ahead:
+            for k, chunk in enumerate(chunks):
+                texts = pair_cands[chunk] + pair_refs[chunk]
+                tokenized = ahead.take(texts)
+                if k + 1 < len(chunks):  # the next chunk's texts while this one is encoded
+                    ahead.start(pair_cands[chunks[k + 1]] + pair_refs[chunks[k + 1]])
+                embeddings, truncated = self._references.embed(
+                    texts,
+                    cache_texts=pair_refs[chunk],
+                    window=window,
+                    batch_size=self.batch_size,
+                    progress=progress,
+                    tokenized=tokenized,
+                )
+                long_texts.update(truncated)
+                pair_scores[chunk] = self._score_pairs(
+                    pair_cands[chunk],
+                    pair_refs[chunk],
+                    embeddings,
+                    table,
+                    batch_size or self.batch_size,
+                )
+                del embeddings
         if long_texts:
             self._warn_truncated(long_texts, cands, groups, offset)
         if self.baseline is not None:

@@ -158,3 +158,37 @@ def test_compiled_encoder_scores_like_eager(scorer, pairs):
     embeds = layer.input_embeddings(ids).detach().requires_grad_()
     layer(inputs_embeds=embeds, attention_mask=torch.ones_like(ids)).sum().backward()
     assert embeds.grad is not None and torch.isfinite(embeds.grad).all()
+
+
+def test_next_chunk_is_tokenized_ahead_on_one_background_thread(scorer, pairs, monkeypatch):
+    """Several chunks: the first chunk's texts are tokenised on the caller's thread, every later
+    chunk's on the background thread (started before the previous chunk is encoded), never two
+    calls at once (a fast tokenizer refuses concurrent calls that change its settings), and the
+    scores are those of one chunk. One chunk: the caller's thread alone, no thread started."""
+    import threading
+
+    from bsloss.scorer.tokenization import ScorerTokenizer
+
+    cands, refs = pairs
+    calls: list[str] = []
+    busy = threading.Lock()
+    encode = ScorerTokenizer.encode
+
+    def recording(self, texts, truncate=True):
+        assert busy.acquire(blocking=False), "two tokenizer calls at once"
+        try:
+            calls.append(threading.current_thread().name)
+            return encode(self, texts, truncate)
+        finally:
+            busy.release()
+
+    monkeypatch.setattr(ScorerTokenizer, "encode", recording)
+    whole = stacked(bsloss.BERTScorer(encoder=scorer.encoder).score(cands, refs))
+    assert calls == [threading.current_thread().name]
+    calls.clear()
+    chunk_size = -(-len(cands) // 3)
+    chunked = bsloss.BERTScorer(encoder=scorer.encoder, chunk_size=chunk_size)
+    assert (stacked(chunked.score(cands, refs)) - whole).abs().max().item() <= TOLERANCE
+    assert len(calls) == 3
+    assert calls[0] == threading.current_thread().name
+    assert all(name.startswith("bsloss-tokenize") for name in calls[1:])

@@ -185,3 +185,27 @@ def test_revisions_worker_imports_bsloss_from_its_tree_and_refuses_another(tmp_p
     elsewhere = harness.Worker("benchmarks.revisions:TreeScoring", str(tmp_path), 1)
     with elsewhere, pytest.raises(harness.WorkerError, match="not from"):
         elsewhere.ready()
+
+
+def test_revisions_narrow_scorer_is_a_loadable_scorer_of_minilms_vocabulary(tmp_path):
+    """``revisions.py --narrow``: a 32-wide random BERT that both trees can load by folder, with
+    MiniLM's tokenizer and vocabulary."""
+    import bsloss
+    from benchmarks.revisions import narrow_scorer
+
+    scorer = bsloss.BERTScorer(narrow_scorer(tmp_path), 6, device="cpu")
+    assert scorer.encoder.model.config.hidden_size == 32
+    assert scorer.vocab_size == 30_522
+    P, R, F = scorer.score(["a cat sat"], ["the cat sat down"], progress=False)
+    assert F.shape == (1,) and 0.0 < float(F[0]) <= 1.0
+
+
+def test_fused_memory_measures_the_fused_pass_with_cudas_chunk_shape():
+    """``benchmarks/fused_memory.py`` at a small size: CUDA's chunk policy (all the rows; a
+    64 MiB chunk holds this whole vocabulary), finite CE and term, a non-negative peak."""
+    from benchmarks.fused_memory import measure
+
+    result = measure(2, 8, vocab=4096, dim=64)
+    assert result["chunk_shape"] == [16, 4096]
+    assert result["peak_extra_mib"] >= 0
+    assert 0 < result["cross_entropy"] < 20 and 0 < result["term"] < 1

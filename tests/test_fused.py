@@ -195,24 +195,75 @@ def test_chunk_shape_changes_neither_values_nor_gradients(monkeypatch, name, pre
 
 def test_chunk_shape_policy_by_device():
     """CPU: the cache-sized chunks (what the caller's chunk_elements also sets). CUDA: all the
-    rows (up to 16,384) by vocabulary chunks of 256 MiB per float32 temporary, the whole
-    vocabulary when it fits: 32 chunks at Gemma 3's sizes (8 x 1024 positions, V = 262,144)
-    instead of the CPU's 512, W's gradient updated once per chunk. The estimated peak there
-    (three such temporaries and W's float32 gradient) stays under 0.1x the dense path's 32 GiB."""
+    rows (up to 16,384) by vocabulary chunks of at most 256 MiB per float32 temporary and at
+    most 1/32 of the [N, V] float32 logits (not below 64 MiB), the whole vocabulary when it
+    fits: 32 chunks at Gemma 3's sizes (8 x 1024 positions, V = 262,144) instead of the CPU's
+    512, W's gradient written once per chunk. The estimated peak (five such temporaries and W's
+    bf16 gradient) stays under 0.1x the dense path's at 8 x 1024 (32 GiB) and at 8 x 256 (9 GiB,
+    as measured on an H200), where 256 MiB chunks would not."""
     n, vocab, d = 8 * 1024, 262_144, 640
     shape = chunk_shape
     assert shape(n, vocab, "cpu", None) == (4096, DEFAULT_CHUNK_ELEMENTS // 4096)
     assert shape(n, vocab, "cuda", 1 << 20) == (4096, 256)  # the caller's override wins
     assert shape(n, vocab, "cuda", None) == (n, 8192)
-    assert shape(2 * 1024, vocab, "cuda", None) == (2048, 32_768)
+    assert shape(2 * 1024, vocab, "cuda", None) == (2048, 8192)  # 1/32 of the logits
+    assert shape(1024, vocab, "cuda", None) == (1024, 16_384)  # the 64 MiB floor
     assert shape(100, 50_000, "cuda", None) == (100, 50_000)  # the whole vocabulary fits
     assert shape(100_000, vocab, "cuda", None, itemsize=8) == (16_384, 2048)
     rows, vocab_chunk = shape(n, vocab, "cuda", None)
     chunks = -(-n // rows) * -(-vocab // vocab_chunk)
     assert chunks == 32
     gib = 1 << 30
-    peak = 3 * rows * vocab_chunk * 4 + vocab * d * 4
-    assert peak / gib < 1.5 and peak / (32 * gib) < 0.1
+    dense = {8 * 1024: 32 * gib, 2 * 1024: 9 * gib}
+    for positions, dense_peak in dense.items():
+        rows, vocab_chunk = shape(positions, vocab, "cuda", None)
+        peak = 5 * rows * vocab_chunk * 4 + vocab * d * 2
+        assert peak / dense_peak < 0.1, positions
+    assert 5 * 2048 * 32_768 * 4 + vocab * d * 2 > 0.1 * dense[2048]  # the 256 MiB chunks
+
+
+class Allocations(TorchDispatchMode):
+    """The (shape, dtype) of every tensor an op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.made: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.made.append((tuple(t.shape), t.dtype))
+        return out
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32])
+def test_one_row_block_writes_w_gradient_in_its_own_dtype(monkeypatch, weight_dtype):
+    """With one row block (CUDA's default up to 16,384 positions) W's gradient is written chunk
+    by chunk in W's dtype: no float32 [V, d] accumulator for a bf16 head (0.625 GiB at Gemma 3's
+    sizes), and the values those of several row blocks summed in float32 (bf16: one rounding
+    of the same float32 sums, so within a bf16 step of each other)."""
+    h, weight, table = problem()
+    h, weight = h.detach().to(weight_dtype), weight.detach().to(weight_dtype)
+    targets = torch.randint(0, weight.shape[0], (h.shape[0],), generator=torch.Generator())
+    grads = {}
+    # one row block of 9 x 4, then three row blocks of 3 x 257
+    for name, policy in {"one": small_chunks, "several": cuda_whole_vocabulary}.items():
+        monkeypatch.setattr(fused_expectation, "_chunk_shape", policy)
+        hh, ww = h.clone().requires_grad_(), weight.clone().requires_grad_()
+        out = fused_expected_inputs(hh, ww, table, target_ids=targets)
+        objective = out.expected.float().sum() - out.log_likelihood.float().sum()
+        with Allocations() as made:
+            grads[name] = torch.autograd.grad(objective, [hh, ww])
+        wide_w = [(shape, dtype) for shape, dtype in made.made if shape == tuple(weight.shape)]
+        assert all(g.dtype == weight_dtype for g in grads[name])
+        if name == "one":
+            assert wide_w == [(tuple(weight.shape), weight_dtype)]  # the gradient itself only
+        elif weight_dtype == torch.bfloat16:
+            assert (tuple(weight.shape), torch.float32) in wide_w  # the float32 sums
+    one, several = grads["one"][1].float(), grads["several"][1].float()
+    step = 2.0**-8 if weight_dtype == torch.bfloat16 else 1e-6
+    torch.testing.assert_close(one, several, rtol=step, atol=step * float(several.abs().max()))
 
 
 # Ops whose result the host must read back before it goes on (a value or a data-dependent shape):

@@ -238,14 +238,14 @@ def test_auto_backend_on_cpu_is_the_torch_pass():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels need CUDA")
 def test_compiled_kernels_match_torch_pass_on_cuda():
     """Gemma-like head in bfloat16 at a medium size: the kernels (autotuned) against the
-    PyTorch pass on the float32 values of the same operands. The vocabulary makes three chunks
-    of the kernels' buffers, the last one narrower (its row stride is the buffer's)."""
+    PyTorch pass on the float32 values of the same operands. The vocabulary makes several
+    chunks of the kernels' buffers, the last one narrower (its row stride is the buffer's)."""
     from bsloss.functional.triton_fused_head import _vocab_chunk
 
     g = torch.Generator(device="cuda").manual_seed(0)
     n, d, vocab, c = 1000, 640, 100_000 + 37, 385
     chunk = _vocab_chunk(n, vocab)
-    assert vocab // chunk == 2 and vocab % chunk  # ragged
+    assert vocab // chunk >= 2 and vocab % chunk  # ragged
     h = torch.randn(n, d, device="cuda", generator=g).bfloat16()
     weight = (torch.randn(vocab, d, device="cuda", generator=g) / math.sqrt(d)).bfloat16()
     table = torch.randn(vocab, c, device="cuda", generator=g)
@@ -272,3 +272,18 @@ def test_compiled_kernels_match_torch_pass_on_cuda():
     for got, expected in zip(kernel_grads, reference_grads, strict=True):
         atol = bound * float(expected.abs().max())
         torch.testing.assert_close(got.float(), expected, rtol=bound, atol=atol)
+
+
+@needs_triton
+def test_compiled_chunks_shrink_with_the_positions(monkeypatch):
+    """The compiled kernels' [N, chunk] buffers: 1 << 25 elements at Gemma 3's 8 x 1024
+    positions, 1/32 of the [N, V] logits at 8 x 256 (the run at 1 << 25 measured 0.107x the
+    dense path's memory there, against a goal of 0.1x), never below 1 << 23 elements."""
+    from bsloss.functional import triton_fused_head
+
+    monkeypatch.setattr(triton_fused_head, "interpreter_active", lambda: False)
+    vocab = 262_144
+    assert triton_fused_head._vocab_chunk(8192, vocab) == 4096
+    assert triton_fused_head._vocab_chunk(2048, vocab) == 8192  # 1/32 of the logits
+    assert triton_fused_head._vocab_chunk(256, vocab) == 32_768  # the floor: 1 << 23
+    assert triton_fused_head._vocab_chunk(16, 1000) == 1000  # the whole vocabulary

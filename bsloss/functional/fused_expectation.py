@@ -51,9 +51,10 @@ inputs' dtype. The logits stay in that dtype unless a bias, soft-cap, temperatur
 applied, and the softmax upcasts them as it reads them.
 
 Chunk shapes: on the CPU, ~16 MB chunks of rows x vocabulary (cache-sized); on CUDA, all the
-rows (up to 16,384) by vocabulary chunks of 256 MiB per float32 temporary (the whole vocabulary
-when it fits), so that a call makes tens of chunks, not hundreds, and W's gradient is updated
-once per chunk rather than once per row block (``chunk_elements`` overrides both). Nothing
+rows (up to 16,384) by vocabulary chunks of 64-256 MiB per float32 temporary (at most 1/32 of the
+``[N, V]`` logits; the whole vocabulary when it fits), so that a call makes tens of chunks, not
+hundreds, and W's gradient is written once per chunk, in W's dtype, rather than summed over row
+blocks (``chunk_elements`` overrides both). Nothing
 inside the loops reads a value back to the host: targets are gathered and scattered with clamped
 indices and a mask, and the rows' finiteness is checked once, after the forward loop. On CUDA,
 the plain case (no top-k, soft-cap, straight-through or targets) goes through
@@ -102,13 +103,20 @@ _MAX_ROW_BLOCK = 4096
 # chunks), not the CPU's ~512 chunks x ~20 launches. Tall rather than whole-vocabulary blocks:
 # every row block adds a read-modify-write of W's float32 gradient [V, d] (and its bf16 product),
 # ~12 bytes x V x d; at 256 rows x the whole vocabulary that is 32 x 2 GB = 64 GB (~21 ms on an
-# H100) at Gemma's 8 x 1024 positions, against one pass here. A vocabulary chunk costs only the
-# online rescaling of [rows] and [rows, c] numbers and a [rows, d] update of h's gradient.
-# Memory: about three such temporaries live at once (the logits, the probabilities or dz, and a
-# matmul-dtype copy) besides W's float32 gradient (0.625 GiB at d = 640): ~1.4 GiB at Gemma's
-# sizes, 0.044x the dense path's 32 GiB (its float32 logits, softmax and gradients at 8,192
-# positions; the goal is <= 0.1x). A soft-cap adds about two temporaries (~0.06x).
+# H100) at Gemma's 8 x 1024 positions, against one pass here (whose W gradient is written once,
+# in W's dtype). A vocabulary chunk costs only the online rescaling of [rows] and [rows, c]
+# numbers and a [rows, d] update of h's gradient.
+# Memory: about five such temporaries live at once at the peak (the logits, the probabilities or
+# dz, matmul-dtype copies; 4.6 measured on the CPU with these shapes) besides W's gradient. So
+# that the pass stays a small share of the dense path's at every size, a temporary is also at
+# most 1/32 of the [N, V] float32 logits (the dense path holds about four [N, V] float32
+# tensors), and at least 64 MiB (GEMMs >= 8,192 tokens wide at 2,048 positions; the host
+# launches a chunk's ~25 kernels faster than the card runs them). At Gemma's sizes: 256 MiB
+# blocks at 8 x 1024 positions (~1.4 GiB, 0.04x the dense path's 32 GiB), 64 MiB at 8 x 256
+# (~0.6 GiB on the CPU, where the dense path holds 9 GiB on an H200: goal <= 0.1x).
 _CUDA_BLOCK_BYTES = 256 << 20
+_MIN_CUDA_BLOCK_BYTES = 64 << 20
+_LOGITS_SHARE = 32
 # 16,384 rows keep a 256 MiB float32 chunk >= 4,096 tokens wide (GEMMs of K = 4,096 and more).
 _MAX_CUDA_ROWS = 16_384
 
@@ -183,14 +191,18 @@ def _chunk_shape(
     device_type: str,
     chunk_elements: int | None,
     itemsize: int = 4,
-    block_bytes: int = _CUDA_BLOCK_BYTES,
+    block_bytes: int | None = None,
     max_rows: int = _MAX_CUDA_ROWS,
 ) -> tuple[int, int]:
     """``(row_block, vocab_chunk)`` of the pass: ``chunk_elements`` positions x vocabulary
     entries when the caller sets it; else, on CUDA, up to ``max_rows`` rows by as much of the
     vocabulary as keeps one ``[rows, chunk]`` temporary of ``itemsize`` bytes within
-    ``block_bytes``; elsewhere :data:`DEFAULT_CHUNK_ELEMENTS`."""
+    ``block_bytes`` (default: 1/32 of the ``[n, vocab]`` logits' bytes, between 64 and 256
+    MiB); elsewhere :data:`DEFAULT_CHUNK_ELEMENTS`."""
     if chunk_elements is None and device_type == "cuda":
+        if block_bytes is None:
+            share = n * vocab * itemsize // _LOGITS_SHARE
+            block_bytes = min(_CUDA_BLOCK_BYTES, max(_MIN_CUDA_BLOCK_BYTES, share))
         rows = max(1, min(n, max_rows))
         return rows, max(1, min(vocab, block_bytes // (itemsize * rows)))
     elements = DEFAULT_CHUNK_ELEMENTS if chunk_elements is None else chunk_elements
@@ -371,7 +383,13 @@ class _FusedHead(torch.autograd.Function):
         use_ll = ctx.want_ll and grad_ll is not None
         dt, mm = o.dtype, o.matmul_dtype
         grad_h = torch.zeros(hidden.shape, dtype=dt, device=hidden.device) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
+        # One row block (CUDA's default up to 16,384 positions): each vocabulary chunk's rows of
+        # W's gradient come whole from one product, written in W's dtype; no float32 [V, d]
+        # accumulator (0.625 GiB at Gemma 3's sizes, twice the bf16 gradient itself). Several
+        # row blocks sum into float32.
+        direct_w = need_w and o.row_block >= hidden.shape[0]
+        w_dtype = weight.dtype if direct_w else dt
+        grad_w = torch.zeros(weight.shape, dtype=w_dtype, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=dt, device=bias.device) if need_b else None
         if not (use_e or use_ll) or not (need_h or need_w or need_b):
             return (
@@ -431,7 +449,11 @@ class _FusedHead(torch.autograd.Function):
                             grad_h[r0:r1].addmm_(dz_mm, w)
                         else:
                             grad_h[r0:r1] += dz_mm @ w
-                    if need_w:
+                    if direct_w and mm == weight.dtype:
+                        torch.mm(dz_mm.T, h.to(mm), out=grad_w[v0:v1])
+                    elif direct_w:
+                        grad_w[v0:v1] = dz_mm.T @ h.to(mm)
+                    elif need_w:
                         if mm == dt:
                             grad_w[v0:v1].addmm_(dz_mm.T, h.to(mm))
                         else:

@@ -74,9 +74,13 @@ _SPLIT_ALIGN = 256
 # Elements of one vocabulary chunk's buffers [N, chunk]: 4,096 vocabulary entries at 8,192
 # positions, large enough for efficient cuBLAS products and few enough chunks (64 at Gemma 3's
 # sizes) that launching a chunk's kernels takes the host less time than the GPU takes to run
-# them; small next to the dense path's [N, V] float32 logits. Forward: p in the head's dtype
-# (64 MiB in bfloat16); backward: the two float32 products and dz (320 MiB).
+# them. Forward: p in the head's dtype (64 MiB in bfloat16); backward: the two float32 products
+# and dz (320 MiB). Fewer positions get narrower chunks, down to a quarter: at most 1/32 of the
+# [N, V] logits, so that the buffers stay a small share of the dense path's memory at every size
+# (8 x 256 positions: 1/2, 160 MiB; the run at 1 << 25 measured 0.107x the dense path there).
 _CHUNK_ELEMENTS = 1 << 25
+_MIN_CHUNK_ELEMENTS = 1 << 23
+_LOGITS_SHARE = 32
 # The interpreter runs one small configuration, with splits of two blocks so that the host
 # merge of the splits is exercised at the tests' vocabulary sizes.
 _INTERPRETER_BLOCKS = {"BLOCK_N": 16, "BLOCK_V": 32, "BLOCK_D": 16}
@@ -475,12 +479,14 @@ class _Statistics(NamedTuple):
 
 
 def _vocab_chunk(n: int, vocab: int) -> int:
-    """Vocabulary entries of one ``[N, chunk]`` buffer of :data:`_CHUNK_ELEMENTS`; under
-    the interpreter a width ragged against its blocks, so that the tests' small vocabularies
+    """Vocabulary entries of one ``[N, chunk]`` buffer of at most :data:`_CHUNK_ELEMENTS`
+    (1/32 of the ``[N, V]`` logits where that is fewer, down to :data:`_MIN_CHUNK_ELEMENTS`);
+    under the interpreter a width ragged against its blocks, so that the tests' small vocabularies
     still make several chunks."""
     if interpreter_active():
         return min(vocab, _INTERPRETER_CHUNK)
-    return max(1, min(vocab, _CHUNK_ELEMENTS // max(n, 1)))
+    elements = min(_CHUNK_ELEMENTS, max(_MIN_CHUNK_ELEMENTS, n * vocab // _LOGITS_SHARE))
+    return max(1, min(vocab, elements // max(n, 1)))
 
 
 def _vocab_chunks(n: int, vocab: int, like: Tensor):

@@ -7,7 +7,6 @@ from collections.abc import Iterable, Sequence
 
 import torch
 from torch import Tensor
-from torch.nn.utils.rnn import pad_sequence
 
 __all__ = [
     "progress_bar",
@@ -95,9 +94,27 @@ def pad_embedded(
     rows: Sequence[tuple[Tensor, Tensor]], weight_table: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(embeddings [L, d], token ids [L])`` per sentence -> padded embeddings ``[B, L, d]``,
-    real-token mask ``[B, L]`` and importance weights ``weight_table[ids]`` (0 on padding)."""
-    embeddings = pad_sequence([e for e, _ in rows], batch_first=True)
-    ids = pad_sequence([i for _, i in rows], batch_first=True)
-    lengths = to_device(torch.tensor([len(i) for _, i in rows]), embeddings.device)
-    mask = torch.arange(embeddings.shape[1], device=embeddings.device)[None, :] < lengths[:, None]
-    return embeddings, mask, weight_table[ids] * mask
+    real-token mask ``[B, L]`` and importance weights ``weight_table[ids]`` (0 on padding).
+
+    One gather from the sentences laid end to end (and a zero row that every padding position
+    reads), with its index built on the host: a handful of kernels whatever ``B``, where
+    :func:`~torch.nn.utils.rnn.pad_sequence` launches a copy per sentence (on a GPU the
+    metric's loop and the loss's references were bound by those launches).
+    """
+    embeddings = [e for e, _ in rows]
+    ids = [i for _, i in rows]
+    sizes = [len(i) for i in ids]
+    total, width = sum(sizes), max(sizes)
+    lengths = torch.tensor(sizes)
+    starts = lengths.cumsum(0) - lengths
+    position = torch.arange(width)
+    # every padding position reads the zero row appended after the last sentence
+    index = torch.where(position[None, :] < lengths[:, None], starts[:, None] + position, total)
+    flat = torch.cat([*embeddings, embeddings[0].new_zeros(1, embeddings[0].shape[-1])])
+    flat_ids = torch.cat([*ids, ids[0].new_zeros(1)])
+    index = to_device(index, flat.device)
+    mask = index != total
+    rows_index = index.flatten()  # index_select: on the CPU ~4x faster than flat[index]
+    padded = flat.index_select(0, rows_index).view(len(ids), width, flat.shape[-1])
+    padded_ids = flat_ids.index_select(0, rows_index).view(len(ids), width)
+    return padded, mask, weight_table[padded_ids] * mask

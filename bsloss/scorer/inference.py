@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -100,11 +101,11 @@ def embed_token_ids(
         members = short[start:stop]
         length = padded_lengths[start]
         rows = bucket_rows(len(members), token_budget_rows(length, batch_size))
-        input_ids = torch.tensor(
-            [list(token_ids[i]) + [pad] * (length - sizes[i]) for i in members]
-            + [[pad] * length] * (rows - len(members)),
-            dtype=torch.long,
-        )
+        # numpy rows, not nested Python lists: torch.tensor reads a list element by element
+        ids = np.full((rows, length), pad, dtype=np.int64)
+        for row, i in enumerate(members):
+            ids[row, : sizes[i]] = token_ids[i]
+        input_ids = torch.from_numpy(ids)
         real_lengths = torch.tensor([sizes[i] for i in members] + [0] * (rows - len(members)))
         real = torch.arange(length)[None, :] < real_lengths[:, None]
         # a filler row attends to one token, not none: not every attention implementation

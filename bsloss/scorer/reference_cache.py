@@ -22,20 +22,25 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
+from itertools import chain
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from bsloss.inputs import check_int
+from bsloss.scorer.batching import to_device
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.inference import embed_token_ids
 
-__all__ = ["DEFAULT_MAX_BYTES", "ReferenceCache", "ReferenceEmbedder"]
+__all__ = ["DEFAULT_MAX_BYTES", "ReferenceCache", "ReferenceEmbedder", "TokenizeAhead"]
 
 DEFAULT_MAX_BYTES = 512 * 2**20
 
 Embedded = tuple[Tensor, Tensor]  # token embeddings [L, d], token ids [L]
+Tokenized = dict[str, tuple[list[int], bool]]  # text -> (token ids, truncated)
 
 
 class ReferenceCache(Mapping[str, Embedded]):
@@ -205,6 +210,17 @@ class ReferenceEmbedder:
         weight_dtype = self.encoder.input_embeddings.weight.dtype
         return (str(device), weight_dtype, self.encoder.linear_weight_dtype, autocast, window)
 
+    def tokenize(self, texts: Sequence[str], window: bool = False) -> Tokenized:
+        """Each unique text's token ids and whether it was truncated: what :meth:`embed` would
+        tokenise, done ahead (e.g. on another thread while the encoder works on other texts)."""
+        unique = list(dict.fromkeys(texts))
+        token_ids, too_long = self.encoder.tokenization.encode(unique, truncate=not window)
+        long = set(too_long) if not window else set()
+        return {
+            text: (ids, i in long)
+            for i, (text, ids) in enumerate(zip(unique, token_ids, strict=True))
+        }
+
     def embed(
         self,
         texts: Sequence[str],
@@ -213,11 +229,13 @@ class ReferenceEmbedder:
         window: bool = False,
         batch_size: int = 64,
         progress: bool | None = None,
+        tokenized: Tokenized | None = None,
     ) -> tuple[dict[str, Embedded], set[str]]:
         """Each unique text's ``(embeddings [L, d], ids [L])``, and the texts that were
         truncated at the encoder's maximum length (none with ``window=True``: those are encoded
         whole with overlapping windows). Cached texts are not encoded again; the texts of
-        ``cache_texts`` (the references among ``texts``) are cached.
+        ``cache_texts`` (the references among ``texts``) are cached. ``tokenized``: the texts'
+        :meth:`tokenize` (same ``window``), when it was done ahead.
 
         The texts must have been validated (:func:`bsloss.inputs.check_texts`).
         """
@@ -229,17 +247,60 @@ class ReferenceEmbedder:
             missing = [text for text in unique if text not in embedded]
             if not missing:
                 return embedded, truncated
-            token_ids, too_long = self.encoder.tokenization.encode(missing, truncate=not window)
-            if not window:
-                truncated.update(missing[i] for i in too_long)
+            if tokenized is None:
+                tokenized = self.tokenize(missing, window)
+            token_ids = [tokenized[text][0] for text in missing]
+            truncated.update(text for text in missing if tokenized[text][1])
             hidden = embed_token_ids(self.encoder, token_ids, batch_size, progress, self.transform)
             device = self.encoder.device
-            ids = torch.tensor(
-                [i for row in token_ids for i in row], dtype=torch.long, device=device
-            ).split([len(row) for row in token_ids])
+            lengths = [len(row) for row in token_ids]
+            flat = np.fromiter(chain.from_iterable(token_ids), dtype=np.int64, count=sum(lengths))
+            ids = to_device(torch.from_numpy(flat), device).split(lengths)
         new = dict(zip(missing, zip(hidden, ids, strict=True), strict=True))
         embedded.update(new)
         for text in dict.fromkeys(cache_texts):
             if text in new:
                 self.cache.store(text, new[text], text in truncated, variant)
         return embedded, truncated
+
+
+class TokenizeAhead:
+    """Tokenise the next texts on a background thread while the caller's thread encodes others.
+
+    A fast tokenizer's batch call leaves Python's lock while its Rust code runs, so on a GPU,
+    where the caller's thread spends the time launching the encoder's kernels, the next chunk's
+    tokens come at little cost. ``take`` returns the tokens of the texts last given to ``start``
+    (waiting for them), or, with nothing started, tokenises ``texts`` on the caller's thread: one
+    thread at a time uses the tokenizer (a fast tokenizer refuses concurrent calls that change
+    its settings). Disabled (``enabled=False``): ``take`` returns ``None`` and the embedder
+    tokenises as it embeds, only the texts it has not cached.
+    """
+
+    def __init__(self, embedder: ReferenceEmbedder, window: bool, enabled: bool = True):
+        self.embedder = embedder
+        self.window = window
+        self._pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="bsloss-tokenize")
+            if enabled
+            else None
+        )
+        self._pending: Future[Tokenized] | None = None
+
+    def start(self, texts: Sequence[str]) -> None:
+        if self._pool is not None:
+            self._pending = self._pool.submit(self.embedder.tokenize, list(texts), self.window)
+
+    def take(self, texts: Sequence[str]) -> Tokenized | None:
+        if self._pool is None:
+            return None
+        if self._pending is None:
+            return self.embedder.tokenize(texts, self.window)
+        pending, self._pending = self._pending, None
+        return pending.result()
+
+    def __enter__(self) -> TokenizeAhead:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)

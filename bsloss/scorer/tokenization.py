@@ -96,9 +96,12 @@ class ScorerTokenizer:
         if not texts:  # a tokenizer given an empty batch fails inside transformers
             return [], []
         prepared = self.prepare(texts)
-        ids = self.tokenizer(prepared, add_special_tokens=True, truncation=False, verbose=False)[
-            "input_ids"
-        ]
+        # the ids alone: the token types and attention masks are Python lists as long as the
+        # ids, which would cost as much again to build (the metric's host loop is this fast)
+        ids_only = {"return_token_type_ids": False, "return_attention_mask": False}
+        ids = self.tokenizer(
+            prepared, add_special_tokens=True, truncation=False, verbose=False, **ids_only
+        )["input_ids"]
         too_long = [i for i, row in enumerate(ids) if len(row) > self.max_length]
         if too_long and truncate:
             shortened = self.tokenizer(
@@ -106,6 +109,7 @@ class ScorerTokenizer:
                 add_special_tokens=True,
                 truncation=True,
                 max_length=self.max_length,
+                **ids_only,
             )["input_ids"]
             for i, row in zip(too_long, shortened, strict=True):
                 ids[i] = row
