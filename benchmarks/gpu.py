@@ -93,11 +93,11 @@ TITLES = {
 # relative time shares of the budget, in section order (the fused pass compiles Triton kernels)
 SHARES = {
     "placement": 40,
-    "fused": 115,
+    "fused": 105,
     "gemma_step": 55,
-    "precision": 25,
+    "precision": 45,  # its last rows compile the scorer
     "checkpointing": 30,
-    "metric": 55,
+    "metric": 70,  # its last row compiles the scorer
 }
 DEFAULT_ASSETS = harness.REPO_ROOT / ".gpu-bench"
 WHEELS = ("cut-cross-entropy==25.1.1", "liger-kernel==0.8.5", "bert-score==0.3.13")
@@ -1442,6 +1442,46 @@ def section_precision(ctx: Context, section: Section) -> None:
                 section.goal(LOSS_MS, row["ms"], f"checkpointing {setting}")
             if dtype is torch.bfloat16:
                 section.goal(BF16_SPEED, row["vs_fp32"], f"checkpointing {setting}")
+        section.store()
+        ctx.release()
+    if ctx.cuda:
+        compiled_scorer_rows(ctx, section, encoder, refs, logits)
+
+
+def compiled_scorer_rows(ctx: Context, section: Section, encoder, refs, logits) -> None:
+    """The loss (fp32, default checkpointing) compiled whole (``loss.compile()``), then with only
+    its scorer compiled in place (``loss.encoder.model.compile(mode=...)``): what the launches
+    the loss is bound by would cost fused. Last in the section: the scorer stays compiled; each
+    row's first pass (the compilation) is its 'first pass s'."""
+    import torch
+
+    def measure_with(loss) -> Callable[[], dict]:
+        loss.encode_references(refs)
+
+        def run() -> torch.Tensor:
+            value = loss(logits, references=refs)
+            value.backward()
+            return value.detach()
+
+        def measure() -> dict:
+            figures = ctx.measure(run, (logits,))
+            values = figures.pop("values")
+            return {**figures, "value": values[0] if values else None}
+
+        return measure
+
+    # the whole loss first, while its scorer is not compiled on its own
+    for what, mode in (("loss", "default"), ("scorer", "default"), ("scorer", "reduce-overhead")):
+        label = {"precision": "fp32", "checkpointing": f"default, {what} compiled ({mode})"}
+        if ctx.time_left() < 60:
+            section.row(**label, note="skipped: too little time left")
+            continue
+        ctx.log(f"precision: {what} compiled, mode {mode}")
+        torch._dynamo.reset()
+        loss = measured_loss(ctx, model=encoder)
+        # the whole loss: its host checks and caches break the graph where they must
+        (loss if what == "loss" else encoder.model).compile(mode=mode, dynamic=False)
+        attempt(ctx, section, label, measure_with(loss))
         section.store()
         ctx.release()
 
