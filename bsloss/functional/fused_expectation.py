@@ -106,14 +106,15 @@ _MAX_ROW_BLOCK = 4096
 # H100) at Gemma's 8 x 1024 positions, against one pass here (whose W gradient is written once,
 # in W's dtype). A vocabulary chunk costs only the online rescaling of [rows] and [rows, c]
 # numbers and a [rows, d] update of h's gradient.
-# Memory: about five such temporaries live at once at the peak (the logits, the probabilities or
-# dz, matmul-dtype copies; 4.6 measured on the CPU with these shapes) besides W's gradient. So
-# that the pass stays a small share of the dense path's at every size, a temporary is also at
-# most 1/32 of the [N, V] float32 logits (the dense path holds about four [N, V] float32
-# tensors), and at least 64 MiB (GEMMs >= 8,192 tokens wide at 2,048 positions; the host
-# launches a chunk's ~25 kernels faster than the card runs them). At Gemma's sizes: 256 MiB
-# blocks at 8 x 1024 positions (~1.4 GiB, 0.04x the dense path's 32 GiB), 64 MiB at 8 x 256
-# (~0.6 GiB on the CPU, where the dense path holds 9 GiB on an H200: goal <= 0.1x).
+# Memory: about three such temporaries live at once at the peak (the logits, the probabilities
+# or dz, a matmul-dtype copy; each freed as soon as it is read, none kept across chunks: ~2.6
+# measured on the CPU with these shapes, 4.6 before the frees) besides W's gradient. So that the
+# pass stays a small share of the dense path's at every size, a temporary is also at most 1/32
+# of the [N, V] float32 logits (the dense path holds about four [N, V] float32 tensors), and at
+# least 64 MiB (GEMMs >= 8,192 tokens wide at 2,048 positions; the host launches a chunk's ~25
+# kernels faster than the card runs them). At Gemma's sizes: 256 MiB blocks at 8 x 1024
+# positions, 64 MiB at 8 x 256 (0.49 GiB on the CPU, benchmarks/fused_memory.py, where the
+# dense path holds 9 GiB on an H200: goal <= 0.1x).
 _CUDA_BLOCK_BYTES = 256 << 20
 _MIN_CUDA_BLOCK_BYTES = 64 << 20
 _LOGITS_SHARE = 32
@@ -338,9 +339,13 @@ class _FusedHead(torch.autograd.Function):
                     # vocabulary (one chunk, where it fits) this is a plain softmax
                     scale = torch.exp(old - new)
                     p = _exp_shifted(s, new, dt)  # s (and z) are not read again
+                    del z, s  # (p's storage, when the shift ran in place)
                     norm[r0:r1] = norm[r0:r1] * scale + p.sum(dim=1)
                     if want_e:
                         acc[r0:r1] = acc[r0:r1] * scale[:, None] + _table_product(p, e, dt)
+                    # freed here, not when the next chunk's p replaces it: a chunk-sized
+                    # temporary fewer at the peak
+                    del p
                 m[r0:r1] = new
         # the one host synchronisation of the pass
         if not bool(finite.all()):
@@ -432,18 +437,29 @@ class _FusedHead(torch.autograd.Function):
                         # the CE's -gl q; z is not read again (s is, only when it is not z)
                         dz = _exp_shifted(z, lz1[r0:r1], dt).mul_(-gl[r0:r1, None])
                     if use_e:
+                        ds = _exp_shifted(s, log_z[r0:r1], dt)
+                        z = s = None  # read for the last time (ds may be their storage)
                         # g E^T + offset in one product: the offset is the GEMM's added term
                         centred = torch.addmm(offset[r0:r1, None].to(mm), g[r0:r1], e.T)
-                        ds = _exp_shifted(s, log_z[r0:r1], dt).mul_(centred)
+                        ds.mul_(centred)
+                        del centred
                         dz = ds if dz is None else dz.add_(ds)
+                        del ds
                     if use_ll:
                         column, inside = _target_columns(targets[r0:r1], v0, v1)
                         hit = torch.where(inside, gl[r0:r1], 0.0)
                         dz.scatter_add_(1, column, hit[:, None])
                     if cap_grad is not None:
                         dz.mul_(cap_grad)
+                    # the chunk's logits (and all but dz) go before dz's matmul-dtype copy is
+                    # made, dz as soon as it is made and the copy after the products: at most
+                    # two chunk-sized temporaries live at once, none across chunks
+                    del z, s, cap_grad
+                    if need_b:
+                        grad_b[v0:v1] += dz.sum(dim=0)
                     # one copy in the matmul dtype serves both products
                     dz_mm = dz.to(mm)
+                    del dz
                     if need_h:
                         if mm == dt:
                             grad_h[r0:r1].addmm_(dz_mm, w)
@@ -458,8 +474,7 @@ class _FusedHead(torch.autograd.Function):
                             grad_w[v0:v1].addmm_(dz_mm.T, h.to(mm))
                         else:
                             grad_w[v0:v1] += dz_mm.T @ h.to(mm)
-                    if need_b:
-                        grad_b[v0:v1] += dz.sum(dim=0)
+                    del dz_mm
         grads = _cast(grad_h, hidden), _cast(grad_w, weight), _cast(grad_b, bias)
         return (*grads, None, None, None, None)
 
