@@ -51,11 +51,11 @@ verify-results:
 # `make gpu-prepare` fills .gpu-bench/ (MiniLM's config and tokenizer, the Brown sentences, the
 # wheels of Cut Cross-Entropy, Liger and bert_score). On the lent machine, carrying .gpu-bench:
 # `make gpu-check OUT=$OUT` runs the CUDA tests, then the benchmark into $(OUT)/gpu.md (about
-# 6 minutes; GPU_SECTIONS and GPU_BUDGET_S narrow it, GPU_PROFILE names rows to profile).
+# 6 minutes; GPU_SECTIONS and GPU_BUDGET_S narrow it, GPU_PROFILE names rows to profile, |-separated).
 OUT ?= runs/gpu
 GPU_SECTIONS ?= placement,fused,gemma_step,precision,checkpointing,metric
 GPU_BUDGET_S ?= 280
-GPU_PROFILE ?= CE + term
+GPU_PROFILE ?= CE + term|exact
 CUDA_TESTS := tests/test_loss.py::test_cuda_bf16_autocast \
 	tests/test_fused.py::test_sdpa_path_matches_chunked_on_cuda \
 	tests/test_triton_fused_head.py::test_compiled_kernels_match_torch_pass_on_cuda

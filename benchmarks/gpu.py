@@ -720,12 +720,49 @@ class Context:
             "values": values,
         }
 
+    def profiles(self, label: str) -> bool:
+        """Whether ``--profile`` names ``label`` (any of its ``|``-separated texts)."""
+        wanted = [w.strip().lower() for w in (self.config.get("profile") or "").split("|")]
+        return any(w and w in label.lower() for w in wanted)
+
+    def profile_host(self, label: str, run: Callable[[], Any]) -> None:
+        """One more call (untimed) under cProfile and torch.profiler: the host's functions by
+        cumulative time, and the device's busy time against the call's wall time (for paths
+        whose time goes to the host: the metric)."""
+        import cProfile
+        import io
+        import pstats
+
+        from torch.profiler import ProfilerActivity, profile
+
+        profiler = cProfile.Profile()
+        began = time.perf_counter()
+        profiler.enable()
+        run()
+        self.sync()
+        profiler.disable()
+        wall = time.perf_counter() - began
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        with profile(activities=activities) as prof:
+            run()
+            self.sync()
+        key = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
+        events = prof.key_averages()
+        busy = sum(getattr(e, key, 0) for e in events) / 1e6
+        table = events.table(sort_by=key, row_limit=15, max_name_column_width=70)
+        with open(self.config["profile_path"], "a", encoding="utf-8") as handle:
+            handle.write(
+                f"## {label}\n\nwall {wall:.2f} s (under cProfile); {key} summed {busy:.2f} s\n\n"
+                f"```\n{text.getvalue()}\n```\n\n{table}\n\n"
+            )
+
     def profile(self, run: Callable[[], Any]) -> None:
         """With ``--profile TEXT`` and a row whose label holds TEXT: one more pass (untimed)
         under :mod:`torch.profiler`, its operators and kernels by self time appended to the
         profile file (where the time of a row goes)."""
-        wanted = self.config.get("profile")
-        if not wanted or wanted.lower() not in self.label.lower():
+        if not self.profiles(self.label):
             return
         from torch.profiler import ProfilerActivity, profile
 
@@ -1636,6 +1673,12 @@ def section_metric(ctx: Context, section: Section) -> None:
         metric_rows(section, labels, seconds, scores, pairs)
         if ctx.time_left() < time.perf_counter() - began_round:
             break
+    for key in ("exact", "compiled"):  # --profile exact: where one call's time goes
+        if key in systems and ctx.profiles(labels[key]) and ctx.time_left() > 0:
+            few = min(pairs, 2000)
+            ctx.log(f"metric: profiling {labels[key]} on {few:,} pairs")
+            run = functools.partial(systems[key], cands[:few], refs[:few])
+            ctx.profile_host(f"{labels[key]}, {few:,} pairs", run)
 
 
 def metric_rows(
