@@ -88,7 +88,9 @@ class ScorerEncoder(nn.Module):
 
         ``parent.requires_grad_(True)`` reaches every parameter below ``parent``, the scorer's
         too; the scorer would then collect ``.grad`` (memory, and an optimizer would update it).
-        Checked at every forward pass (a scan of the parameter flags, microseconds).
+        Checked at every forward pass that records gradients (a scan of the parameter flags,
+        microseconds): a pass without them gives the scorer no ``.grad``, and the metric's
+        encoder batches, hundreds a call, skip the scan.
         """
         thawed = [p for p in self.parameters() if p.requires_grad]
         if not thawed:
@@ -167,7 +169,8 @@ class ScorerEncoder(nn.Module):
         inputs_embeds: Tensor | None = None,
     ) -> Tensor:
         """Hidden states ``[B, L, d]`` of layer ``num_layers``."""
-        self.keep_frozen()
+        if torch.is_grad_enabled():
+            self.keep_frozen()
         self._check_precision()
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds
