@@ -281,6 +281,30 @@ def test_cuda_bf16_autocast(cuda_scorer):
     assert bsloss.BERTScorer(encoder=encoder).score(cands, refs)[2].is_cpu
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_scores_and_loss_equal_the_cpus(cuda_scorer):
+    """The same scorer on CUDA and on the CPU, float32: the metric's F over several chunks (the
+    next chunk tokenised ahead, batches padded by one gather, ids copied asynchronously) and the
+    loss with its gradient, within float32 noise."""
+    cands, refs = CUDA_PAIRS
+    cands, refs = cands * 5, refs[1:] + refs[:1] + refs * 4  # 20 pairs, some of them repeated
+    scores, losses = {}, {}
+    for device in ("cpu", "cuda"):
+        encoder = ScorerEncoder.from_pretrained(*cuda_scorer, device=device)
+        scorer = bsloss.BERTScorer(encoder=encoder, chunk_size=7, batch_size=4)
+        scores[device] = torch.stack(scorer.score(cands, refs))
+        logits, mask = one_hot_logits(encoder, CUDA_PAIRS[0], value=3.0)
+        logits = logits.to(device).requires_grad_(True)
+        value = BERTScoreLoss(encoder=encoder)(
+            logits, CUDA_PAIRS[1], candidate_mask=mask.to(device)
+        )
+        value.backward()
+        losses[device] = (value.detach().cpu(), logits.grad.cpu())
+    torch.testing.assert_close(scores["cuda"], scores["cpu"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(losses["cuda"][0], losses["cpu"][0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(losses["cuda"][1], losses["cpu"][1], rtol=1e-4, atol=1e-6)
+
+
 # ---------------------------------------------------------------- device placement
 # No second real device on a CPU machine: the "meta" device stands in for CUDA. What failed on a
 # GPU (the weight buffer left on the CPU beside a CUDA encoder: `torch.cat` of the two in the
