@@ -356,8 +356,6 @@ class CandidateEncoder:
                 gumbel_seed=seed,
                 # the noise is addressed by the position in [B, L], as on the dense path
                 row_ids=selected.flatten().nonzero().squeeze(1),
-                # the retokenizer needs the argmax tokens, which the chunked pass tracks
-                use_sdpa=not self.bridging.decodes,
             )
         except NonFiniteLogitsError as error:
             where = selected.nonzero()[error.row].tolist()  # the pass's row -> its [b, t]

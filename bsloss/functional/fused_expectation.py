@@ -57,9 +57,11 @@ hundreds, and W's gradient is written once per chunk, in W's dtype, rather than 
 blocks (``chunk_elements`` overrides both). Nothing
 inside the loops reads a value back to the host: targets are gathered and scattered with clamped
 indices and a mask, and the rows' finiteness is checked once, after the forward loop. On CUDA,
-the plain case (no top-k, soft-cap, straight-through or targets) goes through
+``use_sdpa=True`` sends the plain case (no top-k, soft-cap, straight-through or targets) through
 :func:`torch.nn.functional.scaled_dot_product_attention`'s memory-efficient backend, which
-accepts a value dimension different from the key dimension.
+accepts a value dimension different from the key dimension; it is off by default, since on an
+H200 it took the term alone at Gemma 3's sizes 174-180 ms (8 x 1024 positions) and 102 ms
+(8 x 256), where this chunked pass took the CE and the term together 110-135 and 35-48 ms.
 ``backend="triton"`` runs the Triton kernels of :mod:`bsloss.functional.triton_fused_head`
 instead (no top-k, straight-through or Gumbel noise). ``"auto"`` keeps the PyTorch pass: on an
 H200 the kernels (two-pass forward, in-kernel backward) took a Gemma-sized CE + term 1.26x
@@ -586,7 +588,7 @@ def fused_expected_inputs(
     gumbel_seed: int | None = None,
     row_ids: Tensor | None = None,
     chunk_elements: int | None = None,
-    use_sdpa: bool = True,
+    use_sdpa: bool = False,
     backend: str = "auto",
 ) -> FusedHeadOutput:
     """``softmax(softcap(h W^T + b) / T) E`` and the targets' log-likelihood, chunked.
@@ -614,7 +616,8 @@ def fused_expected_inputs(
             :data:`DEFAULT_CHUNK_ELEMENTS` (~16 MB of float32) on the CPU, up to 16,384 rows by
             vocabulary chunks of up to 256 MiB on CUDA.
         use_sdpa: on CUDA, try the memory-efficient SDPA kernel in the plain case (of the
-            ``"torch"`` backend).
+            ``"torch"`` backend); off by default: slower than the chunked pass on an H200
+            (module docstring).
         backend: ``"auto"`` (the PyTorch pass: the faster of the two in the measured
             training step, module docstring), ``"triton"`` (the kernels of
             :mod:`bsloss.functional.triton_fused_head`, without ``top_k``,
