@@ -98,8 +98,8 @@ def pad_embedded(
 
     One gather from the sentences laid end to end (and a zero row that every padding position
     reads), with its index built on the host: a handful of kernels whatever ``B``, where
-    :func:`~torch.nn.utils.rnn.pad_sequence` launches a copy per sentence (on a GPU the
-    metric's loop and the loss's references were bound by those launches).
+    :func:`~torch.nn.utils.rnn.pad_sequence` launches a copy per sentence (on a GPU, 64 kernel
+    launches per side of a metric batch, in a loop whose pace the host sets).
     """
     embeddings = [e for e, _ in rows]
     ids = [i for _, i in rows]
