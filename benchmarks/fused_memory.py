@@ -38,28 +38,10 @@ from benchmarks import harness
 VOCAB, DIM = 262_144, 640
 
 
-def random_scorer(folder: Path) -> str:
-    """MiniLM's architecture, vocabulary and tokenizer with random weights (seed 0)."""
-    import shutil
-
-    import torch
-    from transformers import BertConfig, BertModel
-
-    from bsloss.scorer.default import embedded_model_path
-
-    template = Path(embedded_model_path())
-    torch.manual_seed(0)
-    BertModel(BertConfig.from_pretrained(template)).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        if (template / name).is_file():
-            shutil.copy2(template / name, folder / name)
-    return str(folder)
-
-
 def measure(batch: int, length: int, vocab: int = VOCAB, dim: int = DIM) -> dict:
     import torch
 
-    from benchmarks.gpu import synthetic_bridge
+    from benchmarks.gpu import synthetic_bridge, write_random_scorer
     from bsloss import BERTScoreLoss, LMHeadInputs
     from bsloss.functional import fused_expectation
     from bsloss.scorer.encoder import ScorerEncoder
@@ -72,7 +54,8 @@ def measure(batch: int, length: int, vocab: int = VOCAB, dim: int = DIM) -> dict
     fused_expectation._chunk_shape = cuda_policy
     try:
         with tempfile.TemporaryDirectory(prefix="bsloss-scorer-") as folder:
-            encoder = ScorerEncoder.from_pretrained(random_scorer(Path(folder)), 6, "cpu")
+            scorer = write_random_scorer(Path(folder) / "scorer")  # MiniLM, random weights
+            encoder = ScorerEncoder.from_pretrained(str(scorer), 6, "cpu")
         generator = torch.Generator().manual_seed(0)
         weight = torch.randn(vocab, dim, generator=generator) * (2 / dim**0.5)
         weight = weight.to(torch.bfloat16).requires_grad_()

@@ -532,6 +532,34 @@ def run_parent(args) -> int:
 
 
 # ============================================================================ prepare
+def write_random_scorer(folder: Path, template: str | None = None, **overrides: Any) -> Path:
+    """A BERT scorer in ``folder``: MiniLM's config with ``overrides`` (e.g. ``hidden_size``),
+    seeded random weights (seed 0) and MiniLM's tokenizer files, from ``template`` (a folder
+    with them, such as the carried ``.gpu-bench/minilm``; default the embedded MiniLM). Written
+    beside ``folder`` and moved into place, so a killed run leaves no half-written scorer.
+    The benchmarks' one random scorer: timing and parity need MiniLM's architecture and
+    vocabulary, not its trained weights."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    if template is None:
+        from bsloss.scorer.default import embedded_model_path
+
+        template = embedded_model_path()
+    config = BertConfig.from_pretrained(template)
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    staging = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    BertModel(config).save_pretrained(staging)
+    for name in SCORER_FILES:  # the tokenizer's files (the config is the model's own)
+        if name != "config.json" and (Path(template) / name).is_file():
+            shutil.copy2(Path(template) / name, staging / name)
+    staging.replace(folder)
+    return folder
+
+
 def prepare(folder: Path) -> int:
     """Fill the folder a GPU run carries: MiniLM's config and tokenizer files (no weights),
     the Brown sentences, and the optional packages' wheels (``pip download``, best effort)."""
@@ -590,27 +618,8 @@ class Context:
         folder = Path(self.config["scorer_dir"])
         if (folder / "model.safetensors").is_file():
             return folder
-        import torch
-        from transformers import BertConfig, BertModel
-
-        template = self.config.get("minilm")
-        if template is None:
-            from bsloss.scorer.default import embedded_model_path
-
-            template = embedded_model_path()
-        config = BertConfig.from_pretrained(template)
-        for key, value in self.sizes.scorer.items():
-            setattr(config, key, value)
-        torch.manual_seed(0)
-        model = BertModel(config)
-        staging = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        model.save_pretrained(staging)
-        for name in SCORER_FILES:  # the tokenizer's files (the config is the model's own)
-            if name != "config.json" and (Path(template) / name).is_file():
-                shutil.copy2(Path(template) / name, staging / name)
-        staging.replace(folder)
-        self.log(f"random scorer written to {folder} ({config.num_hidden_layers} layers)")
+        write_random_scorer(folder, self.config.get("minilm"), **self.sizes.scorer)
+        self.log(f"random scorer written to {folder}")
         return folder
 
     @property
@@ -733,8 +742,6 @@ class Context:
         import io
         import pstats
 
-        from torch.profiler import ProfilerActivity, profile
-
         profiler = cProfile.Profile()
         began = time.perf_counter()
         profiler.enable()
@@ -744,26 +751,22 @@ class Context:
         wall = time.perf_counter() - began
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        with profile(activities=activities) as prof:
-            run()
-            self.sync()
-        key = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
-        events = prof.key_averages()
-        busy = sum(getattr(e, key, 0) for e in events) / 1e6
-        table = events.table(sort_by=key, row_limit=15, max_name_column_width=70)
-        with open(self.config["profile_path"], "a", encoding="utf-8") as handle:
-            handle.write(
-                f"## {label}\n\nwall {wall:.2f} s (under cProfile); {key} summed {busy:.2f} s\n\n"
-                f"```\n{text.getvalue()}\n```\n\n{table}\n\n"
-            )
+        table, key, busy = self._operator_table(run)
+        self._append_profile(
+            f"## {label}\n\nwall {wall:.2f} s (under cProfile); {key} summed {busy:.2f} s\n\n"
+            f"```\n{text.getvalue()}\n```\n\n{table}\n\n"
+        )
 
     def profile(self, run: Callable[[], Any]) -> None:
         """With ``--profile TEXT`` and a row whose label holds TEXT: one more pass (untimed)
         under :mod:`torch.profiler`, its operators and kernels by self time appended to the
         profile file (where the time of a row goes)."""
-        if not self.profiles(self.label):
-            return
+        if self.profiles(self.label):
+            self._append_profile(f"## {self.label}\n\n{self._operator_table(run)[0]}\n\n")
+
+    def _operator_table(self, run: Callable[[], Any]) -> tuple[str, str, float]:
+        """One more pass under :mod:`torch.profiler`: its table of operators and kernels by self
+        time (the device's on CUDA), that key, and the seconds summed over it."""
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
@@ -771,9 +774,14 @@ class Context:
             run()
             self.sync()
         key = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
-        table = prof.key_averages().table(sort_by=key, row_limit=20, max_name_column_width=70)
+        events = prof.key_averages()
+        busy = sum(getattr(e, key, 0) for e in events) / 1e6
+        table = events.table(sort_by=key, row_limit=20, max_name_column_width=70)
+        return table, key, busy
+
+    def _append_profile(self, text: str) -> None:
         with open(self.config["profile_path"], "a", encoding="utf-8") as handle:
-            handle.write(f"## {self.label}\n\n{table}\n\n")
+            handle.write(text)
 
     def release(self) -> None:
         gc.collect()

@@ -87,26 +87,12 @@ def brown_pairs_of(count: int) -> tuple[list[str], list[str]]:
 
 
 def narrow_scorer(folder: Path, width: int = 32) -> str:
-    """A random BERT with MiniLM's config, vocabulary and tokenizer but ``width`` wide, saved in
-    ``folder`` (seed 0)."""
-    import shutil
+    """A random BERT with MiniLM's config, vocabulary and tokenizer but ``width`` wide, written
+    in ``folder``'s subfolder ``narrow-scorer`` (seed 0)."""
+    from benchmarks.gpu import write_random_scorer
 
-    import torch
-    from transformers import BertConfig, BertModel
-
-    from bsloss.scorer.default import embedded_model_path
-
-    template = Path(embedded_model_path())
-    config = BertConfig.from_pretrained(template)
-    config.hidden_size, config.intermediate_size, config.num_attention_heads = width, 2 * width, 2
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(folder)
-    for path in template.iterdir():
-        if path.is_file() and path.name != "config.json" and "token" in path.name:
-            shutil.copy2(path, folder / path.name)
-    if (template / "vocab.txt").is_file():
-        shutil.copy2(template / "vocab.txt", folder / "vocab.txt")
-    return str(folder)
+    narrow = {"hidden_size": width, "intermediate_size": 2 * width, "num_attention_heads": 2}
+    return str(write_random_scorer(folder / "narrow-scorer", **narrow))
 
 
 def main() -> None:

@@ -81,6 +81,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bsloss.candidate_transforms import CandidateOptions, candidate_weights
+from bsloss.functional.chunk_budget import logits_share
 from bsloss.functional.gumbel_noise import draw_seed, gumbel_scores
 from bsloss.functional.matching.base import check_temperature
 from bsloss.inputs import check_targets_shape, position_of_first
@@ -119,7 +120,6 @@ _MAX_ROW_BLOCK = 4096
 # dense path holds 9 GiB on an H200: goal <= 0.1x).
 _CUDA_BLOCK_BYTES = 256 << 20
 _MIN_CUDA_BLOCK_BYTES = 64 << 20
-_LOGITS_SHARE = 32
 # 16,384 rows keep a 256 MiB float32 chunk >= 4,096 tokens wide (GEMMs of K = 4,096 and more).
 _MAX_CUDA_ROWS = 16_384
 
@@ -204,7 +204,7 @@ def _chunk_shape(
     MiB); elsewhere :data:`DEFAULT_CHUNK_ELEMENTS`."""
     if chunk_elements is None and device_type == "cuda":
         if block_bytes is None:
-            share = n * vocab * itemsize // _LOGITS_SHARE
+            share = logits_share(n, vocab) * itemsize
             block_bytes = min(_CUDA_BLOCK_BYTES, max(_MIN_CUDA_BLOCK_BYTES, share))
         rows = max(1, min(n, max_rows))
         return rows, max(1, min(vocab, block_bytes // (itemsize * rows)))
@@ -467,9 +467,7 @@ class _FusedHead(torch.autograd.Function):
                             grad_h[r0:r1].addmm_(dz_mm, w)
                         else:
                             grad_h[r0:r1] += dz_mm @ w
-                    if direct_w and mm == weight.dtype:
-                        torch.mm(dz_mm.T, h.to(mm), out=grad_w[v0:v1])
-                    elif direct_w:
+                    if direct_w:
                         grad_w[v0:v1] = dz_mm.T @ h.to(mm)
                     elif need_w:
                         if mm == dt:

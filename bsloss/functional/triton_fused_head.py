@@ -60,6 +60,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from bsloss.functional.chunk_budget import logits_share
+
 try:
     import triton
     import triton.language as tl
@@ -80,7 +82,6 @@ _SPLIT_ALIGN = 256
 # (8 x 256 positions: 1/2, 160 MiB; the run at 1 << 25 measured 0.107x the dense path there).
 _CHUNK_ELEMENTS = 1 << 25
 _MIN_CHUNK_ELEMENTS = 1 << 23
-_LOGITS_SHARE = 32
 # The interpreter runs one small configuration, with splits of two blocks so that the host
 # merge of the splits is exercised at the tests' vocabulary sizes.
 _INTERPRETER_BLOCKS = {"BLOCK_N": 16, "BLOCK_V": 32, "BLOCK_D": 16}
@@ -485,7 +486,7 @@ def _vocab_chunk(n: int, vocab: int) -> int:
     still make several chunks."""
     if interpreter_active():
         return min(vocab, _INTERPRETER_CHUNK)
-    elements = min(_CHUNK_ELEMENTS, max(_MIN_CHUNK_ELEMENTS, n * vocab // _LOGITS_SHARE))
+    elements = min(_CHUNK_ELEMENTS, max(_MIN_CHUNK_ELEMENTS, logits_share(n, vocab)))
     return max(1, min(vocab, elements // max(n, 1)))
 
 
