@@ -10,10 +10,12 @@ random linear function of the outputs, saved to ``OUT`` (``torch.save``).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
 
+from bsloss.functional import fused_expectation
 from bsloss.functional.fused_expectation import NonFiniteLogitsError, fused_expected_inputs
 
 # Shapes ragged against the interpreter's blocks (16 rows, 32 vocabulary entries, 16 of d and
@@ -49,6 +51,17 @@ CASES = {
         "softcap": 4.0,
         "temperature": 1.3,
         "dtype": torch.bfloat16,
+    },
+    # CUDA's layout of the table under the interpreter: rows padded to 8 entries (12 -> 16),
+    # read chunk by chunk into a padded buffer, the result cut back to c
+    "bf16-padded-table": {
+        "n": 20,
+        "d": 32,
+        "vocab": 200,
+        "c": 12,
+        "targets": True,
+        "dtype": torch.bfloat16,
+        "pad_table": True,
     },
     "bf16-autocast": {"n": 9, "d": 16, "vocab": 70, "c": 6, "targets": True, "autocast": True},
     # small integer operands: exact logits with many ties across blocks and splits, where the
@@ -89,7 +102,11 @@ def run(case: dict, backend: str, reference: bool) -> dict:
         bias = None if bias is None else bias.float()
     leaves = [x.requires_grad_() for x in (h, weight, bias) if x is not None]
     autocast = case.get("autocast", False) and not reference
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    padded = case.get("pad_table", False) and not reference
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
+        padded_table_rows(padded),
+    ):
         out = fused_expected_inputs(
             h,
             weight,
@@ -110,6 +127,18 @@ def run(case: dict, backend: str, reference: bool) -> dict:
     result["tokens"] = out.tokens
     result.update(zip(["grad_h", "grad_w", "grad_b"][: len(grads)], grads, strict=True))
     return {k: None if v is None else v.detach() for k, v in result.items()}
+
+
+@contextlib.contextmanager
+def padded_table_rows(on: bool):
+    """The table's rows padded as on CUDA (``fused_expectation._pads_table_rows``) while on."""
+    original = fused_expectation._pads_table_rows
+    if on:
+        fused_expectation._pads_table_rows = lambda hidden: True
+    try:
+        yield
+    finally:
+        fused_expectation._pads_table_rows = original
 
 
 def non_finite_row() -> int | None:

@@ -226,6 +226,34 @@ def test_compiled_launches_get_exactly_each_kernels_arguments(monkeypatch, case)
     assert set(launched) == expected
 
 
+def test_auto_backend_takes_the_kernels_only_on_cuda_for_bf16_products(monkeypatch):
+    """``"auto"``: the kernels for CUDA tensors whose products run in bfloat16 (a bf16 head or
+    autocast to it) on a card with bf16 tensor cores, options permitting; the PyTorch pass for
+    float32 / float16 products, the CPU, top-k and older cards (fake CUDA tensors: the rule
+    reads only the device, dtypes and options)."""
+    from bsloss.functional import fused_expectation as fe
+
+    class FakeCuda:
+        is_cuda = True
+
+        def __init__(self, dtype, n=4):
+            self.dtype, self.shape, self.device = dtype, (n, 8), torch.device("cuda", 0)
+
+    installed = importlib.util.find_spec("triton") is not None
+    monkeypatch.setattr(fe, "_has_bf16_tensor_cores", lambda device: True)
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device=None: False)
+    plain = {"top_k": None, "straight_through": False, "gumbel_temperature": None}
+    bf16, fp32 = FakeCuda(torch.bfloat16), FakeCuda(torch.float32)
+    assert fe._runs_on_triton("auto", bf16, bf16, plain) is installed
+    assert not fe._runs_on_triton("auto", fp32, fp32, plain)
+    assert not fe._runs_on_triton("auto", FakeCuda(torch.float16), bf16, plain)  # fp16 products
+    assert not fe._runs_on_triton("auto", bf16, bf16, {**plain, "top_k": 5})
+    assert not fe._runs_on_triton("auto", FakeCuda(torch.bfloat16, n=0), bf16, plain)
+    assert not fe._runs_on_triton("torch", bf16, bf16, plain)
+    monkeypatch.setattr(fe, "_has_bf16_tensor_cores", lambda device: False)
+    assert not fe._runs_on_triton("auto", bf16, bf16, plain)
+
+
 def test_auto_backend_on_cpu_is_the_torch_pass():
     h, weight, _, table, *_ = inputs(n=5, d=8, vocab=40, c=3)
     auto = fused_expected_inputs(h, weight, table)
@@ -275,15 +303,16 @@ def test_compiled_kernels_match_torch_pass_on_cuda():
 
 
 @needs_triton
-def test_compiled_chunks_shrink_with_the_positions(monkeypatch):
-    """The compiled kernels' [N, chunk] buffers: 1 << 25 elements at Gemma 3's 8 x 1024
-    positions, 1/32 of the [N, V] logits at 8 x 256 (the run at 1 << 25 measured 0.107x the
-    dense path's memory there, against a goal of 0.1x), never below 1 << 23 elements."""
+def test_compiled_chunks_follow_the_positions(monkeypatch):
+    """The compiled kernels' [N, chunk] buffers: 1/32 of the [N, V] logits, between 1 << 25
+    and 1 << 26 elements (32 chunks at Gemma 3's 8 x 1024 positions: the host's launches bound
+    the call; 16 at 8 x 256)."""
     from bsloss.functional import triton_fused_head
 
     monkeypatch.setattr(triton_fused_head, "interpreter_active", lambda: False)
     vocab = 262_144
-    assert triton_fused_head._vocab_chunk(8192, vocab) == 4096
-    assert triton_fused_head._vocab_chunk(2048, vocab) == 8192  # 1/32 of the logits
-    assert triton_fused_head._vocab_chunk(256, vocab) == 32_768  # the floor: 1 << 23
+    assert triton_fused_head._vocab_chunk(16_384, vocab) == 4096  # the ceiling: 1 << 26
+    assert triton_fused_head._vocab_chunk(8192, vocab) == 8192  # 1/32 of the logits
+    assert triton_fused_head._vocab_chunk(2048, vocab) == 16_384  # the floor: 1 << 25
+    assert triton_fused_head._vocab_chunk(256, vocab) == 131_072
     assert triton_fused_head._vocab_chunk(16, 1000) == 1000  # the whole vocabulary

@@ -63,17 +63,20 @@ accepts a value dimension different from the key dimension; it is off by default
 H200 it took the term alone at Gemma 3's sizes 174-180 ms (8 x 1024 positions) and 102 ms
 (8 x 256), where this chunked pass took the CE and the term together 110-135 and 35-48 ms.
 ``backend="triton"`` runs the Triton kernels of :mod:`bsloss.functional.triton_fused_head`
-instead (no top-k, straight-through or Gumbel noise). ``"auto"`` keeps the PyTorch pass: on an
-H200 the kernels (two-pass forward, in-kernel backward) took a Gemma-sized CE + term 1.26x
-the model's own CE step where this pass took 0.99x, and their later cuBLAS backward has not yet
-run on a card (docs/loss.md).
+instead (no top-k, straight-through or Gumbel noise). ``"auto"`` (the default) takes them on
+CUDA when the products run in bfloat16 (a bfloat16 head, or autocast to it) and the options
+allow, and the PyTorch pass elsewhere: on an H200 (run 4, ``benchmarks/README.md``) the
+kernels took CE + term at Gemma 3's sizes 90 ms (8 x 1024 positions) and 53 ms (8 x 256)
+where this pass took 116 and 106 ms; in the Gemma-shaped training step the two were within
+4% (1.26x and 1.22x the model's own CE step). Their first call compiles and autotunes
+(seconds, once per process and shape bucket).
 """
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import asdict
-from functools import partial
+from functools import cache, partial
 from typing import NamedTuple
 
 import torch
@@ -84,6 +87,7 @@ from bsloss.candidate_transforms import CandidateOptions, candidate_weights
 from bsloss.functional.chunk_budget import logits_share
 from bsloss.functional.gumbel_noise import draw_seed, gumbel_scores
 from bsloss.functional.matching.base import check_temperature
+from bsloss.functional.table_chunks import TableChunks
 from bsloss.inputs import check_targets_shape, position_of_first
 
 __all__ = [
@@ -172,6 +176,7 @@ class _Options(NamedTuple):
     vocab_chunk: int
     matmul_dtype: torch.dtype
     dtype: torch.dtype  # softmax arithmetic
+    table_pad: int  # the table's rows padded to a multiple of this (8 on CUDA: TableChunks)
 
     @property
     def top_k(self) -> int | None:
@@ -290,7 +295,10 @@ class _FusedHead(torch.autograd.Function):
         m, norm = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
         argmax = torch.zeros(n, dtype=torch.long, device=device)
         finite = torch.ones(n, dtype=torch.bool, device=device)
-        acc = torch.zeros(n, table.shape[1], dtype=dt, device=device) if want_e else None
+        # the table read chunk by chunk in the matmul dtype (padded on CUDA): the result has
+        # the padded width, which the caller cuts
+        values = TableChunks(table, o.matmul_dtype, o.table_pad, o.vocab_chunk) if want_e else None
+        acc = torch.zeros(n, values.width, dtype=dt, device=device) if want_e else None
         if separate_ce:
             m1, norm1 = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
         target_logit = torch.zeros(n, dtype=dt, device=device) if want_ll else None
@@ -303,7 +311,7 @@ class _FusedHead(torch.autograd.Function):
             # converted once per vocabulary chunk, not once per row block
             w = weight[v0:v1].to(o.matmul_dtype)
             b = None if bias is None else bias[v0:v1]
-            e = table[v0:v1].to(o.matmul_dtype) if want_e else None
+            e = values.rows(v0, v1) if want_e else None
             for r0, r1 in _chunks(n, o.row_block):
                 z, s = _logits(hidden[r0:r1], w, b, o, None if rows is None else rows[r0:r1], v0)
                 # CE and top-k read z and s first: the softmax below overwrites s (z at T = 1)
@@ -424,10 +432,11 @@ class _FusedHead(torch.autograd.Function):
                 if fold_ce:
                     offset = offset - gl
             n = hidden.shape[0]
+            values = TableChunks(table, mm, o.table_pad, o.vocab_chunk) if use_e else None
             for v0, v1 in _chunks(weight.shape[0], o.vocab_chunk):
                 w = weight[v0:v1].to(mm)
                 b = None if bias is None else bias[v0:v1]
-                e = table[v0:v1].to(mm) if use_e else None
+                e = values.rows(v0, v1) if use_e else None
                 for r0, r1 in _chunks(n, o.row_block):
                     h = hidden[r0:r1]
                     z, s = _logits(h, w, b, o, None if rows is None else rows[r0:r1], v0)
@@ -616,8 +625,8 @@ def fused_expected_inputs(
         use_sdpa: on CUDA, try the memory-efficient SDPA kernel in the plain case (of the
             ``"torch"`` backend); off by default: slower than the chunked pass on an H200
             (module docstring).
-        backend: ``"auto"`` (the PyTorch pass: the faster of the two in the measured
-            training step, module docstring), ``"triton"`` (the kernels of
+        backend: ``"auto"`` (the Triton kernels on CUDA for bfloat16 products where the
+            options allow, else the PyTorch pass; module docstring), ``"triton"`` (the kernels of
             :mod:`bsloss.functional.triton_fused_head`, without ``top_k``,
             ``straight_through``, ``gumbel_temperature`` or float64, or an error; CPU tensors
             need Triton's interpreter, ``TRITON_INTERPRET=1`` before triton's import) or
@@ -656,13 +665,14 @@ def fused_expected_inputs(
     if chunk_elements is not None and chunk_elements < 1:
         raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
     width = None if table is None else table.shape[1]
-    if table is not None:
-        table = table.detach()
-        if _pads_table_rows(hidden_states) and width % 8:
-            # zero columns change no product; the result is cut back to `width`
-            table = F.pad(table, (0, -width % 8))
+    table = None if table is None else table.detach()
+    # zero columns change no product; each backend reads the table chunk by chunk, padded,
+    # and the result is cut back to `width`
+    table_pad = 8 if _pads_table_rows(hidden_states) else 1
     if _runs_on_triton(backend, hidden_states, weight, asdict(candidates)):
-        out = _triton_pass(hidden_states, weight, bias, table, target_ids, softcap, temperature)
+        out = _triton_pass(
+            hidden_states, weight, bias, table, target_ids, softcap, temperature, table_pad
+        )
         return out._replace(expected=None if table is None else out.expected[:, :width])
     n, vocab = hidden_states.shape[0], weight.shape[0]
     dtype = _accumulate_dtype(hidden_states, weight)
@@ -680,6 +690,7 @@ def fused_expected_inputs(
         vocab_chunk=vocab_chunk,
         matmul_dtype=_matmul_dtype(hidden_states, weight),
         dtype=dtype,
+        table_pad=table_pad,
     )
     plain = (
         top_k is None
@@ -728,6 +739,7 @@ def fused_expected_inputs(
                 hidden_states, weight, bias, full_table, target_ids, row_ids, options
             )
             log_likelihood = log_likelihood if target_ids is not None else None
+            expected = expected[:, :width] if full_table is not None else expected
         if table is None:
             return FusedHeadOutput(None, log_likelihood, argmax)
         if top_k is not None:
@@ -740,9 +752,9 @@ def fused_expected_inputs(
 
 
 def _pads_table_rows(hidden: Tensor) -> bool:
-    """Whether the table's rows are padded with zeros to a multiple of 8 entries: on CUDA,
-    where cuBLAS takes its fast kernels only for 16-byte aligned rows (MiniLM's 385 columns ran
-    ``p E`` and ``g E^T`` on a slow fallback: ~30 of 110 ms at Gemma 3's sizes on an H200)."""
+    """Whether the table's rows are padded with zeros to a multiple of 8 entries (chunk by
+    chunk, :class:`~bsloss.functional.table_chunks.TableChunks`): on CUDA, for cuBLAS's
+    aligned kernels."""
     return hidden.is_cuda
 
 
@@ -758,9 +770,15 @@ def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict
         unhandled.append("float64 inputs")
     installed = importlib.util.find_spec("triton") is not None
     if backend == "auto":
-        # the PyTorch pass was the faster in a Gemma-sized training step on an H200 (module
-        # docstring); the kernels stay opt-in until a GPU run shows otherwise
-        return False
+        # the kernels where they were measured faster (module docstring): CUDA, bfloat16
+        # products, a card with bfloat16 tensor cores; the PyTorch pass elsewhere
+        return (
+            not unhandled
+            and installed
+            and hidden.is_cuda
+            and _matmul_dtype(hidden, weight) == torch.bfloat16
+            and _has_bf16_tensor_cores(hidden.device)
+        )
     if unhandled:
         raise ValueError(
             f"backend='triton' does not handle {', '.join(unhandled)}; use backend='auto' "
@@ -779,7 +797,15 @@ def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict
     return True
 
 
-def _triton_pass(hidden, weight, bias, table, targets, softcap, temperature) -> FusedHeadOutput:
+@cache
+def _has_bf16_tensor_cores(device: torch.device) -> bool:
+    """Compute capability 8.0 or later (Ampere on), where Triton's bfloat16 ``tl.dot`` runs."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def _triton_pass(
+    hidden, weight, bias, table, targets, softcap, temperature, table_pad
+) -> FusedHeadOutput:
     """The Triton kernels' pass, with the PyTorch pass's dtype rule (the autocast dtype for
     the products, float32 results) and its error for non-finite logits."""
     from bsloss.functional.triton_fused_head import triton_fused_head
@@ -795,6 +821,7 @@ def _triton_pass(hidden, weight, bias, table, targets, softcap, temperature) -> 
             softcap=None if softcap is None else float(softcap),
             temperature=float(temperature),
             compute_dtype=compute_dtype,
+            table_pad=table_pad,
         )
     if not bool(out.finite.all()):
         raise NonFiniteLogitsError(int((~out.finite).nonzero()[0]))

@@ -61,6 +61,7 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.chunk_budget import logits_share
+from bsloss.functional.table_chunks import TableChunks
 
 try:
     import triton
@@ -73,15 +74,16 @@ __all__ = ["TritonHeadOutput", "interpreter_active", "triton_fused_head"]
 
 # Vocabulary entries per split is a multiple of every tuned BLOCK_V.
 _SPLIT_ALIGN = 256
-# Elements of one vocabulary chunk's buffers [N, chunk]: 4,096 vocabulary entries at 8,192
-# positions, large enough for efficient cuBLAS products and few enough chunks (64 at Gemma 3's
-# sizes) that launching a chunk's kernels takes the host less time than the GPU takes to run
-# them. Forward: p in the head's dtype (64 MiB in bfloat16); backward: the two float32 products
-# and dz (320 MiB). Fewer positions get narrower chunks, down to a quarter: at most 1/32 of the
-# [N, V] logits, so that the buffers stay a small share of the dense path's memory at every size
-# (8 x 256 positions: 1/2, 160 MiB; the run at 1 << 25 measured 0.107x the dense path there).
-_CHUNK_ELEMENTS = 1 << 25
-_MIN_CHUNK_ELEMENTS = 1 << 23
+# Elements of one vocabulary chunk's buffers [N, chunk]: 8,192 vocabulary entries at 8,192
+# positions (32 chunks at Gemma 3's sizes). The whole call is bound by the host's launches on
+# an H200 (run 4, benchmarks/README.md: 90 ms of wall time over 59 ms of kernels at 8 x 1024
+# positions, with 64 chunks of half this size), and a chunk costs ~13 launches whatever its
+# width. Forward: p in the head's dtype (128 MiB in bfloat16); backward: the two float32
+# products and dz (640 MiB). Fewer positions get narrower chunks, down to half: at most 1/32
+# of the [N, V] logits, at least 1 << 25 elements (8 x 256 positions: 16 chunks, backward
+# buffers 320 MiB, where the dense path holds 9 GiB).
+_CHUNK_ELEMENTS = 1 << 26
+_MIN_CHUNK_ELEMENTS = 1 << 25
 # The interpreter runs one small configuration, with splits of two blocks so that the host
 # merge of the splits is exercised at the tests' vocabulary sizes.
 _INTERPRETER_BLOCKS = {"BLOCK_N": 16, "BLOCK_V": 32, "BLOCK_D": 16}
@@ -578,13 +580,15 @@ def _statistics(hidden, weight, bias, softcap, temperature, z_stats) -> _Statist
     return _Statistics(None, log_z, log_z1, tokens, finite)
 
 
-def _expectation(hidden, weight, bias, table, log_z, softcap, temperature) -> Tensor:
+def _expectation(hidden, weight, bias, table, log_z, softcap, temperature, table_pad) -> Tensor:
     """``sum_v p_v E_v`` with ``p = exp(s - log Z)`` known: chunk by chunk of the vocabulary, the
-    kernel writes ``p`` in the head's dtype and cuBLAS multiplies it by the table's rows (each
-    chunk's product rounded to that dtype, summed in float32, as ``dh`` is backward)."""
+    kernel writes ``p`` in the head's dtype and cuBLAS multiplies it by the table's rows, read
+    in that dtype and padded (each chunk's product rounded to that dtype, summed in float32, as
+    ``dh`` is backward). The result has the padded width."""
     n, d = hidden.shape
     vocab = weight.shape[0]
-    expected = torch.zeros(n, table.shape[1], dtype=torch.float32, device=hidden.device)
+    values = TableChunks(table, hidden.dtype, table_pad, _vocab_chunk(n, vocab))
+    expected = torch.zeros(n, values.width, dtype=torch.float32, device=hidden.device)
     for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
         _launch(
             _probabilities_kernel,
@@ -606,11 +610,11 @@ def _expectation(hidden, weight, bias, table, log_z, softcap, temperature) -> Te
             HAS_SOFTCAP=softcap is not None,
             DOT_PRECISION=_dot_precision(hidden.dtype),
         )
-        expected += (part @ table[v0:v1]).float()
+        expected += (part @ values.rows(v0, v1)).float()
     return expected
 
 
-def _forward(hidden, weight, bias, table, softcap, temperature, z_stats) -> _Statistics:
+def _forward(hidden, weight, bias, table, softcap, temperature, z_stats, table_pad) -> _Statistics:
     """Two passes over the logits, each a matrix product's worth of work: the statistics, then
     (with a table) the probabilities that cuBLAS multiplies by the table. One fused pass that
     carries a ``[rows, c]`` float32 accumulator (c = 385 for MiniLM) through the softmax, as
@@ -619,7 +623,9 @@ def _forward(hidden, weight, bias, table, softcap, temperature, z_stats) -> _Sta
     stats = _statistics(hidden, weight, bias, softcap, temperature, z_stats)
     if table is None:
         return stats
-    expected = _expectation(hidden, weight, bias, table, stats.log_z, softcap, temperature)
+    expected = _expectation(
+        hidden, weight, bias, table, stats.log_z, softcap, temperature, table_pad
+    )
     return stats._replace(expected=expected)
 
 
@@ -628,9 +634,10 @@ class _TritonFusedHead(torch.autograd.Function):
     by chunk from the kernel, then ``dh`` and ``dW`` by matrix products."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, table, softcap, temperature, z_stats):
-        stats = _forward(hidden, weight, bias, table, softcap, temperature, z_stats)
+    def forward(ctx, hidden, weight, bias, table, softcap, temperature, z_stats, table_pad):
+        stats = _forward(hidden, weight, bias, table, softcap, temperature, z_stats, table_pad)
         ctx.softcap, ctx.temperature, ctx.z_stats = softcap, temperature, z_stats
+        ctx.table_pad = table_pad
         ctx.save_for_backward(
             hidden, weight, bias, table, stats.expected, stats.log_z, stats.log_z1
         )
@@ -652,16 +659,19 @@ class _TritonFusedHead(torch.autograd.Function):
             return _grads(grad_h if need_h else None, hidden, grad_w, grad_b if need_b else None)
         n, d = hidden.shape
         vocab = weight.shape[0]
-        # the product g E^T reads g in the table's dtype; <g, e> uses the same rounded g, so
-        # that the rounding moves g itself, not the difference g E_v - <g, e>
-        g = grad_expected.to(table.dtype).contiguous() if table_grad else hidden
+        # the product g E^T reads g (of the padded width) and the table in the head's dtype;
+        # <g, e> uses the same rounded g, so that the rounding moves g itself, not the
+        # difference g E_v - <g, e>
+        g = grad_expected.to(hidden.dtype).contiguous() if table_grad else hidden
         g_dot_e = (g.float() * expected).sum(dim=1) if table_grad else log_z
         g_log_z1 = grad_log_z1.float().contiguous() if log_z1_grad else log_z
+        chunk = _vocab_chunk(n, vocab)
+        values = TableChunks(table, hidden.dtype, ctx.table_pad, chunk) if table_grad else None
         for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
             # the chunk's logits and g E^T as float32 products of the half-precision operands:
             # the same numbers as the kernels' own float32 tiles, in another summation order
             hw = _float32_product(hidden, weight[v0:v1].T)
-            g_e = _float32_product(g, table[v0:v1].T) if table_grad else hw
+            g_e = _float32_product(g, values.rows(v0, v1).T) if table_grad else hw
             _launch(
                 _grad_logits_kernel,
                 grid,
@@ -698,7 +708,7 @@ class _TritonFusedHead(torch.autograd.Function):
 
 def _grads(grad_h, hidden, grad_w, grad_b):
     grad_h = None if grad_h is None else grad_h.to(hidden.dtype)
-    return grad_h, grad_w, grad_b, None, None, None, None
+    return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def triton_fused_head(
@@ -711,6 +721,7 @@ def triton_fused_head(
     softcap: float | None,
     temperature: float,
     compute_dtype: torch.dtype,
+    table_pad: int = 1,
 ) -> TritonHeadOutput:
     """``softmax(softcap(h W^T + b) / T) E``, the targets' log-likelihood under ``softcap(h W^T
     + b)`` and the argmax tokens, by the Triton kernels; differentiable in ``hidden``,
@@ -719,19 +730,22 @@ def triton_fused_head(
     Inputs are those :func:`bsloss.functional.fused_expectation.fused_expected_inputs` has
     checked: ``hidden [N, d]``, ``weight [V, d]``, ``bias [V]``, ``table [V, c]`` (or
     ``None``), ``targets [N]`` (negative ids, the caller's ``-100``, are ignored: 0), and
-    ``compute_dtype`` the dtype of the products (float32, bfloat16 or float16).
+    ``compute_dtype`` the dtype of the products (float32, bfloat16 or float16);
+    ``table_pad``: the table's rows are read padded with zero columns to a multiple of it (8 on
+    CUDA, :mod:`bsloss.functional.table_chunks`): ``expected`` then has the padded width.
     """
     hidden = hidden.to(compute_dtype).contiguous()
     weight = weight.to(compute_dtype).contiguous()
     bias32 = None if bias is None else bias.float().contiguous()
-    # the products read the table in the head's dtype (a bfloat16 P E, as flash attention's)
-    table = None if table is None else table.detach().to(compute_dtype).contiguous()
+    # the products read the table chunk by chunk in the head's dtype (a bfloat16 P E, as flash
+    # attention's), with no whole converted copy
+    table = None if table is None else table.detach()
     wants_ll = targets is not None
     if table is None:  # the CE alone: its softmax is that of z (the argmax is the same)
         temperature = 1.0
     z_stats = wants_ll and temperature != 1.0
     expected, log_z1, tokens, finite = _TritonFusedHead.apply(
-        hidden, weight, bias32, table, softcap, float(temperature), z_stats
+        hidden, weight, bias32, table, softcap, float(temperature), z_stats, table_pad
     )
     log_likelihood = None
     if wants_ll:
