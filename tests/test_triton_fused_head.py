@@ -169,11 +169,13 @@ def test_kernels_compile_for_hopper():
             "log_z_ptr",
             "g_log_z1_ptr",
             "log_z1_ptr",
+            "g_target_ptr",
             "db_ptr",
         )
     }
+    backward_pointers["targets_ptr"] = "*i64"
     options = {"HAS_BIAS": True, "HAS_SOFTCAP": True, "TABLE_GRAD": True, "LOG_Z1_GRAD": True}
-    options.update(BIAS_GRAD=True)
+    options.update(TARGET_GRAD=True, BIAS_GRAD=True)
     for config in kernels._BACKWARD_CONFIGS:
         compiled = _compile_for_hopper(
             kernels._grad_logits_kernel, config, options, backward_pointers

@@ -44,8 +44,10 @@ scheme) moves ``N V d (1/BLOCK_N + 1/BLOCK_V) * 4`` bytes, about 86 GB at Gemma 
 (``N`` = 8,192, ``V`` = 262,144, ``d`` = 640), against about 30 GB for the chunks here.
 
 The target log-likelihood is :math:`z_{y} - \log Z_1` with :math:`z_y` from a gathered row of
-the head (``N d`` work, differentiated by autograd: the one-hot part of the CE's gradient), so
-the kernels carry no targets. Tiles and products accumulate in float32; they read bfloat16 /
+the head (``N d`` work); the one-hot part of its gradient is added to ``dz`` at the target's
+column by the backward kernel, so the head's gradient is only ever the chunks' products (the
+gradient of a gather would be another ``[V, d]`` tensor, and its sum with them a third).
+Tiles and products accumulate in float32; they read bfloat16 /
 float16 operands when the head is in that dtype (the table and the upstream gradient are cast to
 it, as flash attention's ``P V`` and ``dO V^\top`` are; on CUDA the caller pads the table's
 rows to 8 entries for cuBLAS's aligned kernels) and float32 ones otherwise (``"ieee"``
@@ -310,6 +312,8 @@ if triton is not None:
         log_z_ptr,  # [N] float32: normaliser of s
         g_log_z1_ptr,  # [N] float32: grad of log Z_1
         log_z1_ptr,  # [N] float32: normaliser of z
+        targets_ptr,  # [N] int64: target ids (negative: none)
+        g_target_ptr,  # [N] float32: grad of the target's logit z_y
         dz_ptr,  # [N, width] the head's dtype, rows out_stride apart
         db_ptr,  # [V] float32
         N,
@@ -324,6 +328,7 @@ if triton is not None:
         HAS_SOFTCAP: tl.constexpr,
         TABLE_GRAD: tl.constexpr,
         LOG_Z1_GRAD: tl.constexpr,
+        TARGET_GRAD: tl.constexpr,
         BIAS_GRAD: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_V: tl.constexpr,
@@ -355,6 +360,10 @@ if triton is not None:
             log_z1 = tl.load(log_z1_ptr + rows, mask=row_ok, other=0.0)
             g_log_z1 = tl.load(g_log_z1_ptr + rows, mask=row_ok, other=0.0)
             dz += g_log_z1[:, None] * tl.exp(z - log_z1[:, None])
+        if TARGET_GRAD:  # the one-hot part of the CE's gradient, at the target's column
+            target = tl.load(targets_ptr + rows, mask=row_ok, other=-1)
+            g_target = tl.load(g_target_ptr + rows, mask=row_ok, other=0.0)
+            dz += tl.where(cols[None, :] == target[:, None], g_target[:, None], 0.0)
         if HAS_SOFTCAP:  # d(kappa tanh(x / kappa)) / dx = 1 - (z / kappa)^2
             capped = z / softcap
             dz = dz * (1.0 - capped * capped)
@@ -411,7 +420,7 @@ if triton is not None:
         )(_probabilities_kernel)
         _TUNED[_grad_logits_kernel] = triton.autotune(
             _BACKWARD_CONFIGS,
-            key=["N_BUCKET", "TABLE_GRAD", "LOG_Z1_GRAD", "HAS_SOFTCAP"],
+            key=["N_BUCKET", "TABLE_GRAD", "LOG_Z1_GRAD", "TARGET_GRAD", "HAS_SOFTCAP"],
             reset_to_zero=["db_ptr"],
         )(_grad_logits_kernel)
 
@@ -634,27 +643,33 @@ class _TritonFusedHead(torch.autograd.Function):
     by chunk from the kernel, then ``dh`` and ``dW`` by matrix products."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, table, softcap, temperature, z_stats, table_pad):
+    def forward(
+        ctx, hidden, weight, bias, table, targets, softcap, temperature, z_stats, table_pad
+    ):
         stats = _forward(hidden, weight, bias, table, softcap, temperature, z_stats, table_pad)
         ctx.softcap, ctx.temperature, ctx.z_stats = softcap, temperature, z_stats
         ctx.table_pad = table_pad
+        target_logit = hidden.new_empty(0, dtype=torch.float32)
+        if targets is not None:
+            target_logit = _target_logits(hidden, weight, bias, targets, softcap)
         ctx.save_for_backward(
-            hidden, weight, bias, table, stats.expected, stats.log_z, stats.log_z1
+            hidden, weight, bias, table, targets, stats.expected, stats.log_z, stats.log_z1
         )
         ctx.mark_non_differentiable(stats.tokens, stats.finite)
         expected = stats.expected if table is not None else hidden.new_empty(0)
-        return expected, stats.log_z1, stats.tokens, stats.finite
+        return expected, stats.log_z1, target_logit, stats.tokens, stats.finite
 
     @staticmethod
-    def backward(ctx, grad_expected, grad_log_z1, _tokens, _finite):
-        hidden, weight, bias, table, expected, log_z, log_z1 = ctx.saved_tensors
+    def backward(ctx, grad_expected, grad_log_z1, grad_target_logit, _tokens, _finite):
+        hidden, weight, bias, table, targets, expected, log_z, log_z1 = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         table_grad = table is not None and grad_expected is not None
         log_z1_grad = grad_log_z1 is not None
+        target_grad = targets is not None and grad_target_logit is not None
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         grad_w = torch.zeros_like(weight) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=hidden.device)
-        if not (table_grad or log_z1_grad) or not (need_h or need_w or need_b):
+        if not (table_grad or log_z1_grad or target_grad) or not (need_h or need_w or need_b):
             # nothing reaches the logits: zero gradients
             return _grads(grad_h if need_h else None, hidden, grad_w, grad_b if need_b else None)
         n, d = hidden.shape
@@ -665,6 +680,8 @@ class _TritonFusedHead(torch.autograd.Function):
         g = grad_expected.to(hidden.dtype).contiguous() if table_grad else hidden
         g_dot_e = (g.float() * expected).sum(dim=1) if table_grad else log_z
         g_log_z1 = grad_log_z1.float().contiguous() if log_z1_grad else log_z
+        g_target = grad_target_logit.float().contiguous() if target_grad else log_z
+        target_ids = targets if target_grad else log_z  # (unread without TARGET_GRAD)
         chunk = _vocab_chunk(n, vocab)
         values = TableChunks(table, hidden.dtype, ctx.table_pad, chunk) if table_grad else None
         for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
@@ -682,6 +699,8 @@ class _TritonFusedHead(torch.autograd.Function):
                 log_z,
                 g_log_z1,
                 log_z1,
+                target_ids,
+                g_target,
                 part,
                 grad_b,
                 n,
@@ -696,6 +715,7 @@ class _TritonFusedHead(torch.autograd.Function):
                 HAS_SOFTCAP=ctx.softcap is not None,
                 TABLE_GRAD=table_grad,
                 LOG_Z1_GRAD=log_z1_grad,
+                TARGET_GRAD=target_grad,
                 BIAS_GRAD=need_b,
             )
             if need_h:  # each chunk's product rounds to the head's dtype, summed in float32
@@ -708,7 +728,21 @@ class _TritonFusedHead(torch.autograd.Function):
 
 def _grads(grad_h, hidden, grad_w, grad_b):
     grad_h = None if grad_h is None else grad_h.to(hidden.dtype)
-    return grad_h, grad_w, grad_b, None, None, None, None, None
+    return grad_h, grad_w, grad_b, None, None, None, None, None, None
+
+
+def _target_logits(hidden, weight, bias, targets, softcap) -> Tensor:
+    """``z`` at each row's target ``[N]`` float32 (any value where the target is negative):
+    ``N`` gathered rows of the head. Its gradient is the one-hot part of the CE's, which the
+    backward kernel adds at the target's column: no ``[V, d]`` gradient of a gather (two
+    more head-sized tensors at the peak, 0.6 GiB at Gemma 3's sizes)."""
+    ids = targets.clamp(min=0)
+    target_logit = (hidden.float() * weight[ids].float()).sum(dim=1)
+    if bias is not None:
+        target_logit = target_logit + bias[ids]
+    if softcap is not None:
+        target_logit = softcap * torch.tanh(target_logit / softcap)
+    return target_logit
 
 
 def triton_fused_head(
@@ -744,18 +778,12 @@ def triton_fused_head(
     if table is None:  # the CE alone: its softmax is that of z (the argmax is the same)
         temperature = 1.0
     z_stats = wants_ll and temperature != 1.0
-    expected, log_z1, tokens, finite = _TritonFusedHead.apply(
-        hidden, weight, bias32, table, softcap, float(temperature), z_stats, table_pad
+    targets = targets.long().contiguous() if wants_ll else None
+    expected, log_z1, target_logit, tokens, finite = _TritonFusedHead.apply(
+        hidden, weight, bias32, table, targets, softcap, float(temperature), z_stats, table_pad
     )
     log_likelihood = None
     if wants_ll:
-        ignored = targets < 0
-        ids = targets.clamp(min=0)
-        # z at the target: N gathered rows of the head, differentiated by autograd
-        target_logit = (hidden.float() * weight[ids].float()).sum(dim=1)
-        if bias32 is not None:
-            target_logit = target_logit + bias32[ids]
-        if softcap is not None:
-            target_logit = softcap * torch.tanh(target_logit / softcap)
-        log_likelihood = torch.where(ignored, 0.0, target_logit - log_z1)
+        # ignored rows get 0 and no gradient (their target_logit's gradient is 0)
+        log_likelihood = torch.where(targets < 0, 0.0, target_logit - log_z1)
     return TritonHeadOutput(expected if table is not None else None, log_likelihood, tokens, finite)
