@@ -84,8 +84,9 @@ def to_device(tensor: Tensor, device: torch.device) -> Tensor:
     synchronises the stream, and one such wait per batch keeps the host from preparing the next
     batch while the card works on this one (the metric's loop set the pace on an H200:
     ``benchmarks/README.md``, "On a GPU"). The caching host allocator keeps the pinned block
-    until the copy has run."""
-    if device.type != "cuda":
+    until the copy has run. Under ``torch.compile`` a plain copy: Dynamo cannot trace
+    ``pin_memory`` (``loss.compile()`` failed on it on an H200, run 5)."""
+    if device.type != "cuda" or torch.compiler.is_compiling():
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
 
