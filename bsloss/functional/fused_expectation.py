@@ -118,10 +118,12 @@ _MAX_ROW_BLOCK = 4096
 # measured on the CPU with these shapes, 4.6 before the frees) besides W's gradient. So that the
 # pass stays a small share of the dense path's at every size, a temporary is also at most 1/32
 # of the [N, V] float32 logits (the dense path holds about four [N, V] float32 tensors), and at
-# least 64 MiB (GEMMs >= 8,192 tokens wide at 2,048 positions; the host launches a chunk's ~25
-# kernels faster than the card runs them). At Gemma's sizes: 256 MiB blocks at 8 x 1024
-# positions, 64 MiB at 8 x 256 (0.49 GiB on the CPU, benchmarks/fused_memory.py, where the
-# dense path holds 9 GiB on an H200: goal <= 0.1x).
+# least 64 MiB (GEMMs >= 8,192 tokens wide at 2,048 positions). At Gemma's sizes: 256 MiB blocks
+# at 8 x 1024 positions, 64 MiB at 8 x 256. On an H200 (benchmarks/README.md, runs 4-6) CE +
+# term at 8 x 256 then peaked at 438 MiB, 0.048x the dense path's 9 GiB (goal <= 0.1x), but its
+# 32 chunks are bound by the host's launches (~50 a chunk forward): 49-56 ms, where 8 chunks of
+# 256 MiB took 42 ms (run 3) at 0.22x the memory. bfloat16 products on CUDA run the Triton
+# kernels by default, which need fewer launches a chunk.
 _CUDA_BLOCK_BYTES = 256 << 20
 _MIN_CUDA_BLOCK_BYTES = 64 << 20
 # 16,384 rows keep a 256 MiB float32 chunk >= 4,096 tokens wide (GEMMs of K = 4,096 and more).
@@ -297,7 +299,7 @@ class _FusedHead(torch.autograd.Function):
         finite = torch.ones(n, dtype=torch.bool, device=device)
         # the table read chunk by chunk in the matmul dtype (padded on CUDA): the result has
         # the padded width, which the caller cuts
-        values = TableChunks(table, o.matmul_dtype, o.table_pad, o.vocab_chunk) if want_e else None
+        values = TableChunks(table, o.matmul_dtype, o.table_pad) if want_e else None
         acc = torch.zeros(n, values.width, dtype=dt, device=device) if want_e else None
         if separate_ce:
             m1, norm1 = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
@@ -432,7 +434,7 @@ class _FusedHead(torch.autograd.Function):
                 if fold_ce:
                     offset = offset - gl
             n = hidden.shape[0]
-            values = TableChunks(table, mm, o.table_pad, o.vocab_chunk) if use_e else None
+            values = TableChunks(table, mm, o.table_pad) if use_e else None
             for v0, v1 in _chunks(weight.shape[0], o.vocab_chunk):
                 w = weight[v0:v1].to(mm)
                 b = None if bias is None else bias[v0:v1]
@@ -748,7 +750,7 @@ def fused_expected_inputs(
             # forward: the argmax row exactly (x + (y - y) == x); backward: the soft expectation's
             hard = table[argmax].to(expected.dtype)
             expected = hard + (expected - expected.detach())
-    return FusedHeadOutput(expected[:, :width], log_likelihood, argmax)
+    return FusedHeadOutput(expected, log_likelihood, argmax)
 
 
 def _pads_table_rows(hidden: Tensor) -> bool:

@@ -24,29 +24,29 @@ class TableChunks:
     multiple of ``pad_to``).
 
     ``rows`` returns a view of one buffer that the next call overwrites: a chunk's products
-    must be queued before the next chunk is read (stream order on CUDA keeps them apart).
+    must be queued before the next chunk is read (stream order on CUDA keeps them apart). The
+    buffer is as tall as the widest chunk asked for (the first, in the passes here).
 
     >>> table = torch.arange(6.0).view(3, 2)
-    >>> chunks = TableChunks(table, torch.float32, pad_to=4, max_rows=2)
+    >>> chunks = TableChunks(table, torch.float32, pad_to=4)
     >>> chunks.width, chunks.rows(1, 3).tolist()
     (4, [[2.0, 3.0, 0.0, 0.0], [4.0, 5.0, 0.0, 0.0]])
     """
 
-    def __init__(self, table: Tensor, dtype: torch.dtype, pad_to: int, max_rows: int):
+    def __init__(self, table: Tensor, dtype: torch.dtype, pad_to: int):
         self.table, self.dtype = table, dtype
         columns = table.shape[1]
         self.width = columns + (-columns % pad_to)
-        self._buffer = None
-        if self.width != columns:
-            # zeroed once: the copies below write only the first `columns` entries of a row
-            rows = max(1, min(max_rows, table.shape[0]))
-            self._buffer = table.new_zeros(rows, self.width, dtype=dtype)
+        self._buffer: Tensor | None = None
 
     def rows(self, v0: int, v1: int) -> Tensor:
         """``[v1 - v0, width]``: the chunk's rows, converted (and padded) in one copy."""
         part = self.table[v0:v1]
-        if self._buffer is None:
+        if part.shape[1] == self.width:
             return part.to(self.dtype)  # the table itself where the dtype is already the same
-        out = self._buffer[: v1 - v0]
+        if self._buffer is None or self._buffer.shape[0] < part.shape[0]:
+            # zeroed when made: the copies write only the first `columns` entries of a row
+            self._buffer = part.new_zeros(part.shape[0], self.width, dtype=self.dtype)
+        out = self._buffer[: part.shape[0]]
         out[:, : part.shape[1]].copy_(part)
         return out

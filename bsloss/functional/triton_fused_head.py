@@ -49,8 +49,9 @@ column by the backward kernel, so the head's gradient is only ever the chunks' p
 gradient of a gather would be another ``[V, d]`` tensor, and its sum with them a third).
 Tiles and products accumulate in float32; they read bfloat16 /
 float16 operands when the head is in that dtype (the table and the upstream gradient are cast to
-it, as flash attention's ``P V`` and ``dO V^\top`` are; on CUDA the caller pads the table's
-rows to 8 entries for cuBLAS's aligned kernels) and float32 ones otherwise (``"ieee"``
+it, as flash attention's ``P V`` and ``dO V^\top`` are; on CUDA each chunk of the table is
+read with its rows padded to 8 entries for cuBLAS's aligned kernels,
+:mod:`bsloss.functional.table_chunks`) and float32 ones otherwise (``"ieee"``
 precision unless :func:`torch.get_float32_matmul_precision` allows TF32).
 
 CPU tensors run under Triton's interpreter, which must be switched on before triton is first
@@ -596,7 +597,7 @@ def _expectation(hidden, weight, bias, table, log_z, softcap, temperature, table
     ``dh`` is backward). The result has the padded width."""
     n, d = hidden.shape
     vocab = weight.shape[0]
-    values = TableChunks(table, hidden.dtype, table_pad, _vocab_chunk(n, vocab))
+    values = TableChunks(table, hidden.dtype, table_pad)
     expected = torch.zeros(n, values.width, dtype=torch.float32, device=hidden.device)
     for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
         _launch(
@@ -682,8 +683,7 @@ class _TritonFusedHead(torch.autograd.Function):
         g_log_z1 = grad_log_z1.float().contiguous() if log_z1_grad else log_z
         g_target = grad_target_logit.float().contiguous() if target_grad else log_z
         target_ids = targets if target_grad else log_z  # (unread without TARGET_GRAD)
-        chunk = _vocab_chunk(n, vocab)
-        values = TableChunks(table, hidden.dtype, ctx.table_pad, chunk) if table_grad else None
+        values = TableChunks(table, hidden.dtype, ctx.table_pad) if table_grad else None
         for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
             # the chunk's logits and g E^T as float32 products of the half-precision operands:
             # the same numbers as the kernels' own float32 tiles, in another summation order
