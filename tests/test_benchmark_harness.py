@@ -209,3 +209,17 @@ def test_fused_memory_measures_the_fused_pass_with_cudas_chunk_shape():
     assert result["chunk_shape"] == [16, 4096]
     assert result["peak_extra_mib"] >= 0
     assert 0 < result["cross_entropy"] < 20 and 0 < result["term"] < 1
+
+
+def test_launch_counter_counts_kernels_not_views():
+    """``benchmarks/launches.py``'s counter: a product and a sum launch, a view and an
+    unsqueeze do not."""
+    import torch
+
+    from benchmarks.launches import LaunchCounter
+
+    x = torch.ones(4, 4)
+    with LaunchCounter() as counter:
+        (x @ x).view(16).unsqueeze(0).sum()
+    assert sum(counter.by_caller.values()) == 2
+    assert set(counter.by_caller) == {"autograd engine or caller"}  # no bsloss frame called them

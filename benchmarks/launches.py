@@ -1,0 +1,108 @@
+"""Kernel-launching operations per loss call, counted at PyTorch's dispatcher on the CPU.
+
+On a GPU the loss's small calls are bound by the host (``benchmarks/README.md``, "Runs 4-6"):
+each operation that reaches the dispatcher and is not a view costs a kernel launch and its
+Python around it, whatever the sizes. This counts them for one forward + backward, so that a
+change to the host's work can be judged without a card:
+
+* **loss**: ``BERTScoreLoss`` defaults on random logits ``[32, 64, 30,522]`` (the GPU benchmark's
+  precision section);
+* **fused**: CE + term through ``LMHeadInputs`` at ``8 x 256`` positions with a 4,096-token head
+  (two vocabulary chunks on the CPU; each further chunk of the PyTorch pass adds ~56 launches,
+  forward and backward: 700 with an 8,192-token head) through the benchmarks' synthetic
+  bridge.
+
+The scorer is MiniLM's architecture, vocabulary and tokenizer with random weights, 32 wide (the
+count does not depend on the width). Operations are attributed to the innermost bsloss or
+transformers frame that called them; the autograd engine's own (the backward) are one line.
+
+    HF_HUB_OFFLINE=1 python benchmarks/launches.py
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+if not __package__:  # run as `python benchmarks/launches.py`
+    import _path  # noqa: F401
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from benchmarks.gpu import synthetic_bridge
+from benchmarks.revisions import narrow_scorer
+
+
+class LaunchCounter(TorchDispatchMode):
+    """Non-view operations by their caller: ``file:function`` of the innermost bsloss or
+    transformers frame, else ``autograd engine or caller`` (the backward, or the step itself)."""
+
+    def __init__(self):
+        super().__init__()
+        self.by_caller: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            frame, caller = sys._getframe(1), "autograd engine or caller"
+            while frame is not None:
+                name = frame.f_code.co_filename
+                if "bsloss" in Path(name).parts or "transformers" in Path(name).parts:
+                    caller = f"{Path(name).name}:{frame.f_code.co_name}"
+                    break
+                frame = frame.f_back
+            self.by_caller[caller] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count(step) -> collections.Counter[str]:
+    step()  # warm: caches (references, tables) filled outside the count
+    with LaunchCounter() as counter:
+        step()
+    return counter.by_caller
+
+
+def main() -> None:
+    from bsloss import BERTScoreLoss, LMHeadInputs
+    from bsloss.scorer.encoder import ScorerEncoder
+
+    warnings.simplefilter("ignore")
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory(prefix="bsloss-launches-") as scratch:
+        encoder = ScorerEncoder.from_pretrained(narrow_scorer(Path(scratch)), num_layers=6)
+    refs = [f"reference sentence number {i} for the count" for i in range(32)]
+    vocab = encoder.input_embeddings.num_embeddings
+
+    loss = BERTScoreLoss(model=encoder)
+    logits = torch.randn(32, 64, vocab, requires_grad=True)
+    loss.encode_references(refs)
+
+    def loss_step():
+        loss(logits, references=refs).backward()
+
+    head_vocab, dim = 4096, 64
+    fused = BERTScoreLoss(model=encoder, bridge=synthetic_bridge(head_vocab, vocab))
+    hidden = torch.randn(8, 256, dim, requires_grad=True)
+    weight = torch.randn(head_vocab, dim, requires_grad=True)
+    targets = torch.randint(0, head_vocab, (8, 256))
+    fused.encode_references(refs[:8])
+
+    def fused_step():
+        out = fused.loss_and_cross_entropy(LMHeadInputs(hidden, weight), targets, refs[:8])
+        (out.loss + out.cross_entropy).backward()
+
+    print("| call | launches | the largest callers |\n|---|---:|---|")
+    for label, step in (
+        ("loss, 32 x 64 logits, V 30,522", loss_step),
+        ("fused CE + term, 8 x 256, 4,096-token head", fused_step),
+    ):
+        callers = count(step)
+        top = ", ".join(f"{name} {n}" for name, n in callers.most_common(4))
+        print(f"| {label} | {sum(callers.values())} | {top} |")
+
+
+if __name__ == "__main__":
+    main()
