@@ -121,9 +121,9 @@ _MAX_ROW_BLOCK = 4096
 # least 64 MiB (GEMMs >= 8,192 tokens wide at 2,048 positions). At Gemma's sizes: 256 MiB blocks
 # at 8 x 1024 positions, 64 MiB at 8 x 256. On an H200 (benchmarks/README.md, runs 4-6) CE +
 # term at 8 x 256 then peaked at 438 MiB, 0.048x the dense path's 9 GiB (goal <= 0.1x), but its
-# 32 chunks are bound by the host's launches (~56 a chunk, benchmarks/launches.py): 49-56 ms, where 8 chunks of
-# 256 MiB took 42 ms (run 3) at 0.22x the memory. bfloat16 products on CUDA run the Triton
-# kernels by default, which need fewer launches a chunk.
+# 32 chunks are bound by the host's launches (~56 a chunk, benchmarks/launches.py): 49-56 ms,
+# where 8 chunks of 256 MiB took 42 ms (run 3) at 0.22x the memory. bfloat16 products on CUDA
+# run the Triton kernels by default, which need fewer launches a chunk.
 _CUDA_BLOCK_BYTES = 256 << 20
 _MIN_CUDA_BLOCK_BYTES = 64 << 20
 # 16,384 rows keep a 256 MiB float32 chunk >= 4,096 tokens wide (GEMMs of K = 4,096 and more).
