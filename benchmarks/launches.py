@@ -10,7 +10,10 @@ change to the host's work can be judged without a card:
 * **fused**: CE + term through ``LMHeadInputs`` at ``8 x 256`` positions with a 4,096-token head
   (two vocabulary chunks on the CPU; each further chunk of the PyTorch pass adds ~56 launches,
   forward and backward: 700 with an 8,192-token head) through the benchmarks' synthetic
-  bridge.
+  bridge;
+* **metric**: ``BERTScorer.score`` of 2,000 distinct Brown pairs (batch_size 64), as the CPU
+  batches them and as a GPU does (:func:`~bsloss.scorer.batching.paced_by_host`, forced here),
+  with the number of encoder calls.
 
 The scorer is MiniLM's architecture, vocabulary and tokenizer with random weights, 32 wide (the
 count does not depend on the width). Operations are attributed to the innermost bsloss or
@@ -34,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.gpu import synthetic_bridge
-from benchmarks.revisions import narrow_scorer
+from benchmarks.revisions import brown_pairs_of, narrow_scorer
 
 
 class LaunchCounter(TorchDispatchMode):
@@ -66,7 +69,11 @@ def count(step) -> collections.Counter[str]:
 
 
 def main() -> None:
-    from bsloss import BERTScoreLoss, LMHeadInputs
+    from unittest.mock import patch
+
+    import bsloss.metric
+    import bsloss.scorer.inference
+    from bsloss import BERTScoreLoss, BERTScorer, LMHeadInputs
     from bsloss.scorer.encoder import ScorerEncoder
 
     warnings.simplefilter("ignore")
@@ -94,13 +101,39 @@ def main() -> None:
         out = fused.loss_and_cross_entropy(LMHeadInputs(hidden, weight), targets, refs[:8])
         (out.loss + out.cross_entropy).backward()
 
+    scorer = BERTScorer(encoder=encoder, batch_size=64)
+    metric_cands, metric_refs = brown_pairs_of(2000)
+    encoder_calls = collections.Counter()
+    encode = encoder.encode_without_grad
+
+    def counted_encode(*args, **kwargs):
+        encoder_calls["calls"] += 1
+        return encode(*args, **kwargs)
+
+    encoder.encode_without_grad = counted_encode
+
+    def metric_step(fill: bool):
+        def step():
+            with (
+                patch.object(bsloss.metric, "paced_by_host", lambda device: fill),
+                patch.object(bsloss.scorer.inference, "paced_by_host", lambda device: fill),
+            ):
+                scorer.score(metric_cands, metric_refs, progress=False)
+
+        return step
+
     print("| call | launches | the largest callers |\n|---|---:|---|")
     for label, step in (
         ("loss, 32 x 64 logits, V 30,522", loss_step),
         ("fused CE + term, 8 x 256, 4,096-token head", fused_step),
+        ("metric, 2,000 Brown pairs, batched as on the CPU", metric_step(False)),
+        ("metric, 2,000 Brown pairs, batched as on a GPU", metric_step(True)),
     ):
+        encoder_calls.clear()
         callers = count(step)
         top = ", ".join(f"{name} {n}" for name, n in callers.most_common(4))
+        calls = encoder_calls["calls"] // 2  # count() calls the step twice
+        top += f" ({calls} encoder calls)" if calls else ""
         print(f"| {label} | {sum(callers.values())} | {top} |")
 
 

@@ -29,7 +29,7 @@ from bsloss.functional.idf import document_frequency, idf_from_frequency
 from bsloss.functional.similarity import l2_normalize
 from bsloss.inputs import check_int, check_texts, flatten_groups, validate_pairs
 from bsloss.plot import draw_pair
-from bsloss.scorer.batching import pad_embedded
+from bsloss.scorer.batching import paced_by_host, pad_embedded, pair_budget_batches
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.layers import num_hidden_layers
 from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder, TokenizeAhead
@@ -134,7 +134,11 @@ class BERTScorer:
             all-MiniLM-L6-v2 (bert_score requires ``model_type`` or ``lang``; bsloss does not).
             ``model`` is bsloss's name for the same argument.
         num_layers: layer whose output is used (0 = embeddings); default from the layer table.
-        batch_size: sentences per encoder batch and pairs per matching batch.
+        batch_size: sentences per encoder batch and pairs per matching batch, as a memory
+            bound: a batch holds at most ``batch_size`` sentences of 128 tokens (fewer longer
+            ones). On a GPU, where each batch costs the host the same whatever its size, a batch
+            of shorter sentences is filled to that bound (more than ``batch_size`` of them;
+            :func:`~bsloss.scorer.batching.paced_by_host`).
         nthreads: accepted for bert_score compatibility; bsloss counts idf without worker
             processes, so it has no effect.
         all_layers: score with every layer: P, R and F become ``[num_hidden_layers + 1, N]``
@@ -167,6 +171,9 @@ class BERTScorer:
             (:func:`~bsloss.scorer.inference.embed_windows`).
         chunk_size: pairs scored per chunk. Embeddings live only for one chunk, so memory is
             bounded by the chunk, not by the corpus; unique sentences are encoded once per chunk.
+            On a GPU a call's first chunks are smaller (1,024 pairs, then twice the one
+            before: :func:`chunk_slices`), so that the encoder starts after a short
+            tokenisation.
         reference_cache_size: keep the embeddings of up to this many reference texts across
             :meth:`score` calls (oldest evicted first), for a validation set or an RL reward that
             scores new candidates against the same references again and again. ``0``: no cache.
@@ -569,11 +576,12 @@ class BERTScorer:
         pair_scores = torch.empty(len(pair_cands), width, 3)
         long_texts: set[str] = set()
         window = self.long_inputs == "window"
-        chunks = [
-            slice(start, start + self.chunk_size)
-            for start in range(0, len(pair_cands), self.chunk_size)
-        ]
-        ahead = TokenizeAhead(self._references, window, len(chunks) > 1)
+        host_paced = paced_by_host(self.encoder.device)
+        chunks = chunk_slices(len(pair_cands), self.chunk_size, grow=host_paced)
+        # on the CPU one tokenising thread: more would take cores from the encoder's
+        ahead = TokenizeAhead(
+            self._references, window, len(chunks) > 1, threads=None if host_paced else 1
+        )
         with ahead:
             for k, chunk in enumerate(chunks):
                 texts = pair_cands[chunk] + pair_refs[chunk]
@@ -619,9 +627,13 @@ class BERTScorer:
             key=lambda i: len(embeddings[pair_cands[i]][1]) + len(embeddings[pair_refs[i]][1]),
         )
         layers = self._layer_count()
+        sizes = [
+            (len(embeddings[pair_cands[i]][1]), len(embeddings[pair_refs[i]][1])) for i in order
+        ]
+        fill = paced_by_host(self.encoder.device)
         batches = []  # each batch's [layers * B, 3] on the device: one copy to the host at the end
-        for start in range(0, len(order), batch_size):
-            batch = order[start : start + batch_size]
+        for start, stop in pair_budget_batches(sizes, batch_size, fill, copies=layers):
+            batch = order[start:stop]
             cand_emb, cand_mask, cand_w = pad_embedded(
                 [embeddings[pair_cands[i]] for i in batch], table
             )
@@ -666,6 +678,31 @@ class BERTScorer:
                 f"score 0: candidate index {shown}"
             )
         return empty
+
+
+FIRST_CHUNK = 1024  # pairs in the first chunk of a call: its tokens are made before any encoding
+
+
+def chunk_slices(total: int, chunk_size: int, grow: bool = False) -> list[slice]:
+    """The chunks of ``total`` pairs: ``chunk_size`` each, or with ``grow`` (where the host
+    sets the pace: :func:`~bsloss.scorer.batching.paced_by_host`) the first of
+    :data:`FIRST_CHUNK` pairs and each next one twice the one before, up to ``chunk_size``.
+
+    Why: a chunk's texts are tokenised on a background thread while the chunk before it is
+    encoded (:class:`~bsloss.scorer.reference_cache.TokenizeAhead`), all but the first's. A
+    small first chunk starts the encoder after a short tokenisation (on a GPU the first chunk's
+    tokens for 16,384 texts took ~1 s before the card had work: ``benchmarks/README.md``).
+
+    >>> [(s.start, s.stop) for s in chunk_slices(5000, 8192, grow=True)]
+    [(0, 1024), (1024, 3072), (3072, 5000)]
+    >>> [(s.start, s.stop) for s in chunk_slices(5000, 8192)]
+    [(0, 5000)]
+    """
+    chunks, start, size = [], 0, min(FIRST_CHUNK, chunk_size) if grow else chunk_size
+    while start < total:
+        chunks.append(slice(start, min(start + size, total)))
+        start, size = start + size, min(2 * size, chunk_size)
+    return chunks
 
 
 def _unit_norm_float32(hidden: Tensor, layers: int = 1) -> Tensor:

@@ -171,14 +171,16 @@ def test_next_chunk_is_tokenized_ahead_on_one_background_thread(scorer, pairs, m
 
     cands, refs = pairs
     calls: list[str] = []
+    thread_counts: list[int | None] = []
     busy = threading.Lock()
     encode = ScorerTokenizer.encode
 
-    def recording(self, texts, truncate=True):
+    def recording(self, texts, truncate=True, threads=None):
         assert busy.acquire(blocking=False), "two tokenizer calls at once"
         try:
             calls.append(threading.current_thread().name)
-            return encode(self, texts, truncate)
+            thread_counts.append(threads)
+            return encode(self, texts, truncate, threads)
         finally:
             busy.release()
 
@@ -186,9 +188,33 @@ def test_next_chunk_is_tokenized_ahead_on_one_background_thread(scorer, pairs, m
     whole = stacked(bsloss.BERTScorer(encoder=scorer.encoder).score(cands, refs))
     assert calls == [threading.current_thread().name]
     calls.clear()
+    thread_counts.clear()
     chunk_size = -(-len(cands) // 3)
     chunked = bsloss.BERTScorer(encoder=scorer.encoder, chunk_size=chunk_size)
     assert (stacked(chunked.score(cands, refs)) - whole).abs().max().item() <= TOLERANCE
     assert len(calls) == 3
     assert calls[0] == threading.current_thread().name
     assert all(name.startswith("bsloss-tokenize") for name in calls[1:])
+    # on the CPU the background thread tokenises alone (more threads would take the encoder's
+    # cores); the first chunk, before any encoding, on as many as the tokenizer takes
+    assert thread_counts == [None, 1, 1]
+
+
+def test_chunks_grow_from_a_small_first_one():
+    """Where the host sets the pace (a GPU) a call's chunks start small and double; on the CPU
+    they are all ``chunk_size``."""
+    from bsloss.metric import FIRST_CHUNK, chunk_slices
+
+    for total, size in [(1, 8192), (FIRST_CHUNK, 8192), (20_000, 8192), (100, 37), (9000, 3000)]:
+        assert chunk_slices(total, size) == [
+            slice(start, min(start + size, total)) for start in range(0, total, size)
+        ]
+        chunks = chunk_slices(total, size, grow=True)
+        assert chunks[0].start == 0 and chunks[-1].stop == total
+        assert all(a.stop == b.start for a, b in zip(chunks, chunks[1:], strict=False))
+        lengths = [c.stop - c.start for c in chunks]
+        assert lengths[0] == min(FIRST_CHUNK, size, total)
+        assert all(0 < n <= size for n in lengths)
+        full = lengths[:-1]  # the last is what is left
+        assert all(b == min(2 * a, size) for a, b in zip(full, full[1:], strict=False))
+    assert len(chunk_slices(20_000, 8192, grow=True)) == 5

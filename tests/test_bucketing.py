@@ -13,8 +13,11 @@ import pytest
 import torch
 
 from bsloss.scorer.batching import (
+    TOKENS_PER_SEQUENCE,
     bucket_length,
     bucket_rows,
+    paced_by_host,
+    pair_budget_batches,
     token_budget_batches,
     token_budget_rows,
 )
@@ -49,6 +52,76 @@ def test_token_budget_rows_respect_budget():
     assert batches[0][0] == 0 and batches[-1][1] == len(lengths)
     assert all(a < b for a, b in batches)
     assert all(b1 == a2 for (_, b1), (a2, _) in zip(batches, batches[1:], strict=False))
+
+
+def test_filled_batches_hold_the_token_budget():
+    """On a GPU (fill) a batch of short texts takes as many as ``batch_size`` texts of 128
+    tokens would hold; long texts are bounded as without it."""
+    assert paced_by_host(torch.device("cuda")) and not paced_by_host(torch.device("cpu"))
+    budget = 64 * TOKENS_PER_SEQUENCE
+    for length in (1, 4, 32, 100, 128, 129, 256, 512):
+        rows = token_budget_rows(length, 64, fill=True)
+        assert rows * length <= budget or rows == 1
+        assert (rows + 1) * length > budget  # full: one more would not fit
+        assert rows >= token_budget_rows(length, 64)
+    assert token_budget_rows(32, 64, fill=True) == 256
+    lengths = sorted((random.Random(1).randint(3, 300) for _ in range(800)), reverse=True)
+    batches = token_budget_batches(lengths, 64, fill=True)
+    assert len(batches) < len(token_budget_batches(lengths, 64))
+    assert [a for a, _ in batches[1:]] == [b for _, b in batches[:-1]]
+    assert batches[0][0] == 0 and batches[-1][1] == len(lengths)
+    assert all((b - a) * lengths[a] <= budget or b - a == 1 for a, b in batches)
+
+
+@pytest.mark.parametrize("copies", [1, 7])
+def test_pair_batches_hold_the_similarity_budget(copies):
+    rng = random.Random(copies)
+    sizes = sorted(
+        ((rng.randint(2, 200), rng.randint(2, 200)) for _ in range(600)), key=lambda s: sum(s)
+    )
+    plain = pair_budget_batches(sizes, 64, copies=copies)
+    assert plain == [(a, min(a + 64, 600)) for a in range(0, 600, 64)]
+    filled = pair_budget_batches(sizes, 64, fill=True, copies=copies)
+    assert [a for a, _ in filled[1:]] == [b for _, b in filled[:-1]]
+    assert filled[0][0] == 0 and filled[-1][1] == 600
+    budget = 64 * TOKENS_PER_SEQUENCE**2
+    for a, b in filled:
+        longest_c = max(c for c, _ in sizes[a:b])
+        longest_r = max(r for _, r in sizes[a:b])
+        assert (b - a) * copies * longest_c * longest_r <= budget or b - a == 1
+        if b < 600:  # full: the next pair would not fit
+            c, r = max(longest_c, sizes[b][0]), max(longest_r, sizes[b][1])
+            assert (b - a + 1) * copies * c * r > budget
+
+
+def test_filled_batches_score_the_same(scorer, monkeypatch):
+    """The GPU's filled batches, forced on the CPU: fewer encoder calls and matching batches,
+    the same scores."""
+    from _tokenizers import stsb_pairs
+
+    import bsloss.metric
+    import bsloss.scorer.inference
+
+    cands, refs = stsb_pairs(400)
+    encoder = scorer.encoder
+    calls: list[tuple[int, int]] = []
+    original = encoder.encode_without_grad
+
+    def recording(input_ids, attention_mask):
+        calls.append(tuple(input_ids.shape))
+        return original(input_ids, attention_mask)
+
+    monkeypatch.setattr(encoder, "encode_without_grad", recording)
+    plain = torch.stack(scorer.score(cands, refs, batch_size=16))
+    plain_calls, calls[:] = len(calls), []
+    for module in (bsloss.metric, bsloss.scorer.inference):
+        monkeypatch.setattr(module, "paced_by_host", lambda device: True)
+    filled = torch.stack(scorer.score(cands, refs, batch_size=16))
+    assert len(calls) < plain_calls / 2, (len(calls), plain_calls)
+    budget = scorer.batch_size  # the encoder's; score's batch_size is the matching's
+    assert max(rows for rows, _ in calls) > budget
+    assert all(rows * length <= budget * TOKENS_PER_SEQUENCE for rows, length in calls)
+    torch.testing.assert_close(filled, plain, atol=2e-6, rtol=0)
 
 
 @pytest.fixture(scope="module")

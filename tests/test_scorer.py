@@ -17,3 +17,104 @@ def test_device_names_are_checked(encoder):
         resolve_device("gpu")
     with pytest.raises(ValueError, match="cuda:99"):
         resolve_device("cuda:99")
+
+
+def _tokenizers_of_every_kind(encoder, folder):
+    """MiniLM's WordPiece, an MPNet layout, a SentencePiece-style and a byte-level BPE."""
+    from _tokenizers import (
+        brown_lines,
+        mpnet_layout_tokenizer,
+        train_byte_level_bpe,
+        train_sentencepiece_bpe,
+    )
+
+    lines = brown_lines(2000)
+    vocab = folder / "minilm-vocab.txt"
+    vocab.write_text("\n".join(encoder.tokenizer.convert_ids_to_tokens(range(30522))) + "\n")
+    return {
+        "wordpiece": encoder.tokenizer,
+        "mpnet": mpnet_layout_tokenizer(vocab, folder / "mpnet"),
+        "sentencepiece-bpe": train_sentencepiece_bpe(lines, folder / "spm"),
+        "byte-level-bpe": train_byte_level_bpe(lines, folder / "bytes"),
+    }
+
+
+def test_the_rust_tokenizers_ids_are_the_calls(encoder, tmp_path):
+    """ScorerTokenizer.encode goes straight through a private copy of a fast tokenizer's Rust
+    tokenizer, in pieces on threads for a large batch: every id must be the Hugging Face
+    call's, for every kind of tokenizer, on text with accents, CJK, special-token strings,
+    empty and over-long lines, and after the call itself re-configured truncation."""
+    from _tokenizers import brown_lines
+
+    from bsloss.scorer import tokenization
+    from bsloss.scorer.tokenization import ScorerTokenizer
+
+    odd = ["", "   ", "héllo wörld", "東京 は 大きい", "a [SEP] b [CLS] <s> </s>", "word " * 700]
+    texts = brown_lines(2600) + odd  # > 2 pieces of _TEXTS_PER_THREAD: threads are used
+    assert len(texts) > 2 * tokenization._TEXTS_PER_THREAD
+    for kind, tokenizer in _tokenizers_of_every_kind(encoder, tmp_path).items():
+        tokens = ScorerTokenizer(tokenizer, kind, max_positions=512)
+        assert tokens._backend is not None, kind  # the fast path is the one tested
+        tokens._threads = 2  # threads even on a one-core machine
+        ids, too_long = tokens.encode(texts, truncate=False)
+        prepared = tokens.prepare(texts)
+        expected = tokenizer(prepared, add_special_tokens=True)["input_ids"]
+        assert ids == expected, kind
+        assert too_long == [len(texts) - 1], kind
+        # the call's own tokenizer is now set to truncate: the private copy is not
+        tokenizer(prepared[:5], truncation=True, max_length=4)
+        assert tokens.encode(odd, truncate=False)[0] == expected[-len(odd) :], kind
+
+
+def test_a_tokenizer_class_that_changes_the_call_goes_through_the_call(encoder):
+    """A class overriding how the call encodes (as LayoutLM's or LUKE's do) keeps its own
+    call: the Rust shortcut would skip what it adds."""
+    from bsloss.scorer.tokenization import ScorerTokenizer
+
+    class Marked(type(encoder.tokenizer)):
+        def _encode_plus(self, *args, **kwargs):
+            encoded = super()._encode_plus(*args, **kwargs)
+            ids = encoded["input_ids"]
+            batched = bool(ids) and isinstance(ids[0], list)
+            encoded["input_ids"] = [[7, *row] for row in ids] if batched else [7, *ids]
+            return encoded
+
+    marked = Marked.from_pretrained(encoder.tokenizer.name_or_path)
+    tokens = ScorerTokenizer(marked, "marked")
+    assert tokens._backend is None
+    plain = encoder.tokenization.encode(["the cat sat", "héllo"])[0]
+    assert tokens.encode(["the cat sat", "héllo"])[0] == [[7, *ids] for ids in plain]
+
+
+def test_the_tokenizer_copies_pickles_and_survives_a_fork(encoder):
+    """The thread pool is neither copied nor pickled, and a forked child (a DataLoader
+    worker) makes its own: the parent's threads do not exist there."""
+    import copy
+    import os
+    import pickle
+
+    tokens = copy.copy(encoder.tokenization)
+    tokens._threads = 2
+    texts = [f"sentence number {i}" for i in range(3000)]
+    expected = tokens.encode(texts)
+    assert tokens._pool is not None
+    assert copy.deepcopy(tokens).encode(texts) == expected
+    assert pickle.loads(pickle.dumps(tokens)).encode(texts) == expected
+    if not hasattr(os, "fork"):
+        return
+    import select
+    import signal
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child's result goes through the pipe
+        ok = tokens.encode(texts) == expected
+        os.write(write, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write)
+    answered, _, _ = select.select([read], [], [], 60)  # the parent's pool would hang it
+    if not answered:
+        os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    assert answered, "the forked child's tokenisation hung"
+    assert os.read(read, 1) == b"1"

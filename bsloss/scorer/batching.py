@@ -14,6 +14,8 @@ __all__ = [
     "bucket_rows",
     "token_budget_rows",
     "token_budget_batches",
+    "paced_by_host",
+    "pair_budget_batches",
     "pad_embedded",
     "to_device",
 ]
@@ -59,20 +61,69 @@ def bucket_rows(rows: int, max_rows: int) -> int:
     return min(-(-rows // 8) * 8, max(max_rows, rows))
 
 
-def token_budget_rows(length: int, batch_size: int) -> int:
+def paced_by_host(device: torch.device) -> bool:
+    """Whether the host's work (Python, launches, tokenisation) sets the pace of batched
+    inference on ``device``: on a GPU, yes; on the CPU, where the arithmetic does, no.
+
+    Where it does, the metric (an H200 encoded 2,000 Brown pairs in 0.12 s of kernels inside
+    0.77 s: ``benchmarks/README.md``, "Runs 4-6") spends less of it:
+
+    * batches of short texts are filled up to their token budget (``fill`` below): the host
+      pays the same per batch whatever its rows, and 2,000 Brown pairs take 17 encoder calls
+      instead of 63 (``benchmarks/launches.py``);
+    * a call's first chunks are small (:func:`~bsloss.metric.chunk_slices`) and the next chunk
+      is tokenised on several threads while one is encoded, so the card waits little for tokens.
+
+    On the CPU neither pays: the filled batches were slower (MiniLM, 4,000 Brown pairs, 2
+    threads: 28.6 s -> 32.8 s; their activations fall out of the cache), and tokenisation threads
+    beside the encoder's OpenMP threads only take cores from it.
+    """
+    return device.type != "cpu"
+
+
+def token_budget_rows(length: int, batch_size: int, fill: bool = False) -> int:
     """Sequences in a full batch of padded ``length``: ``batch_size``, fewer when that would
-    exceed the token budget of ``batch_size * 128`` padded tokens."""
-    return max(1, min(batch_size, batch_size * TOKENS_PER_SEQUENCE // length))
+    exceed the token budget of ``batch_size * 128`` padded tokens; with ``fill``
+    (:func:`paced_by_host`), as many as the budget holds, more than ``batch_size`` for texts
+    shorter than 128 tokens."""
+    budget = max(1, batch_size * TOKENS_PER_SEQUENCE // length)
+    return budget if fill else min(batch_size, budget)
 
 
-def token_budget_batches(lengths: Sequence[int], batch_size: int) -> list[tuple[int, int]]:
+def token_budget_batches(
+    lengths: Sequence[int], batch_size: int, fill: bool = False
+) -> list[tuple[int, int]]:
     """``(start, stop)`` of consecutive batches of longest-first sorted ``lengths``: at most
-    ``batch_size`` sequences and ``batch_size * 128`` padded tokens each, so that a batch of long
-    texts (whose attention grows with the square of the length) is smaller and the peak memory
-    does not depend on how long the longest texts of a corpus are."""
+    ``batch_size`` sequences (any number with ``fill``) and ``batch_size * 128`` padded tokens
+    each, so that a batch of long texts (whose attention grows with the square of the length) is
+    smaller and the peak memory does not depend on how long the longest texts of a corpus are."""
     batches, start = [], 0
     while start < len(lengths):
-        stop = min(start + token_budget_rows(lengths[start], batch_size), len(lengths))
+        stop = min(start + token_budget_rows(lengths[start], batch_size, fill), len(lengths))
+        batches.append((start, stop))
+        start = stop
+    return batches
+
+
+def pair_budget_batches(
+    sizes: Sequence[tuple[int, int]], batch_size: int, fill: bool = False, copies: int = 1
+) -> list[tuple[int, int]]:
+    """``(start, stop)`` of consecutive batches of (candidate, reference) token counts, for the
+    matching: ``batch_size`` pairs each, or with ``fill`` (:func:`paced_by_host`) as many as keep
+    the batch's padded similarity matrices (``copies`` of them per pair: one per layer scored)
+    within those of ``batch_size`` pairs of 128 x 128 tokens; at least one pair."""
+    if not fill:
+        starts = range(0, len(sizes), batch_size)
+        return [(start, min(start + batch_size, len(sizes))) for start in starts]
+    budget = batch_size * TOKENS_PER_SEQUENCE**2
+    batches, start = [], 0
+    while start < len(sizes):
+        stop, longest_c, longest_r = start, 0, 0
+        while stop < len(sizes):
+            c, r = max(longest_c, sizes[stop][0]), max(longest_r, sizes[stop][1])
+            if stop > start and (stop - start + 1) * copies * c * r > budget:
+                break
+            stop, longest_c, longest_r = stop + 1, c, r
         batches.append((start, stop))
         start = stop
     return batches

@@ -24,6 +24,7 @@ from torch import Tensor
 from bsloss.scorer.batching import (
     bucket_length,
     bucket_rows,
+    paced_by_host,
     progress_bar,
     to_device,
     token_budget_batches,
@@ -49,7 +50,9 @@ def embed_token_ids(
         encoder: the scorer encoder.
         token_ids: id sequences with their special tokens
             (:meth:`~bsloss.scorer.tokenization.ScorerTokenizer.encode`).
-        batch_size: the token budget of a batch, in sequences of the longest length.
+        batch_size: the token budget of a batch: ``batch_size`` sequences of 128 tokens
+            (fewer longer ones; on a GPU more shorter ones,
+            :func:`~bsloss.scorer.batching.paced_by_host`).
         progress: a progress bar (``None``: when stderr is a terminal).
         transform: applied to each batch's ``[B, L, d]`` hidden states at once (e.g. a
             normalisation).
@@ -95,12 +98,13 @@ def embed_token_ids(
         rows = transform(embed_windows(encoder, token_ids[i]))
         slots(i, len(rows), rows).copy_(rows)
     padded_lengths = [bucket_length(sizes[i], max_length) for i in short]
-    batches = token_budget_batches(padded_lengths, batch_size)
+    fill = paced_by_host(encoder.device)
+    batches = token_budget_batches(padded_lengths, batch_size, fill)
     pad = tokens.pad_token_id
     for start, stop in progress_bar(batches, len(batches), progress, "bsloss: encoding"):
         members = short[start:stop]
         length = padded_lengths[start]
-        rows = bucket_rows(len(members), token_budget_rows(length, batch_size))
+        rows = bucket_rows(len(members), token_budget_rows(length, batch_size, fill))
         # numpy rows, not nested Python lists: torch.tensor reads a list element by element
         ids = np.full((rows, length), pad, dtype=np.int64)
         for row, i in enumerate(members):

@@ -210,11 +210,15 @@ class ReferenceEmbedder:
         weight_dtype = self.encoder.input_embeddings.weight.dtype
         return (str(device), weight_dtype, self.encoder.linear_weight_dtype, autocast, window)
 
-    def tokenize(self, texts: Sequence[str], window: bool = False) -> Tokenized:
+    def tokenize(
+        self, texts: Sequence[str], window: bool = False, threads: int | None = None
+    ) -> Tokenized:
         """Each unique text's token ids and whether it was truncated: what :meth:`embed` would
-        tokenise, done ahead (e.g. on another thread while the encoder works on other texts)."""
+        tokenise, done ahead (e.g. on another thread while the encoder works on other texts);
+        ``threads``: as :meth:`~bsloss.scorer.tokenization.ScorerTokenizer.encode`."""
         unique = list(dict.fromkeys(texts))
-        token_ids, too_long = self.encoder.tokenization.encode(unique, truncate=not window)
+        tokens = self.encoder.tokenization
+        token_ids, too_long = tokens.encode(unique, truncate=not window, threads=threads)
         long = set(too_long) if not window else set()
         return {
             text: (ids, i in long)
@@ -276,9 +280,16 @@ class TokenizeAhead:
     tokenises as it embeds, only the texts it has not cached.
     """
 
-    def __init__(self, embedder: ReferenceEmbedder, window: bool, enabled: bool = True):
+    def __init__(
+        self,
+        embedder: ReferenceEmbedder,
+        window: bool,
+        enabled: bool = True,
+        threads: int | None = None,
+    ):
         self.embedder = embedder
         self.window = window
+        self.threads = threads  # of the tokenizer's calls on the background thread
         self._pool = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="bsloss-tokenize")
             if enabled
@@ -288,7 +299,9 @@ class TokenizeAhead:
 
     def start(self, texts: Sequence[str]) -> None:
         if self._pool is not None:
-            self._pending = self._pool.submit(self.embedder.tokenize, list(texts), self.window)
+            self._pending = self._pool.submit(
+                self.embedder.tokenize, list(texts), self.window, self.threads
+            )
 
     def take(self, texts: Sequence[str]) -> Tokenized | None:
         if self._pool is None:

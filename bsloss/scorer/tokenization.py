@@ -8,7 +8,9 @@ longer than the model's maximum is truncated there; the caller warns, naming its
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from bsloss._warnings import warn_user
 
@@ -21,6 +23,10 @@ _BYTE_LEVEL_TOKENIZERS = {
     "RobertaTokenizerFast",
 }
 _HUGE_MAX_LENGTH = 1_000_000  # tokenizers without a limit report ~1e30
+# Texts per thread of one tokenizer call: below this, one thread (a thread's start and its share
+# of the ids' conversion cost more than they save); above it, up to _MAX_THREADS threads.
+_TEXTS_PER_THREAD = 1024
+_MAX_THREADS = 4
 
 
 def is_byte_level(tokenizer) -> bool:
@@ -59,6 +65,13 @@ class ScorerTokenizer:
             sorted(set(tokenizer("", add_special_tokens=True)["input_ids"]))
         )
         self.prefix_ids, self.suffix_ids = self._special_wrapping()
+        self._backend = _call_free_backend(tokenizer)
+        self._threads = max(1, min(_MAX_THREADS, os.cpu_count() or 1))
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0  # the process that made the pool: a forked child makes its own
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pool": None}  # threads are not copied or pickled
 
     def _special_wrapping(self) -> tuple[list[int], list[int]]:
         """The special ids the tokenizer puts before and after a sentence ([CLS] / [SEP])."""
@@ -88,20 +101,17 @@ class ScorerTokenizer:
         return prepared
 
     def encode(
-        self, texts: Sequence[str], truncate: bool = True
+        self, texts: Sequence[str], truncate: bool = True, threads: int | None = None
     ) -> tuple[list[list[int]], list[int]]:
         """Token ids with special tokens, and the indices of the texts longer than
         ``max_length``: truncated there (the caller warns, naming its own positions), or kept
-        whole with ``truncate=False`` (for sliding windows)."""
+        whole with ``truncate=False`` (for sliding windows). ``threads``: at most this many
+        threads tokenise a large batch of a fast tokenizer (default: up to 4, as the machine
+        has cores)."""
         if not texts:  # a tokenizer given an empty batch fails inside transformers
             return [], []
         prepared = self.prepare(texts)
-        # the ids alone: the token types and attention masks are Python lists as long as the
-        # ids, which would cost as much again to build (the metric's host loop is this fast)
-        ids_only = {"return_token_type_ids": False, "return_attention_mask": False}
-        ids = self.tokenizer(
-            prepared, add_special_tokens=True, truncation=False, verbose=False, **ids_only
-        )["input_ids"]
+        ids = self._ids(prepared, self._threads if threads is None else threads)
         too_long = [i for i, row in enumerate(ids) if len(row) > self.max_length]
         if too_long and truncate:
             shortened = self.tokenizer(
@@ -109,11 +119,45 @@ class ScorerTokenizer:
                 add_special_tokens=True,
                 truncation=True,
                 max_length=self.max_length,
-                **ids_only,
+                return_token_type_ids=False,
+                return_attention_mask=False,
             )["input_ids"]
             for i, row in zip(too_long, shortened, strict=True):
                 ids[i] = row
-        return [list(row) for row in ids], too_long
+        return ids, too_long
+
+    def _ids(self, prepared: list[str], threads: int) -> list[list[int]]:
+        """Each prepared text's ids with special tokens, untruncated.
+
+        Through the Hugging Face call, or, for a fast tokenizer, straight through a private
+        copy of its Rust tokenizer (:func:`_call_free_backend`): the same ids without the
+        call's per-text conversions, and, for a large batch, in pieces on a few threads. The
+        Rust code leaves Python's lock while it works, so the pieces run side by side (its own
+        batch parallelism did not engage where measured: one core busy), and the caller's
+        thread is free meanwhile: on a GPU the metric's first chunk was tokenised before the
+        encoder could start (``benchmarks/README.md``, "On a GPU").
+        """
+        if self._backend is None:
+            return self.tokenizer(
+                prepared,
+                add_special_tokens=True,
+                truncation=False,
+                verbose=False,
+                # the ids alone: token types and masks would cost as much again to build
+                return_token_type_ids=False,
+                return_attention_mask=False,
+            )["input_ids"]
+        threads = min(threads, len(prepared) // _TEXTS_PER_THREAD)
+        if threads <= 1:
+            return [encoding.ids for encoding in self._backend.encode_batch(prepared)]
+        if self._pool is None or self._pool_pid != os.getpid():
+            # in a forked child (a DataLoader worker) the parent's threads do not exist
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="bsloss-tokens")
+            self._pool_pid = os.getpid()
+        size = -(-len(prepared) // threads)
+        pieces = [prepared[start : start + size] for start in range(0, len(prepared), size)]
+        encoded = self._pool.map(self._backend.encode_batch, pieces)
+        return [encoding.ids for piece in encoded for encoding in piece]
 
     def __call__(self, texts: Sequence[str], name: str = "texts") -> list[list[int]]:
         """Token ids with special tokens; truncation at ``max_length`` warns with the count,
@@ -130,3 +174,31 @@ class ScorerTokenizer:
             f"{self.max_length} tokens and were truncated ({where}); pass long_inputs='window' "
             "to score them whole with overlapping windows."
         )
+
+
+def _call_free_backend(tokenizer):
+    """A private copy of a fast tokenizer's Rust tokenizer set as the Hugging Face call with
+    ``add_special_tokens=True, truncation=False`` sets it (no truncation, no padding, the same
+    special-token splitting), so that its ``encode_batch`` gives that call's ids; ``None`` where
+    the call is not that: a slow tokenizer, or a class that changes how it encodes.
+
+    A copy because the Hugging Face call re-configures its own Rust tokenizer on every call
+    (truncation for the texts that are too long, padding) and refuses concurrent calls; this
+    one is never changed after it is made, so threads may share it.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    base = PreTrainedTokenizerFast
+    if not isinstance(tokenizer, base):
+        return None
+    for method in ("_encode_plus", "_batch_encode_plus"):  # transformers 5, 4
+        if getattr(type(tokenizer), method, None) is not getattr(base, method, None):
+            return None
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    if hasattr(backend, "encode_special_tokens"):
+        backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+    return backend
