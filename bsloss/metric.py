@@ -622,14 +622,11 @@ class BERTScorer:
     def _score_pairs(self, pair_cands, pair_refs, embeddings, table, batch_size) -> Tensor:
         """``[num_pairs, layers, 3]`` raw P, R, F, in batches of pairs of similar lengths; the
         host reads the scores once, after the last batch (no wait for the device per batch)."""
-        order = sorted(
-            range(len(pair_cands)),
-            key=lambda i: len(embeddings[pair_cands[i]][1]) + len(embeddings[pair_refs[i]][1]),
-        )
+        tokens = {text: ids.shape[0] for text, (_, ids) in embeddings.items()}
+        pair_sizes = [(tokens[c], tokens[r]) for c, r in zip(pair_cands, pair_refs, strict=True)]
+        order = sorted(range(len(pair_cands)), key=lambda i: sum(pair_sizes[i]))
         layers = self._layer_count()
-        sizes = [
-            (len(embeddings[pair_cands[i]][1]), len(embeddings[pair_refs[i]][1])) for i in order
-        ]
+        sizes = [pair_sizes[i] for i in order]
         fill = paced_by_host(self.encoder.device)
         batches = []  # each batch's [layers * B, 3] on the device: one copy to the host at the end
         for start, stop in pair_budget_batches(sizes, batch_size, fill, copies=layers):
