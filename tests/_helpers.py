@@ -1,11 +1,13 @@
 """Small helpers shared by the test files: warnings caught as text, a long text, scorer ids
-and one-hot logits, an LM head whose argmax tokens are given, and a tiny trainer's arguments."""
+and one-hot logits, an LM head whose argmax tokens are given, a tiny trainer's arguments, and a
+counter of the reads from a device to the host."""
 
 from __future__ import annotations
 
 import warnings
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 LONG_WORDS = [
     "the",
@@ -79,3 +81,16 @@ def tiny_training_arguments(tmp_path, cls=None, **extra):
         save_strategy="no",
     )
     return cls(**{**options, **extra})
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the operations that copy a device value to the host (``.item()``, ``bool()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default):
+            self.count += 1
+        return func(*args, **(kwargs or {}))

@@ -95,8 +95,9 @@ def test_pair_batches_hold_the_similarity_budget(copies):
 
 
 def test_filled_batches_score_the_same(scorer, monkeypatch):
-    """The GPU's filled batches, forced on the CPU: fewer encoder calls and matching batches,
-    the same scores."""
+    """The GPU's batches, forced on the CPU: fewer encoder calls and matching batches, masks
+    the model does not read back on the host (``attention_masks.py``), the same scores."""
+    from _helpers import HostReads
     from _tokenizers import stsb_pairs
 
     import bsloss.metric
@@ -107,13 +108,19 @@ def test_filled_batches_score_the_same(scorer, monkeypatch):
     calls: list[tuple[int, int]] = []
     original = encoder.encode_without_grad
 
+    host_reads: list[int] = []
+
     def recording(input_ids, attention_mask):
         calls.append(tuple(input_ids.shape))
-        return original(input_ids, attention_mask)
+        with HostReads() as reads:
+            hidden = original(input_ids, attention_mask)
+        host_reads.append(reads.count)
+        return hidden
 
     monkeypatch.setattr(encoder, "encode_without_grad", recording)
     plain = torch.stack(scorer.score(cands, refs, batch_size=16))
-    plain_calls, calls[:] = len(calls), []
+    assert sum(host_reads) >= len(calls)  # transformers reads each plain mask back
+    plain_calls, calls[:], host_reads[:] = len(calls), [], []
     for module in (bsloss.metric, bsloss.scorer.inference):
         monkeypatch.setattr(module, "paced_by_host", lambda device: True)
     filled = torch.stack(scorer.score(cands, refs, batch_size=16))
@@ -122,6 +129,7 @@ def test_filled_batches_score_the_same(scorer, monkeypatch):
     assert max(rows for rows, _ in calls) > budget
     assert all(rows * length <= budget * TOKENS_PER_SEQUENCE for rows, length in calls)
     torch.testing.assert_close(filled, plain, atol=2e-6, rtol=0)
+    assert sum(host_reads) == 0  # prepared masks: no wait for the card per batch
 
 
 @pytest.fixture(scope="module")

@@ -177,7 +177,7 @@ class ScorerEncoder(nn.Module):
         )
         return out.last_hidden_state
 
-    def encode_without_grad(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def encode_without_grad(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
         """:meth:`forward` for text outside autograd: through the compiled model when there is
         one (:meth:`compile_inference`), and every layer's hidden states with ``all_layers``."""
         if self.all_layers:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bsloss.scorer.attention_masks import prepared_attention_mask
 from bsloss.scorer.batching import (
     bucket_length,
     bucket_rows,
@@ -119,9 +120,14 @@ def embed_token_ids(
         )
         attended = real | filler_first_token
         device = encoder.device
-        hidden = transform(
-            encoder.encode_without_grad(to_device(input_ids, device), to_device(attended, device))
+        # where the host sets the pace, a mask the model need not read back (one wait for the
+        # card per batch otherwise); the CPU keeps the plain mask (no wait to save there)
+        mask = (
+            prepared_attention_mask(encoder.model, attended, device)
+            if fill
+            else to_device(attended, device)
         )
+        hidden = transform(encoder.encode_without_grad(to_device(input_ids, device), mask))
         flat_hidden = hidden.reshape(rows * length, -1)
         token_rows = to_device(real.flatten().nonzero().squeeze(1), device)
         # row-major: sequence by sequence, which is the packed layout of ``members``
@@ -154,7 +160,8 @@ def embed_windows(encoder: ScorerEncoder, ids: Sequence[int], overlap: float = 0
     windows = [prefix_ids + content[a : a + width] + suffix_ids for a in starts]
     device = encoder.device
     input_ids = torch.tensor(windows, device=device)  # all windows have the full width
-    hidden = encoder.encode_without_grad(input_ids, torch.ones_like(input_ids))
+    # no padding, no mask: transformers would drop an all-ones one after reading it back
+    hidden = encoder.encode_without_grad(input_ids, None)
     position = torch.arange(len(content), device=device)
     start = torch.tensor(starts, device=device)
     offset = position[None, :] - start[:, None]  # [windows, tokens]

@@ -1,0 +1,83 @@
+"""Attention masks the scorer's model takes without reading them back on the host
+(``bsloss/scorer/attention_masks.py``): the same hidden states as the plain ``[B, L]`` mask, for
+every attention implementation and the architectures that build their masks with
+transformers' ``create_bidirectional_mask``; other models keep the plain mask."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _helpers import HostReads
+
+from bsloss.scorer.attention_masks import _mask_builder, prepared_attention_mask
+
+pytestmark = pytest.mark.skipif(
+    _mask_builder() is None, reason="transformers without create_bidirectional_mask(skip=...)"
+)
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "intermediate_size": 64, "vocab_size": 120}  # fmt: skip
+
+
+def _model(kind: str, attention: str):
+    from transformers import (
+        BertConfig,
+        BertModel,
+        DebertaConfig,
+        DebertaModel,
+        MPNetConfig,
+        MPNetModel,
+        RobertaConfig,
+        RobertaModel,
+    )
+
+    torch.manual_seed(0)
+    config_class, model_class = {
+        "bert": (BertConfig, BertModel),
+        "mpnet": (MPNetConfig, MPNetModel),
+        "roberta": (RobertaConfig, RobertaModel),
+        "deberta": (DebertaConfig, DebertaModel),
+    }[kind]
+    config = config_class(**SMALL, attn_implementation=attention)
+    return model_class(config).eval()
+
+
+def _batch():
+    lengths = torch.tensor([7, 3, 5, 1])
+    attended = torch.arange(7)[None, :] < lengths[:, None]
+    input_ids = torch.randint(5, 120, (4, 7), generator=torch.Generator().manual_seed(1))
+    return input_ids, attended
+
+
+@pytest.mark.parametrize(
+    "kind, attention",
+    [("bert", "sdpa"), ("bert", "eager"), ("roberta", "sdpa"), ("mpnet", "eager")],  # no MPNet SDPA
+)
+def test_prepared_mask_gives_the_same_states_without_a_host_read(kind, attention):
+    model = _model(kind, attention)
+    input_ids, attended = _batch()
+    prepared = prepared_attention_mask(model, attended, torch.device("cpu"))
+    assert prepared is not None and prepared.dim() == 4
+    with torch.no_grad():
+        with HostReads() as plain_reads:
+            plain = model(input_ids=input_ids, attention_mask=attended.long()).last_hidden_state
+        with HostReads() as prepared_reads:
+            ours = model(input_ids=input_ids, attention_mask=prepared).last_hidden_state
+    real = attended[..., None]
+    torch.testing.assert_close(ours * real, plain * real, atol=1e-6, rtol=1e-6)
+    if attention == "sdpa":  # transformers asks the plain mask whether all of it is set
+        assert plain_reads.count >= 1
+    assert prepared_reads.count == 0
+
+
+def test_no_padding_means_no_mask_and_other_models_keep_the_plain_one():
+    input_ids, attended = _batch()
+    bert = _model("bert", "sdpa")
+    assert (
+        prepared_attention_mask(bert, torch.ones(2, 5, dtype=torch.bool), torch.device("cpu"))
+        is None
+    )
+    deberta = _model("deberta", "eager")  # builds its masks itself
+    mask = prepared_attention_mask(deberta, attended, torch.device("cpu"))
+    assert mask is not None and mask.dim() == 2 and torch.equal(mask, attended)
+    with pytest.raises(ValueError, match="attended must be built on the host"):
+        prepared_attention_mask(bert, attended.to("meta"), torch.device("cpu"))
