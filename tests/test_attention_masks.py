@@ -55,7 +55,7 @@ def _batch():
 def test_prepared_mask_gives_the_same_states_without_a_host_read(kind, attention):
     model = _model(kind, attention)
     input_ids, attended = _batch()
-    prepared = prepared_attention_mask(model, attended, torch.device("cpu"))
+    prepared = prepared_attention_mask(model, attended)
     assert prepared is not None and prepared.dim() == 4
     with torch.no_grad():
         with HostReads() as plain_reads:
@@ -72,12 +72,32 @@ def test_prepared_mask_gives_the_same_states_without_a_host_read(kind, attention
 def test_no_padding_means_no_mask_and_other_models_keep_the_plain_one():
     input_ids, attended = _batch()
     bert = _model("bert", "sdpa")
-    assert (
-        prepared_attention_mask(bert, torch.ones(2, 5, dtype=torch.bool), torch.device("cpu"))
-        is None
-    )
+    assert prepared_attention_mask(bert, attended, padded=False) is None
+    assert prepared_attention_mask(bert, attended, padded=True).dim() == 4
     deberta = _model("deberta", "eager")  # builds its masks itself
-    mask = prepared_attention_mask(deberta, attended, torch.device("cpu"))
-    assert mask is not None and mask.dim() == 2 and torch.equal(mask, attended)
-    with pytest.raises(ValueError, match="attended must be built on the host"):
-        prepared_attention_mask(bert, attended.to("meta"), torch.device("cpu"))
+    assert prepared_attention_mask(deberta, attended) is attended
+
+
+def test_the_encoder_prepares_its_mask_where_the_host_sets_the_pace(encoder, monkeypatch):
+    """The loss's path (``ScorerEncoder.forward`` with input embeddings and a device mask): on
+    a GPU the mask is prepared without a read, the states and gradients as with the plain
+    mask (forced here on the CPU)."""
+    import bsloss.scorer.encoder
+
+    _, attended = _batch()
+    torch.manual_seed(0)
+    embeds = torch.randn(4, 7, encoder.hidden_size, requires_grad=True)
+
+    def run():
+        embeds.grad = None
+        with HostReads() as reads:
+            hidden = encoder(inputs_embeds=embeds, attention_mask=attended.long())
+        (hidden * attended[..., None]).square().sum().backward()
+        return hidden.detach() * attended[..., None], embeds.grad.clone(), reads.count
+
+    plain, plain_grad, plain_reads = run()
+    monkeypatch.setattr(bsloss.scorer.encoder, "paced_by_host", lambda device: True)
+    ours, grad, reads = run()
+    assert plain_reads >= 1 and reads == 0
+    torch.testing.assert_close(ours, plain, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, plain_grad, atol=1e-5, rtol=1e-5)

@@ -3,10 +3,10 @@
 Given a ``[B, L]`` padding mask, transformers (5.x, through ``create_bidirectional_mask``) asks
 whether every entry is set, to drop an all-ones mask and let SDPA pick its fastest kernel. On a
 GPU that question is a copy to the host and a wait for the card, once per encoder call: the host
-cannot queue the next batch while the card works on this one. A batch built on the host knows
-the answer already, so :func:`prepared_attention_mask` gives the model either no mask (no
-padding: what transformers would have chosen) or the mask transformers would have built, made
-here, in the 4D form the model takes as it is.
+cannot queue the next batch while the card works on this one. :func:`prepared_attention_mask`
+gives the model the mask transformers would have built, made here without the question, in the
+4D form the model takes as it is; or no mask, when the caller knows there is no padding (a batch
+built on the host: what transformers would have chosen).
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from functools import cache
 
 import torch
 from torch import Tensor, nn
-
-from bsloss.scorer.batching import to_device
 
 __all__ = ["prepared_attention_mask"]
 
@@ -46,31 +44,35 @@ def _builds_its_masks_with(model: nn.Module, builder) -> bool:
 
 
 def prepared_attention_mask(
-    model: nn.Module, attended: Tensor, device: torch.device
+    model: nn.Module, mask: Tensor, padded: bool | None = None
 ) -> Tensor | None:
-    """The attention mask for ``model`` of the host-built ``[B, L]`` boolean mask ``attended``,
-    on ``device``.
+    """The attention mask to give ``model`` for a ``[B, L]`` padding ``mask`` on its device,
+    such that the model does not read it back on the host.
 
-    ``None`` when nothing is padded; else, for a model whose masks transformers builds with
-    ``create_bidirectional_mask``, that mask for the model's attention implementation (a 4D
-    boolean for SDPA, an additive float for eager), built here without the host read; for any
-    other model the 2D mask as it is.
+    Args:
+        model: the scorer's Hugging Face model.
+        mask: ``[B, L]``, nonzero where a token is attended.
+        padded: whether any position is masked, when the caller knows it without asking the
+            device (a batch built on the host); ``None``: not known.
+
+    Returns:
+        ``None`` when ``padded`` is ``False`` (what transformers would choose); else, for a model
+        whose masks transformers builds with ``create_bidirectional_mask``, that mask for the
+        model's attention implementation (a 4D boolean for SDPA, an additive float for eager),
+        built without the read; for any other model ``mask`` as it is.
     """
-    if attended.device.type != "cpu":
-        raise ValueError(f"attended must be built on the host, got a tensor on {attended.device}")
-    if bool(attended.all()):
+    if padded is False:
         return None
-    mask = to_device(attended, device)
     builder = _mask_builder()
     if not _builds_its_masks_with(model, builder):
         return mask
     embeddings = model.get_input_embeddings()
     dtype = embeddings.weight.dtype if embeddings is not None else torch.float32
     # the mask takes the batch size, dtype and device from the embeddings: an empty stand-in
-    like = torch.empty((*attended.shape, 0), dtype=dtype, device=device)
+    like = torch.empty((*mask.shape, 0), dtype=dtype, device=mask.device)
     return builder(
         config=model.config,
         inputs_embeds=like,
         attention_mask=mask,
-        allow_is_bidirectional_skip=False,  # the question this module answers on the host
+        allow_is_bidirectional_skip=False,  # the question this module answers without the read
     )

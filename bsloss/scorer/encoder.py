@@ -22,6 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from bsloss._warnings import warn_user
+from bsloss.scorer.attention_masks import prepared_attention_mask
+from bsloss.scorer.batching import paced_by_host
 from bsloss.scorer.layers import freeze
 from bsloss.scorer.loading import load_scorer, resolve_device
 from bsloss.scorer.tokenization import ScorerTokenizer
@@ -172,6 +174,9 @@ class ScorerEncoder(nn.Module):
         if torch.is_grad_enabled():
             self.keep_frozen()
         self._check_precision()
+        if attention_mask is not None and attention_mask.dim() == 2 and paced_by_host(self.device):
+            # no read of the mask back on the host (a wait for the card) inside the model
+            attention_mask = prepared_attention_mask(self.model, attention_mask)
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds
         )

@@ -122,11 +122,9 @@ def embed_token_ids(
         device = encoder.device
         # where the host sets the pace, a mask the model need not read back (one wait for the
         # card per batch otherwise); the CPU keeps the plain mask (no wait to save there)
-        mask = (
-            prepared_attention_mask(encoder.model, attended, device)
-            if fill
-            else to_device(attended, device)
-        )
+        mask = to_device(attended, device)
+        if fill:
+            mask = prepared_attention_mask(encoder.model, mask, padded=not bool(attended.all()))
         hidden = transform(encoder.encode_without_grad(to_device(input_ids, device), mask))
         flat_hidden = hidden.reshape(rows * length, -1)
         token_rows = to_device(real.flatten().nonzero().squeeze(1), device)
