@@ -118,3 +118,18 @@ def test_the_tokenizer_copies_pickles_and_survives_a_fork(encoder):
     os.waitpid(child, 0)
     assert answered, "the forked child's tokenisation hung"
     assert os.read(read, 1) == b"1"
+
+
+def test_tokens_added_to_the_tokenizer_later_are_seen(encoder, tmp_path):
+    from transformers import AutoTokenizer
+
+    from bsloss.scorer.tokenization import ScorerTokenizer
+
+    encoder.tokenizer.save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    tokens = ScorerTokenizer(tokenizer, "copy")
+    before = tokens.encode(["a zxqvword here"])[0]
+    tokenizer.add_tokens(["zxqvword"])
+    after = tokens.encode(["a zxqvword here"])[0]
+    assert after != before
+    assert after == [tokenizer(tokens.prepare(["a zxqvword here"]))["input_ids"][0]]

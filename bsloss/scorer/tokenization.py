@@ -132,10 +132,11 @@ class ScorerTokenizer:
         Through the Hugging Face call, or, for a fast tokenizer, straight through a private
         copy of its Rust tokenizer (:func:`_call_free_backend`): the same ids without the
         call's per-text conversions, and, for a large batch, in pieces on a few threads. The
-        Rust code leaves Python's lock while it works, so the pieces run side by side (its own
-        batch parallelism did not engage where measured: one core busy), and the caller's
-        thread is free meanwhile: on a GPU the metric's first chunk was tokenised before the
-        encoder could start (``benchmarks/README.md``, "On a GPU").
+        Rust code leaves Python's lock while it works, so the pieces run side by side even
+        where the library's own batch parallelism is off (``TOKENIZERS_PARALLELISM=false``, or a
+        process forked after it was used), and the caller's thread is free meanwhile: on a GPU
+        the metric's first chunk was tokenised before the encoder could start
+        (``benchmarks/README.md``, "Runs 4-6"; ``benchmarks/tokenization.py``).
         """
         if self._backend is None:
             return self.tokenizer(
@@ -147,6 +148,9 @@ class ScorerTokenizer:
                 return_token_type_ids=False,
                 return_attention_mask=False,
             )["input_ids"]
+        vocabulary = self.tokenizer.backend_tokenizer.get_vocab_size(True)
+        if self._backend.get_vocab_size(True) != vocabulary:  # tokens added: copy it again
+            self._backend = _call_free_backend(self.tokenizer)
         threads = min(threads, len(prepared) // _TEXTS_PER_THREAD)
         if threads <= 1:
             return [encoding.ids for encoding in self._backend.encode_batch(prepared)]
