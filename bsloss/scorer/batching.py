@@ -62,8 +62,8 @@ def bucket_rows(rows: int, max_rows: int) -> int:
 
 
 def paced_by_host(device: torch.device) -> bool:
-    """Whether the host's work (Python, launches, tokenisation) sets the pace of batched
-    inference on ``device``: on a GPU, yes; on the CPU, where the arithmetic does, no.
+    """Whether the host's work (Python, launches, tokenisation) sets the pace of the scorer's
+    calls on ``device``: on a GPU, yes; on the CPU, where the arithmetic does, no.
 
     Where it does, the metric (an H200 encoded 2,000 Brown pairs in 0.12 s of kernels inside
     0.77 s: ``benchmarks/README.md``, "Runs 4-6") spends less of it:
@@ -72,9 +72,12 @@ def paced_by_host(device: torch.device) -> bool:
       pays the same per batch whatever its rows, and 2,000 Brown pairs take 17 encoder calls
       instead of 63 (``benchmarks/launches.py``);
     * a call's first chunks are small (:func:`~bsloss.metric.chunk_slices`) and the next chunk
-      is tokenised on several threads while one is encoded, so the card waits little for tokens.
+      is tokenised on several threads while one is encoded, so the card waits little for tokens;
+    * the model gets its attention mask in the form transformers would build, so that it does not
+      read the mask back to the host, a wait for the card per call
+      (:mod:`~bsloss.scorer.attention_masks`; the loss's candidate pass too).
 
-    On the CPU neither pays: the filled batches were slower (MiniLM, 4,000 Brown pairs, 2
+    On the CPU none of this pays: the filled batches were slower (MiniLM, 4,000 Brown pairs, 2
     threads: 28.6 s -> 32.8 s; their activations fall out of the cache), and tokenisation threads
     beside the encoder's OpenMP threads only take cores from it.
     """
