@@ -72,6 +72,7 @@ def main() -> None:
     from unittest.mock import patch
 
     import bsloss.metric
+    import bsloss.scorer.encoder
     import bsloss.scorer.inference
     from bsloss import BERTScoreLoss, BERTScorer, LMHeadInputs
     from bsloss.scorer.encoder import ScorerEncoder
@@ -117,6 +118,7 @@ def main() -> None:
             with (
                 patch.object(bsloss.metric, "paced_by_host", lambda device: fill),
                 patch.object(bsloss.scorer.inference, "paced_by_host", lambda device: fill),
+                patch.object(bsloss.scorer.encoder, "paced_by_host", lambda device: fill),
             ):
                 scorer.score(metric_cands, metric_refs, progress=False)
 

@@ -69,11 +69,31 @@ def test_prepared_mask_gives_the_same_states_without_a_host_read(kind, attention
     assert prepared_reads.count == 0
 
 
-def test_no_padding_means_no_mask_and_other_models_keep_the_plain_one():
+def test_a_host_batch_without_padding_gives_no_mask(encoder, monkeypatch):
+    """embed_token_ids knows on the host whether a batch pads: without padding the model gets
+    no mask (what transformers chooses after reading an all-ones one back), with it a mask."""
+    from bsloss.scorer.inference import embed_token_ids
+
+    masks = []
+    original = encoder.encode_without_grad
+
+    def recording(input_ids, attention_mask):
+        masks.append(attention_mask)
+        return original(input_ids, attention_mask)
+
+    monkeypatch.setattr(encoder, "encode_without_grad", recording)
+    same_length = [[101, 2000 + i, 2001 + i, 102] for i in range(4)]
+    with torch.no_grad():
+        embed_token_ids(encoder, same_length, batch_size=8)
+        embed_token_ids(encoder, [*same_length, [101, 102]], batch_size=8)
+    assert masks[0] is None
+    assert masks[1] is not None and not bool(masks[1].all())
+
+
+def test_other_models_keep_the_plain_mask():
     input_ids, attended = _batch()
     bert = _model("bert", "sdpa")
-    assert prepared_attention_mask(bert, attended, padded=False) is None
-    assert prepared_attention_mask(bert, attended, padded=True).dim() == 4
+    assert prepared_attention_mask(bert, attended).dim() == 4
     deberta = _model("deberta", "eager")  # builds its masks itself
     assert prepared_attention_mask(deberta, attended) is attended
 

@@ -101,6 +101,7 @@ def test_filled_batches_score_the_same(scorer, monkeypatch):
     from _tokenizers import stsb_pairs
 
     import bsloss.metric
+    import bsloss.scorer.encoder
     import bsloss.scorer.inference
 
     cands, refs = stsb_pairs(400)
@@ -121,7 +122,7 @@ def test_filled_batches_score_the_same(scorer, monkeypatch):
     plain = torch.stack(scorer.score(cands, refs, batch_size=16))
     assert sum(host_reads) >= len(calls)  # transformers reads each plain mask back
     plain_calls, calls[:], host_reads[:] = len(calls), [], []
-    for module in (bsloss.metric, bsloss.scorer.inference):
+    for module in (bsloss.metric, bsloss.scorer.inference, bsloss.scorer.encoder):
         monkeypatch.setattr(module, "paced_by_host", lambda device: True)
     filled = torch.stack(scorer.score(cands, refs, batch_size=16))
     assert len(calls) < plain_calls / 2, (len(calls), plain_calls)

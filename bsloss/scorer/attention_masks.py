@@ -5,8 +5,9 @@ whether every entry is set, to drop an all-ones mask and let SDPA pick its faste
 GPU that question is a copy to the host and a wait for the card, once per encoder call: the host
 cannot queue the next batch while the card works on this one. :func:`prepared_attention_mask`
 gives the model the mask transformers would have built, made here without the question, in the
-4D form the model takes as it is; or no mask, when the caller knows there is no padding (a batch
-built on the host: what transformers would have chosen).
+4D form the model takes as it is (``ScorerEncoder`` calls it where the host sets the pace). A
+batch built on the host passes no mask when nothing is padded, which is what transformers would
+have chosen (:func:`~bsloss.scorer.inference.embed_token_ids`).
 """
 
 from __future__ import annotations
@@ -43,26 +44,12 @@ def _builds_its_masks_with(model: nn.Module, builder) -> bool:
     return getattr(module, builder.__name__, None) is builder
 
 
-def prepared_attention_mask(
-    model: nn.Module, mask: Tensor, padded: bool | None = None
-) -> Tensor | None:
-    """The attention mask to give ``model`` for a ``[B, L]`` padding ``mask`` on its device,
-    such that the model does not read it back on the host.
-
-    Args:
-        model: the scorer's Hugging Face model.
-        mask: ``[B, L]``, nonzero where a token is attended.
-        padded: whether any position is masked, when the caller knows it without asking the
-            device (a batch built on the host); ``None``: not known.
-
-    Returns:
-        ``None`` when ``padded`` is ``False`` (what transformers would choose); else, for a model
-        whose masks transformers builds with ``create_bidirectional_mask``, that mask for the
-        model's attention implementation (a 4D boolean for SDPA, an additive float for eager),
-        built without the read; for any other model ``mask`` as it is.
-    """
-    if padded is False:
-        return None
+def prepared_attention_mask(model: nn.Module, mask: Tensor) -> Tensor:
+    """The attention mask to give ``model`` for a ``[B, L]`` padding ``mask`` (nonzero where a
+    token is attended), such that the model does not read it back on the host: for a model whose
+    masks transformers builds with ``create_bidirectional_mask``, that mask for the model's
+    attention implementation (a 4D boolean for SDPA, an additive float for eager); for any other
+    model ``mask`` as it is."""
     builder = _mask_builder()
     if not _builds_its_masks_with(model, builder):
         return mask

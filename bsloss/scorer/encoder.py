@@ -174,13 +174,20 @@ class ScorerEncoder(nn.Module):
         if torch.is_grad_enabled():
             self.keep_frozen()
         self._check_precision()
-        if attention_mask is not None and attention_mask.dim() == 2 and paced_by_host(self.device):
-            # no read of the mask back on the host (a wait for the card) inside the model
-            attention_mask = prepared_attention_mask(self.model, attention_mask)
         out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds
+            input_ids=input_ids,
+            attention_mask=self._model_mask(attention_mask),
+            inputs_embeds=inputs_embeds,
         )
         return out.last_hidden_state
+
+    def _model_mask(self, attention_mask: Tensor | None) -> Tensor | None:
+        """The mask as the model takes it: where the host sets the pace, a ``[B, L]`` mask is
+        prepared so that the model does not read it back on the host, a wait for the card
+        (:mod:`~bsloss.scorer.attention_masks`)."""
+        if attention_mask is not None and attention_mask.dim() == 2 and paced_by_host(self.device):
+            return prepared_attention_mask(self.model, attention_mask)
+        return attention_mask
 
     def encode_without_grad(self, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
         """:meth:`forward` for text outside autograd: through the compiled model when there is
@@ -188,14 +195,14 @@ class ScorerEncoder(nn.Module):
         if self.all_layers:
             self._check_precision()
             model = self._inference_model or self.model
-            out = model(
-                input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
-            )
+            mask = self._model_mask(attention_mask)
+            out = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
             return torch.cat(out.hidden_states, dim=-1)
         if self._inference_model is None or torch.is_grad_enabled():
             return self(input_ids=input_ids, attention_mask=attention_mask)
         self._check_precision()
-        out = self._inference_model(input_ids=input_ids, attention_mask=attention_mask)
+        mask = self._model_mask(attention_mask)
+        out = self._inference_model(input_ids=input_ids, attention_mask=mask)
         return out.last_hidden_state
 
     def describe(self) -> str:

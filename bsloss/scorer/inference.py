@@ -21,7 +21,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bsloss.scorer.attention_masks import prepared_attention_mask
 from bsloss.scorer.batching import (
     bucket_length,
     bucket_rows,
@@ -120,11 +119,9 @@ def embed_token_ids(
         )
         attended = real | filler_first_token
         device = encoder.device
-        # where the host sets the pace, a mask the model need not read back (one wait for the
-        # card per batch otherwise); the CPU keeps the plain mask (no wait to save there)
-        mask = to_device(attended, device)
-        if fill:
-            mask = prepared_attention_mask(encoder.model, mask, padded=not bool(attended.all()))
+        # no padding, no mask: what transformers would choose after reading an all-ones mask
+        # back from the device (the encoder prepares a padded one so that it need not)
+        mask = None if bool(attended.all()) else to_device(attended, device)
         hidden = transform(encoder.encode_without_grad(to_device(input_ids, device), mask))
         flat_hidden = hidden.reshape(rows * length, -1)
         token_rows = to_device(real.flatten().nonzero().squeeze(1), device)
