@@ -252,6 +252,7 @@ TIME_AND_MEMORY = [
     ("warmup_s", "first pass s", _float, "r"),
     ("peak_mib", "peak extra MiB", _mib, "r"),
     ("repeats", "passes", _text, "r"),
+    ("host_syncs", "host syncs a pass", _text, "r"),
 ]
 COLUMNS: dict[str, list[tuple[str, str, Callable[[Any], str], str]]] = {
     "placement": [
@@ -311,8 +312,9 @@ METHOD = (
     "on CUDA, CUDA events around each pass after one warm-up pass (its seconds: 'first pass "
     "s'), the median of up to 5 timed passes; 'peak extra' = torch.cuda.max_memory_allocated() "
     "over the timed passes minus the memory allocated before them (parameters, optimiser state, "
-    "cached references left out; the gradients a pass makes counted). On the CPU (smoke): wall "
-    "time and the RSS high-water mark"
+    "cached references left out; the gradients a pass makes counted); 'host syncs a pass' = the "
+    "synchronising calls of one more pass under torch.cuda.set_sync_debug_mode('warn'). On the "
+    "CPU (smoke): wall time and the RSS high-water mark"
 )
 
 
@@ -717,6 +719,8 @@ class Context:
         clear()
         self.profile(run)
         clear()
+        host_syncs = self.count_host_syncs(run)
+        clear()
         values = None
         if isinstance(value, torch.Tensor):
             values = [float(v) for v in value.detach().float().flatten().tolist()]
@@ -726,8 +730,28 @@ class Context:
             "warmup_s": warmup_s,
             "peak_mib": peak / MIB,
             "repeats": len(times),
+            "host_syncs": host_syncs,
             "values": values,
         }
+
+    def count_host_syncs(self, run: Callable[[], Any]) -> int | None:
+        """On CUDA, the calls of one more (untimed) pass that make the host wait for the card
+        (``.item()``, ``.tolist()``, ``nonzero``, boolean indexing, a copy to the host), as
+        torch's sync debug mode reports them; ``None`` on the CPU."""
+        if not self.cuda:
+            return None
+        import torch
+
+        self.sync()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        self.sync()
+        return sum("synchronizing CUDA operation" in str(w.message) for w in caught)
 
     def profiles(self, label: str) -> bool:
         """Whether ``--profile`` names ``label`` (any of its ``|``-separated texts)."""

@@ -9,7 +9,8 @@ holds a scorer and a loss; the two workers then run alternately
 * **metric**: ``BERTScorer.score`` of the 1,500 STS-B dev pairs (batch 64; ``--brown-pairs N``:
   N pairs of distinct Brown sentences), the reference cache off, so every call encodes every text;
 * **loss**: ``BERTScoreLoss`` (softmax matching) forward and backward on random logits
-  ``[8, 24, V]`` against 8 STS-B references (the references' embeddings cached, as in training).
+  ``[8, 24, V]`` against 8 STS-B references (the references' embeddings cached, as in training);
+  ``--loss-shape B,L,CALLS`` sets the logits' size and the calls per round.
 
 ``--narrow`` swaps MiniLM for a random scorer of its vocabulary, tokenizer and depth but 32 wide
 (seeded, written once to a temporary folder): its arithmetic is then negligible, so the times are
@@ -43,7 +44,14 @@ SAME_SPEED = harness.Goal("new / old seconds", 1.05, "<=")
 class TreeScoring:
     """A worker's state: bsloss imported from ``tree``, a scorer and a loss built once."""
 
-    def __init__(self, tree: str, threads: int, scorer: str | None = None, brown_pairs: int = 0):
+    def __init__(
+        self,
+        tree: str,
+        threads: int,
+        scorer: str | None = None,
+        brown_pairs: int = 0,
+        loss_shape: tuple[int, int, int] = (8, 24, 1),
+    ):
         sys.path.insert(0, tree)  # before bsloss is first imported in this process
         import torch
 
@@ -60,7 +68,8 @@ class TreeScoring:
         self.loss_fn = bsloss.BERTScoreLoss(encoder=self.scorer.encoder, matching="softmax")
         generator = torch.Generator().manual_seed(0)
         vocab = self.scorer.encoder.input_embeddings.num_embeddings
-        self.logits = torch.randn(8, 24, vocab, generator=generator).requires_grad_()
+        batch, length, self.loss_calls = loss_shape
+        self.logits = torch.randn(batch, length, vocab, generator=generator).requires_grad_()
         self.scorer.score(self.cands[:16], self.refs[:16], progress=False)  # warm-up
         self.loss()
 
@@ -69,9 +78,10 @@ class TreeScoring:
         return float(f1.double().sum())
 
     def loss(self) -> float:
-        self.logits.grad = None
-        value = self.loss_fn(logits=self.logits, references=self.refs[:8])
-        value.backward()
+        for _ in range(self.loss_calls):
+            self.logits.grad = None
+            value = self.loss_fn(logits=self.logits, references=self.refs[: len(self.logits)])
+            value.backward()
         return float(value)
 
 
@@ -107,6 +117,12 @@ def main() -> None:
         help="a random 32-wide scorer of MiniLM's vocabulary: the host's work alone",
     )
     parser.add_argument(
+        "--loss-shape",
+        default="8,24,1",
+        help="B,L,CALLS: the loss's logits [B, L, V], called CALLS times a round (default 8,24,1; "
+        "2,8,50 with --narrow: the host's work per call, little arithmetic)",
+    )
+    parser.add_argument(
         "--brown-pairs",
         type=int,
         default=0,
@@ -115,10 +131,16 @@ def main() -> None:
     args = parser.parse_args()
     env = harness.environment()
     trees = {"old": args.old, "new": args.new}
+    fields = args.loss_shape.split(",")
+    loss_shape = tuple(int(x) for x in fields) if all(x.isdigit() for x in fields) else ()
+    if len(loss_shape) != 3 or min(loss_shape) < 1:
+        parser.error(
+            f"--loss-shape must be B,L,CALLS (three positive integers), got {args.loss_shape}"
+        )
     scratch = tempfile.TemporaryDirectory(prefix="bsloss-narrow-")
     scorer = narrow_scorer(Path(scratch.name)) if args.narrow else None
     workers = {
-        name: harness.Worker(TreeScoring, tree, args.threads, scorer, args.brown_pairs)
+        name: harness.Worker(TreeScoring, tree, args.threads, scorer, args.brown_pairs, loss_shape)
         for name, tree in trees.items()
     }
     try:
@@ -149,7 +171,8 @@ def main() -> None:
         f"- old: `{args.old}`; new: `{args.new}`; each worker {args.threads} torch thread(s)",
         "- scorer: "
         + ("random, 32 wide (--narrow: the host's work)" if args.narrow else "MiniLM")
-        + (f"; metric: {args.brown_pairs:,} distinct Brown pairs" if args.brown_pairs else ""),
+        + (f"; metric: {args.brown_pairs:,} distinct Brown pairs" if args.brown_pairs else "")
+        + f"; loss: logits [{loss_shape[0]}, {loss_shape[1]}, V], {loss_shape[2]} call(s) a round",
         "",
     ]
     lines.append(harness.markdown_table(header, rows, "lrrrrll"))

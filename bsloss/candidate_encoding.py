@@ -253,7 +253,8 @@ class CandidateEncoder:
         # one seed per call: the dense and the fused path draw the same Gumbel noise from it
         seed = None if self.candidates.gumbel_temperature is None else draw_seed()
         if isinstance(candidates, LMHeadInputs):
-            check_finite_tensor(candidates.hidden_states, "hidden_states")
+            # hidden states are checked where the pass uses them, by its one read of the
+            # device: a read here would wait for the whole model's forward
             # a decoding bridge decodes the whole candidate, as from logits: the positions cut
             # from the encoding go through the head too, for their most probable tokens
             inputs, weights, log_likelihood, tokens = self._fused_inputs(
@@ -302,20 +303,18 @@ class CandidateEncoder:
 
     def _encode_inputs(self, inputs: Tensor, weights: Tensor, candidate_mask: Tensor):
         tokens = self.encoder.tokenization
-        inputs, attention, special = splice_special_tokens(
+        # the weights follow the tokens to their packed slots; special tokens weigh 0
+        spliced = splice_special_tokens(
             inputs,
             candidate_mask,
             self.encoder.input_embeddings.weight,
             tokens.prefix_ids,
             tokens.suffix_ids,
             tokens.max_length,
+            token_weights=weights,
         )
-        hidden = self.encoder(inputs_embeds=inputs, attention_mask=attention.long())
-        # Weights follow the tokens to their packed slots; special tokens weigh 0.
-        packed = torch.zeros(attention.shape, dtype=weights.dtype, device=hidden.device)
-        real = attention & ~special
-        packed[real] = weights[candidate_mask]
-        return hidden, attention, packed
+        hidden = self.encoder(inputs_embeds=spliced.inputs, attention_mask=spliced.attention.long())
+        return hidden, spliced.attention, spliced.weights
 
     def _fused_inputs(
         self,
@@ -342,12 +341,16 @@ class CandidateEncoder:
             check_device(target_ids, "target_ids", hidden_states.device, "hidden_states")
             check_targets_shape(target_ids, "target_ids", hidden_states, "hidden_states")
             selected = candidate_mask | (target_ids != IGNORE_INDEX)
+        # one read of the device for the selection (its size); gathers and scatters by these
+        # row ids read nothing more, forward or backward (boolean indexing would, each time)
+        row_ids = selected.flatten().nonzero().squeeze(1)
+        batch, length = selected.shape
         try:
             out = fused_expected_inputs(
-                hidden_states[selected],
+                hidden_states.flatten(0, 1).index_select(0, row_ids),
                 output_embeddings,
                 table,
-                target_ids=None if target_ids is None else target_ids[selected],
+                target_ids=None if target_ids is None else target_ids.flatten()[row_ids],
                 softcap=softcap,
                 temperature=temperature,
                 top_k=self.candidates.top_k,
@@ -355,26 +358,30 @@ class CandidateEncoder:
                 gumbel_temperature=self.candidates.gumbel_temperature,
                 gumbel_seed=seed,
                 # the noise is addressed by the position in [B, L], as on the dense path
-                row_ids=selected.flatten().nonzero().squeeze(1),
+                row_ids=row_ids,
             )
         except NonFiniteLogitsError as error:
-            where = selected.nonzero()[error.row].tolist()  # the pass's row -> its [b, t]
+            # the culprit, when it is (among the positions the pass used)
+            check_finite_tensor(torch.where(selected[..., None], hidden_states, 0), "hidden_states")
+            where = list(divmod(int(row_ids[error.row]), length))  # the pass's row -> [b, t]
             raise ValueError(
                 f"the logits of hidden_states{where} under output_embeddings are NaN or Inf (NaN "
                 "or Inf in hidden_states or the LM head's weight, a float16 overflow of h W^T, "
                 f"or logit_softcap={softcap} / generator_temperature={temperature} making them "
                 "overflow)"
             ) from None
-        batch, length = selected.shape
         # float64 hidden states give float64 expectations; the scorer runs in its own dtype
         expected = out.expected.to(table.dtype)
-        full = expected.new_zeros(batch, length, expected.shape[-1])
-        full = full.masked_scatter(selected[..., None], expected)
+
+        def unselected(rows: Tensor) -> Tensor:  # [N, ...] -> [B, L, ...], 0 where unselected
+            full = rows.new_zeros(batch * length, *rows.shape[1:])
+            return full.index_copy(0, row_ids, rows).view(batch, length, *rows.shape[1:])
+
+        full = unselected(expected)
         tokens = torch.zeros(batch, length, dtype=torch.long, device=hidden_states.device)
         if out.tokens is not None:
-            tokens = tokens.masked_scatter(selected, out.tokens)
+            tokens = unselected(out.tokens)
         log_likelihood = None
         if out.log_likelihood is not None:
-            log_likelihood = out.log_likelihood.new_zeros(batch, length)
-            log_likelihood = log_likelihood.masked_scatter(selected, out.log_likelihood)
+            log_likelihood = unselected(out.log_likelihood)
         return full[..., :-1], full[..., -1], log_likelihood, tokens

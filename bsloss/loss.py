@@ -605,7 +605,9 @@ class BERTScoreLoss(nn.Module):
             references = references[:3]
         else:
             references = self.encode_reference_ids(reference_ids, reference_mask)
-        index = torch.tensor(owner, device=encoded.hidden.device)
+        # one reference per candidate, in order: no gather, no max over references
+        one_each = owner == list(range(batch))
+        index = None if one_each else torch.tensor(owner, device=encoded.hidden.device)
         prf = self._prf(encoded[:3], references, index, batch)
         if encoded.exact is None:
             return prf, log_likelihood
@@ -614,20 +616,21 @@ class BERTScoreLoss(nn.Module):
             exact = self._prf(encoded.exact, references, index, batch)
         return PRF(*(e + (x - x.detach()) for e, x in zip(exact, prf, strict=True))), log_likelihood
 
-    def _prf(self, candidates: tuple, references: tuple, index: Tensor, batch: int) -> PRF:
+    def _prf(self, candidates: tuple, references: tuple, index: Tensor | None, batch: int) -> PRF:
         """P, R, F ``[B]`` of encoded candidates against encoded references (``index``: each
-        reference's candidate; the max over a candidate's references)."""
+        reference's candidate, the max taken over a candidate's references; ``None``: one
+        reference per candidate, in order)."""
         cand_hidden, cand_mask, cand_weights = candidates
         ref_hidden, ref_mask, ref_weights = references
         if self.center:
             cand_hidden = batch_center(cand_hidden, cand_mask)
             ref_hidden = batch_center(ref_hidden, ref_mask)
         prf = bert_score(
-            cand_hidden[index],
+            cand_hidden if index is None else cand_hidden[index],
             ref_hidden,
-            cand_mask[index],
+            cand_mask if index is None else cand_mask[index],
             ref_mask,
-            cand_weights[index],
+            cand_weights if index is None else cand_weights[index],
             ref_weights,
             matching=self.matching,
         )
@@ -638,7 +641,7 @@ class BERTScoreLoss(nn.Module):
                     for x, b in zip(prf, self.baseline.to(prf.f1.device), strict=True)
                 )
             )
-        if len(index) == batch:
+        if index is None:
             return prf
         return PRF(*(best_over_references(x, index, batch) for x in prf))
 

@@ -14,11 +14,20 @@ the padded width would exceed the scorer's maximum (a long padded batch of short
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-__all__ = ["splice_special_tokens"]
+__all__ = ["SplicedTokens", "splice_special_tokens"]
+
+
+class SplicedTokens(NamedTuple):
+    """The scorer's inputs for a batch of candidates (``T``: the spliced width)."""
+
+    inputs: Tensor  # [B, T, d] input embeddings, special tokens included
+    attention: Tensor  # [B, T] bool, true up to and including the suffix specials
+    weights: Tensor  # [B, T] the real tokens' weights in their slots, 0 on specials and padding
 
 
 def splice_special_tokens(
@@ -28,7 +37,8 @@ def splice_special_tokens(
     prefix_ids: Sequence[int],
     suffix_ids: Sequence[int],
     max_length: int,
-) -> tuple[Tensor, Tensor, Tensor]:
+    token_weights: Tensor | None = None,
+) -> SplicedTokens:
     """Wrap each row's real token embeddings in the scorer's special tokens.
 
     Args:
@@ -37,20 +47,23 @@ def splice_special_tokens(
         table: the scorer's ``[V, d]`` input-embedding table (the special tokens' rows).
         prefix_ids, suffix_ids: the special ids before and after a sentence ([CLS] / [SEP]).
         max_length: the scorer's maximum length, special tokens included.
+        token_weights: ``[B, L]`` importance weights of the candidate tokens, moved with them
+            (default: 1 on real tokens).
 
     Returns:
-        inputs ``[B, P + L' + S, d]``, attention mask and special-position mask ``[B, P + L' +
-        S]`` (``P``/``S``: the numbers of prefix/suffix special tokens; ``L'`` is ``L``, or the
-        largest number of real tokens in a row when ``P + L + S`` exceeds ``max_length``).
+        :class:`SplicedTokens` ``[B, P + L' + S, ...]`` (``P``/``S``: the numbers of
+        prefix/suffix special tokens; ``L'`` is ``L``, or the largest number of real tokens in
+        a row when ``P + L + S`` exceeds ``max_length``). Every tensor is built by scatters and
+        comparisons whose sizes the host knows: no boolean indexing, so no wait for a GPU.
 
     >>> embeddings = torch.arange(6.0).reshape(1, 3, 2)
     >>> table = torch.full((4, 2), -1.0)
-    >>> inputs, attention, special = splice_special_tokens(
+    >>> spliced = splice_special_tokens(
     ...     embeddings, torch.tensor([[True, False, True]]), table, [2], [3], max_length=512)
-    >>> inputs[0, :, 0].tolist()
+    >>> spliced.inputs[0, :, 0].tolist()
     [-1.0, 0.0, 4.0, -1.0, 0.0]
-    >>> attention.tolist(), special.tolist()
-    ([[True, True, True, True, False]], [[True, False, False, True, False]])
+    >>> spliced.attention.tolist(), spliced.weights.tolist()
+    ([[True, True, True, True, False]], [[0.0, 1.0, 1.0, 0.0, 0.0]])
     """
     batch = token_embeddings.shape[0]
     mask = mask.bool()
@@ -65,19 +78,20 @@ def splice_special_tokens(
     total = n_prefix + length + n_suffix
     # Slot of each real token: right after the prefix, packed left in their original order.
     slot = n_prefix + torch.cumsum(mask.long(), dim=1) - 1
-    slot = torch.where(mask, slot, torch.full_like(slot, total))  # padded -> a dropped slot
+    slot = torch.where(mask, slot, total)  # padded -> the dropped slot `total`
     inputs = token_embeddings.new_zeros(batch, total + 1, token_embeddings.shape[-1])
     inputs = inputs.scatter(1, slot[..., None].expand_as(token_embeddings), token_embeddings)
     inputs = inputs[:, :total]
+    if token_weights is None:
+        token_weights = mask.to(token_embeddings.dtype)
+    # a padded token's weight lands in the dropped slot too; specials' slots stay 0
+    weights = token_weights.new_zeros(batch, total + 1).scatter(1, slot, token_weights)
     positions = torch.arange(total, device=device)[None, :]
-    special = torch.zeros(batch, total, dtype=torch.bool, device=device)
     for k, token_id in enumerate(prefix_ids):
-        special[:, k] = True
         inputs[:, k] = table[token_id].to(inputs.dtype)
     suffix_start = n_prefix + lengths  # [B]
     for k, token_id in enumerate(suffix_ids):
         at = positions == (suffix_start + k)[:, None]
-        special |= at
         inputs = torch.where(at[..., None], table[token_id].to(inputs.dtype), inputs)
     attention = positions < (suffix_start + n_suffix)[:, None]
-    return inputs, attention, special
+    return SplicedTokens(inputs, attention, weights[:, :total])

@@ -4,7 +4,9 @@ counter of the reads from a device to the host."""
 
 from __future__ import annotations
 
+import sys
 import warnings
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -83,14 +85,45 @@ def tiny_training_arguments(tmp_path, cls=None, **extra):
     return cls(**{**options, **extra})
 
 
+# Ops whose result the host must read back before it goes on (a value or a data-dependent shape):
+# on CUDA each one waits for every queued kernel. (``.tolist()`` and ``.cpu()`` copy without
+# reaching the dispatcher on the CPU, so they are not seen here.)
+SYNCING_OPS = {
+    torch.ops.aten.nonzero.default,
+    torch.ops.aten._local_scalar_dense.default,  # .item(), bool(), int()
+    torch.ops.aten.is_nonzero.default,
+    torch.ops.aten.masked_select.default,
+}
+BOOLEAN_INDEXING_OPS = {
+    torch.ops.aten.index.Tensor,
+    torch.ops.aten.index_put.default,
+    torch.ops.aten.index_put_.default,
+}
+
+
 class HostReads(TorchDispatchMode):
-    """Counts the operations that copy a device value to the host (``.item()``, ``bool()``)."""
+    """Counts the operations that read a device value back to the host (``.item()``, ``bool()``,
+    ``nonzero``, boolean indexing), with the innermost bsloss caller of each in ``where``."""
 
     def __init__(self):
         super().__init__()
         self.count = 0
+        self.where: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default):
+        boolean_index = func in BOOLEAN_INDEXING_OPS and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1] if i is not None
+        )
+        if func in SYNCING_OPS or boolean_index:
             self.count += 1
+            self.where.append(f"{func} from {_bsloss_caller()}")
         return func(*args, **(kwargs or {}))
+
+
+def _bsloss_caller() -> str:
+    frame = sys._getframe(2)
+    while frame is not None:
+        if "bsloss" in Path(frame.f_code.co_filename).parts:
+            return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "outside bsloss (the autograd engine)"

@@ -8,7 +8,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import head_for
+from _helpers import HostReads, head_for
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bsloss import BERTScoreLoss, VocabularyBridge
@@ -306,29 +306,6 @@ def test_chunk_temporaries_are_freed_as_soon_as_read(monkeypatch, softcap):
     assert backward.most <= (2 if softcap is None else 3), backward.most
 
 
-# Ops whose result the host must read back before it goes on (a value or a data-dependent shape):
-# on CUDA each one waits for every queued kernel, and one per loop iteration serialises the pass.
-SYNCING_OPS = {
-    torch.ops.aten.nonzero.default,
-    torch.ops.aten._local_scalar_dense.default,  # .item(), bool(), int()
-    torch.ops.aten.is_nonzero.default,
-    torch.ops.aten.masked_select.default,
-}
-
-
-class SyncCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        boolean_index = func is torch.ops.aten.index.Tensor and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]
-        )
-        self.count += func in SYNCING_OPS or boolean_index
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("name", ["plain", "softcap", "all", "gumbel_all"])
 def test_no_host_synchronisation_inside_the_loops(name):
     """Forward and backward through one chunk and through 9 x 65 of them (several row blocks and
@@ -342,7 +319,7 @@ def test_no_host_synchronisation_inside_the_loops(name):
     targets[2] = -100
     counts = []
     for chunk_elements in (None, 4):
-        with SyncCounter() as counter:
+        with HostReads() as counter:
             out = fused_expected_inputs(
                 h, weight, table, target_ids=targets, chunk_elements=chunk_elements, **options
             )

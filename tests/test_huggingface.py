@@ -538,3 +538,45 @@ def test_rc7_trainer_keeps_training_and_evaluation_metrics_apart(scorer, tmp_pat
     metrics = trainer.predict(datasets.Dataset.from_list(rows[:1])).metrics
     assert metrics["test_ce"] == pytest.approx(clean["eval_ce"], abs=1e-6)
     assert trainer.bertscore_term.pop_metrics(training=False) == {}
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "dense"])
+def test_the_mixin_reads_the_labels_before_the_forward(loss, tokenizer, tmp_path, fused):
+    """The references decoded from the labels (a read of the device) are decoded before the
+    model's forward, where on a GPU the read waits only for the labels' copy, not for the
+    forward; they are the references the term decodes itself, and the loss is the same."""
+
+    class Trainer(BERTScoreTrainerMixin, transformers.Trainer):
+        pass
+
+    model = tiny_gpt2(tokenizer)
+    trainer = Trainer(
+        model=model,
+        args=training_args(tmp_path),
+        processing_class=tokenizer,
+        bertscore_loss=loss,
+        bertscore_fused=fused,
+    )
+    model.eval()  # no dropout: the two calls below see the same forward
+    term = trainer.bertscore_term
+    batch = causal_batch(tokenizer)
+    events = []
+    forward, decode = model.forward, term.references_from_labels
+
+    def recorded_forward(*args, **kwargs):
+        events.append("forward")
+        return forward(*args, **kwargs)
+
+    def recorded_decode(labels):
+        events.append("decode")
+        return decode(labels)
+
+    model.forward, term.references_from_labels = recorded_forward, recorded_decode
+    value = trainer.compute_loss(model, dict(batch))
+    assert events == ["decode", "forward"], events
+    model.forward = forward
+    outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    expected = term(outputs, batch["labels"])  # the term decoding its references itself
+    torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6)
+    uncased = [reference.lower() for reference in REFERENCES]  # the scorer's vocabulary
+    assert events[-1] == "decode" and term.references_of(batch["labels"]) == uncased

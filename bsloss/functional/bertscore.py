@@ -19,7 +19,7 @@ from torch import Tensor
 
 from bsloss.functional.masking import check_mask
 from bsloss.functional.matching import Matching, resolve_matching
-from bsloss.functional.reduction import f_measure, weighted_mean
+from bsloss.functional.reduction import f_measure, mean_or_zero
 from bsloss.functional.similarity import cosine_similarity, math_dtype
 
 __all__ = ["PRF", "bert_score", "token_scores"]
@@ -64,12 +64,14 @@ def _prf(
     cand_scores, ref_scores = token_scores(
         candidates, references, candidate_mask, reference_mask, **matching_options
     )
-    precision = weighted_mean(cand_scores, candidate_weights)
-    recall = weighted_mean(ref_scores, reference_weights)
+    # weighted means (reduction.weighted_mean) whose totals also say which pairs are empty
+    cand_weights = candidate_weights.to(cand_scores.dtype)
+    ref_weights = reference_weights.to(ref_scores.dtype)
+    cand_total, ref_total = cand_weights.sum(dim=-1), ref_weights.sum(dim=-1)
     # As bert_score: a pair with an empty side (no weight: only special tokens) scores 0.
-    empty = (candidate_weights.sum(dim=-1) == 0) | (reference_weights.sum(dim=-1) == 0)
-    precision = torch.where(empty, torch.zeros_like(precision), precision)
-    recall = torch.where(empty, torch.zeros_like(recall), recall)
+    empty = (cand_total == 0) | (ref_total == 0)
+    precision = mean_or_zero((cand_scores * cand_weights).sum(dim=-1), cand_total, empty)
+    recall = mean_or_zero((ref_scores * ref_weights).sum(dim=-1), ref_total, empty)
     return PRF(precision, recall, f_measure(precision, recall))
 
 
@@ -197,4 +199,4 @@ def _weights(weights: Tensor | None, mask: Tensor, name: str, dtype: torch.dtype
         return mask.to(dtype)
     if tuple(weights.shape) != tuple(mask.shape):
         raise ValueError(f"{name} must have shape {list(mask.shape)}, got {list(weights.shape)}")
-    return weights.to(dtype) * mask.to(dtype)
+    return torch.where(mask.bool(), weights.to(dtype), 0.0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["weighted_mean", "f_measure", "best_over_references"]
+__all__ = ["weighted_mean", "mean_or_zero", "f_measure", "best_over_references"]
 
 
 def weighted_mean(token_scores: Tensor, weights: Tensor) -> Tensor:
@@ -26,20 +26,27 @@ def weighted_mean(token_scores: Tensor, weights: Tensor) -> Tensor:
     """
     weights = weights.to(token_scores.dtype)
     total = weights.sum(dim=-1)
-    empty = total == 0
-    # The double where keeps the gradient finite: 0/0 is never evaluated on the differentiated path.
-    safe_total = torch.where(empty, torch.ones_like(total), total)
-    mean = (token_scores * weights).sum(dim=-1) / safe_total
-    return torch.where(empty, torch.zeros_like(mean), mean)
+    return mean_or_zero((token_scores * weights).sum(dim=-1), total, total == 0)
+
+
+def mean_or_zero(weighted_sum: Tensor, total: Tensor, zero: Tensor) -> Tensor:
+    """``weighted_sum / total``, and 0 with a zero gradient where ``zero`` is set (there
+    ``total`` may be 0).
+
+    >>> import torch
+    >>> total = torch.tensor([2.0, 0.0])
+    >>> mean_or_zero(torch.tensor([1.0, 2.0]), total, total == 0)
+    tensor([0.5000, 0.0000])
+    """
+    # The double where keeps the gradient finite: 0/0 is never evaluated on the differentiated
+    # path. Python scalars, not zeros_like/ones_like: no tensor (no kernel launch) for them.
+    return torch.where(zero, 0.0, weighted_sum / torch.where(zero, 1.0, total))
 
 
 def f_measure(precision: Tensor, recall: Tensor) -> Tensor:
     """Harmonic mean ``2PR / (P + R)``; 0 where ``P + R == 0`` (as bert_score sets NaN to 0)."""
     denominator = precision + recall
-    degenerate = denominator == 0
-    safe = torch.where(degenerate, torch.ones_like(denominator), denominator)
-    f = 2 * precision * recall / safe
-    return torch.where(degenerate, torch.zeros_like(f), f)
+    return mean_or_zero(2 * precision * recall, denominator, denominator == 0)
 
 
 def best_over_references(

@@ -127,7 +127,7 @@ class BERTScoreTerm:
         self._decoded: OrderedDict[tuple[int, ...], str] = OrderedDict()
         # training and evaluation batches are recorded apart: an evaluation between two
         # logging steps must neither report nor swallow the pending training values
-        self._metrics: dict[str, dict[str, list[float]]] = {
+        self._metrics: dict[str, dict[str, list[Tensor]]] = {
             "train": defaultdict(list),
             "eval": defaultdict(list),
         }
@@ -160,6 +160,11 @@ class BERTScoreTerm:
         ce_weight = check_weight(ce_weight, "ce_weight")
         check_balance(self._weight, ce_weight)
         self._ce_weight = ce_weight
+
+    def references_of(self, labels: Tensor) -> list[str]:
+        """The references scored against when none are given: each row's targets (``labels``
+        as given to :meth:`__call__`, shifted by one for a causal model) decoded."""
+        return self.references_from_labels(labels[:, 1:] if self.causal else labels)
 
     def references_from_labels(self, labels: Tensor) -> list[str]:
         """Each row's completion tokens (``!= -100``) decoded, each distinct row once (the
@@ -266,23 +271,27 @@ class BERTScoreTerm:
         keep = (tokens > 0) | mask[candidate_rows].any(dim=1)
         row_weights = tokens.clamp_min(1) * keep
         f1 = torch.zeros(candidate_labels.shape[0], device=logits.device)
-        rows = keep.nonzero().squeeze(1)
+        # the host picks the rows' references: one read of the device, for every use below
+        keep_and_rows = torch.stack([keep.long(), candidate_rows.long()]).tolist()
+        kept_rows = [i for i, kept_row in enumerate(keep_and_rows[0]) if kept_row]
+        host_rows = keep_and_rows[1]
+        rows = torch.tensor(kept_rows, dtype=torch.long).to(logits.device, non_blocking=True)
         kept = {
             "candidate_mask": candidate_mask[rows],
-            "references": [references[i] for i in candidate_rows[rows].tolist()],
+            "references": [references[host_rows[i]] for i in kept_rows],
         }
         if head is None:
             ce_sum = token_cross_entropy(labels, logits=logits, reduction="sum")
-            if keep.any():
+            if kept_rows:
                 prf = self.loss.score(candidate_logits[rows].float(), **kept)
                 f1 = f1.index_put((rows,), getattr(prf, self.loss.target).float())
         elif own:
             ce_sum, f1_kept = head.run(
                 self._fused_own_scores, logits, labels, candidate_logits[rows], kept
             )
-            if keep.any():
+            if kept_rows:
                 f1 = f1.index_put((rows,), f1_kept.float())
-        elif keep.any():
+        elif kept_rows:
             f1_kept, ce = head.run(self._fused_scores, logits[rows], labels[rows], kept)
             ce_sum = ce.sum()
             f1 = f1.index_put((rows,), f1_kept.float())
@@ -301,12 +310,13 @@ class BERTScoreTerm:
         # not in Balanced's floor on the term); this is the one place a TermWeight is applied:
         # a checked constant whatever the rule returns, checked before anything is recorded
         weight = evaluate_term_weight(self.weight, ce_sum / label_tokens, term_local)
-        metrics["ce"].append((ce_sum / label_tokens).item())
-        if keep.any():
-            metrics["bertscore_f"].append(f1[keep].mean().item())
-        metrics["bertscore_loss"].append(term_local.item())
+        # recorded on the device, read when logged: no wait for the card at every step
+        metrics["ce"].append((ce_sum / label_tokens).detach())
+        if kept_rows:
+            metrics["bertscore_f"].append(f1[rows].mean().detach())
+        metrics["bertscore_loss"].append(term_local.detach())
         if not isinstance(self.weight, Fixed):  # a step-by-step weight is logged
-            metrics["bertscore_weight"].append(weight.item())
+            metrics["bertscore_weight"].append(weight)
         return self.ce_weight * ce_mean + weight * term_mean
 
     def _aligned(self, outputs: Any, labels: Tensor, name: str) -> tuple[Tensor, Tensor]:
@@ -338,7 +348,8 @@ class BERTScoreTerm:
         label_tokens = (labels != IGNORE_INDEX).sum().clamp(min=1)
         total = label_tokens if num_items_in_batch is None else num_items_in_batch
         total = torch.as_tensor(total, device=logits.device).clamp(min=1)
-        self._metrics["train" if training else "eval"]["ce"].append((ce_sum / label_tokens).item())
+        metrics = self._metrics["train" if training else "eval"]
+        metrics["ce"].append((ce_sum / label_tokens).detach())  # read when logged
         return self.ce_weight * ce_sum / total
 
     def _fused_own_scores(
@@ -366,7 +377,9 @@ class BERTScoreTerm:
         (``training=False``: the evaluation batches) since the last call, and
         ``bertscore_weight``, the term's mean weight, when it changes step by step."""
         metrics = self._metrics["train" if training else "eval"]
-        means = {k: sum(v) / len(v) for k, v in metrics.items() if v}
+        # the values stay on the device until here (the logging step), read one by one as
+        # Python floats: the same sums as reading them at every step
+        means = {k: sum(float(x) for x in v) / len(v) for k, v in metrics.items() if v}
         metrics.clear()
         return means
 
@@ -545,6 +558,11 @@ class BERTScoreTrainerMixin:
             inputs["decoder_input_ids"] = unwrapped.prepare_decoder_input_ids_from_labels(
                 labels=labels
             )
+        prefetch = self.bertscore_term.scores and not ce_alone and references is None
+        if prefetch and labels is not None and labels.dim() == 2:
+            # decoded before the forward: reading the labels after it would wait on a GPU for
+            # the whole forward to finish
+            references = self.bertscore_term.references_of(labels)
         if self.bertscore_fused and not return_outputs:
             # the forward stops before the LM head: CE and BERTScore from one chunked pass
             with lm_head_inputs(unwrapped) as head:

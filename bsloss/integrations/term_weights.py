@@ -135,7 +135,8 @@ class Balanced(TermWeight):
 def evaluate_term_weight(rule: TermWeight, ce: Tensor, term: Tensor) -> Tensor:
     """``rule``'s weight for this step as a constant: ``rule(ce, term)`` on detached inputs,
     its result detached (a rule written without ``.detach()`` does not send gradient through
-    the weight) and checked.
+    the weight) and checked. Checking reads the value back, a wait for a GPU at every step;
+    a :class:`Fixed` weight, checked when it was made, is not read back.
 
     Returns:
         A 0-dim float32 tensor on ``term``'s device, without gradient.
@@ -148,6 +149,9 @@ def evaluate_term_weight(rule: TermWeight, ce: Tensor, term: Tensor) -> Tensor:
     >>> evaluate_term_weight(Balanced(1.0), torch.tensor(2.0), torch.tensor(0.5))
     tensor(4.)
     """
+    if type(rule) is Fixed:
+        # checked when it was made (frozen): nothing to read back from the device, no wait
+        return torch.full((), rule.weight, dtype=torch.float32, device=term.device)
     ce, term = ce.detach(), term.detach()
     name = type(rule).__name__
     value = rule(ce, term)

@@ -20,11 +20,12 @@ from bsloss.functional.matching.base import Tempered
 __all__ = ["Softmax", "softmax_match"]
 
 
-def _soft_average(sim: Tensor, valid: Tensor, temperature: float, dim: int) -> Tensor:
-    logits, has_partner = masked_logits(sim / temperature, valid, dim)
+def _soft_average(logits: Tensor, real_sim: Tensor, valid: Tensor, dim: int) -> Tensor:
+    """Softmax over ``dim`` of ``logits`` (``sim / T``) weighting ``real_sim`` (``sim``, 0 on
+    padded cells)."""
+    logits, has_partner = masked_logits(logits, valid, dim)
     weights = torch.softmax(logits, dim=dim)
-    score = (weights * sim.masked_fill(~valid, 0.0)).sum(dim=dim)
-    return where_partnered(score, has_partner, dim)
+    return where_partnered((weights * real_sim).sum(dim=dim), has_partner, dim)
 
 
 def softmax_match(
@@ -32,9 +33,11 @@ def softmax_match(
 ) -> tuple[Tensor, Tensor]:
     """Per-token softmax-weighted scores ``([B, Lc], [B, Lr])`` from ``[B, Lc, Lr]``."""
     valid = pair_mask(candidate_mask, reference_mask)
+    # shared by both directions: computed once
+    logits, real_sim = sim / temperature, torch.where(valid, sim, 0.0)
     return (
-        _soft_average(sim, valid, temperature, dim=2),
-        _soft_average(sim, valid, temperature, dim=1),
+        _soft_average(logits, real_sim, valid, dim=2),
+        _soft_average(logits, real_sim, valid, dim=1),
     )
 
 

@@ -1,0 +1,128 @@
+"""The loss's training steps read the device back only where they must.
+
+On a GPU each read of a device value (``.item()``, ``bool()``, ``nonzero``, boolean indexing)
+makes the host wait for every kernel queued before it, so the host cannot prepare the next
+operations while the card works. A step that is bound by the host (``benchmarks/README.md``,
+"Runs 4-6") pays for each read with the card's backlog at that moment. These tests count the
+reads of forward + backward on the CPU (:class:`~_helpers.HostReads`), with the scorer's mask
+prepared as on a GPU, and name where each one is.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _helpers import HostReads, head_for
+from _models import tiny_gemma
+
+import bsloss.scorer.encoder
+from bsloss import BERTScoreLoss, Softmax
+from bsloss.integrations.huggingface import BERTScoreTerm
+from bsloss.integrations.lm_head import lm_head_inputs
+from bsloss.integrations.term_weights import Balanced
+
+REFERENCES = ["a cat sat on the mat", "the weather is fine today"]
+
+
+@pytest.fixture
+def paced(monkeypatch):
+    """The scorer's mask prepared as where the host sets the pace (a GPU)."""
+    monkeypatch.setattr(bsloss.scorer.encoder, "paced_by_host", lambda device: True)
+
+
+def reads_of(step) -> HostReads:
+    step()  # warm: the references' cache and the tables filled outside the count
+    with HostReads() as reads:
+        step()
+    return reads
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["all-real", "padded"])
+def test_the_dense_loss_reads_the_device_once(encoder, vocab, paced, masked):
+    """Logits in, forward + backward: one read, the check that the logits are finite. (The
+    special tokens were spliced in with boolean indexing: two reads forward, two backward.)"""
+    loss = BERTScoreLoss(model=encoder, matching=Softmax(0.1))
+    logits = torch.randn(2, 9, vocab, requires_grad=True)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    if masked:
+        mask[1, 5:] = False
+
+    def step():
+        loss(logits, references=REFERENCES, candidate_mask=mask).backward()
+
+    reads = reads_of(step)
+    assert reads.count == 1, reads.where
+    assert "distributions.py" in reads.where[0]
+
+
+def test_the_fused_loss_reads_the_device_three_times(plain_loss, paced):
+    """Hidden states, head and targets in, forward + backward: the selected rows (their
+    number), the targets' range and the pass's finiteness check, once each per call; no read
+    per chunk, none in the backward, none to check the hidden states apart. (Before: 11.)"""
+    vocab = plain_loss.generator_vocab_size
+    hidden, weight = head_for([2000, 3000, 4000], vocab, width=16)
+    hidden = hidden.expand(2, -1, -1).clone().requires_grad_(True)
+    targets = torch.randint(0, vocab, (2, 3))
+    targets[1, 0] = -100
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+
+    def step():
+        out = plain_loss.loss_and_cross_entropy(
+            bsloss.LMHeadInputs(hidden, weight), targets, REFERENCES, candidate_mask=mask
+        )
+        (out.loss.sum() + out.cross_entropy.sum()).backward()
+
+    reads = reads_of(step)
+    assert reads.count == 3, reads.where
+    assert not any("engine" in where for where in reads.where), reads.where
+
+
+def test_a_nan_hidden_state_is_still_named(plain_loss):
+    """The hidden states are checked by the pass's own read: a NaN among the positions it
+    uses is refused by name, as before the separate check was dropped; one at a position it
+    does not use changes nothing."""
+    vocab = plain_loss.generator_vocab_size
+    hidden, weight = head_for([2000, 3000], vocab, width=16)
+    broken = hidden.clone()
+    broken[0, 1, 3] = float("nan")
+    with pytest.raises(ValueError, match=r"hidden_states contains NaN or Inf \(first at "):
+        plain_loss(hidden_states=broken, output_embeddings=weight, references=["a cat"])
+    # a position the pass does not use (neither scored nor a target) does not count
+    unused = torch.tensor([[True, False]])
+    value = plain_loss(
+        hidden_states=broken, output_embeddings=weight, references=["a cat"], candidate_mask=unused
+    )
+    assert torch.isfinite(value).all()
+
+
+@pytest.mark.parametrize("weight", [1.0, Balanced()], ids=["fixed", "balanced"])
+def test_the_trainer_term_reads_no_more_than_its_pass(encoder, gemma_tokenizer, paced, weight):
+    """``BERTScoreTerm`` through the LM head (the mixin's fused path), forward + backward: the
+    fused pass's three reads, and one more for a weight that changes step by step (its check);
+    the logged CE, F and term stay on the device until they are logged, and a fixed weight is
+    not read back. (Before: 21 reads with a fixed weight, 22 with Balanced.)"""
+    loss = BERTScoreLoss(encoder=encoder, matching="softmax", generator_tokenizer=gemma_tokenizer)
+    term = BERTScoreTerm(loss, gemma_tokenizer, weight=weight)
+    model = tiny_gemma(gemma_tokenizer)
+    prompt = gemma_tokenizer(["Say:", "Tell me:"], return_tensors="pt", padding=True)
+    answer = gemma_tokenizer([" a cat sat", " fine"], add_special_tokens=False)["input_ids"]
+    width = prompt["input_ids"].shape[1] + max(map(len, answer))
+    ids = torch.full((2, width), gemma_tokenizer.pad_token_id)
+    labels = torch.full((2, width), -100)
+    for row, tokens in enumerate(answer):
+        start = prompt["input_ids"].shape[1]
+        ids[row, :start] = prompt["input_ids"][row]
+        ids[row, start : start + len(tokens)] = torch.tensor(tokens)
+        labels[row, start : start + len(tokens)] = torch.tensor(tokens)
+
+    def step():
+        with lm_head_inputs(model) as head:
+            outputs = model(input_ids=ids)
+        term(outputs, labels, references=REFERENCES, head=head).backward()
+
+    reads = reads_of(step)
+    expected = 3 if isinstance(weight, float) else 4
+    assert reads.count == expected, reads.where
+    logged = term.pop_metrics()
+    assert all(isinstance(value, float) for value in logged.values()), logged
+    assert 0 <= logged["bertscore_f"] <= 1 and logged["ce"] > 0
