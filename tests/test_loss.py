@@ -610,3 +610,38 @@ def test_the_loss_draws_no_progress_bar_on_a_terminal(plain_loss, monkeypatch, c
     logits = torch.randn(1, 3, plain_loss.encoder.input_embeddings.num_embeddings)
     plain_loss(logits, ["a sentence never encoded before by this loss"])
     assert "bsloss: encoding" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("matching", ["softmax", "hard"])
+def test_the_compiled_loss_breaks_only_at_its_finite_check(encoder, vocab, monkeypatch, matching):
+    """``loss.compile()`` (Dynamo, traced through AOT autograd here; inductor on a card): the
+    same value and gradient as the eager loss, and the graph broken only where the host must
+    read (the logits' finiteness check), with the scorer's mask prepared as on a GPU: the rest
+    of the forward, scorer included, is one graph (what CUDA graphs need to replay it)."""
+    import torch._dynamo
+
+    import bsloss.scorer.encoder
+
+    monkeypatch.setattr(bsloss.scorer.encoder, "paced_by_host", lambda device: True)
+    refs = ["a cat sat on the mat", "the weather is fine"]
+    logits = torch.randn(2, 7, vocab, generator=torch.Generator().manual_seed(0))
+    logits.requires_grad_(True)
+    loss = BERTScoreLoss(model=encoder, matching=matching)
+    loss.encode_references(refs)
+    eager = loss(logits, references=refs)
+    eager.backward()
+    eager_grad, logits.grad = logits.grad.clone(), None
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(loss)(logits, references=refs)
+    assert {frame.name for r in explained.break_reasons for frame in r.user_stack[-1:]} == {
+        "check_finite_tensor"
+    }, [r.reason.splitlines()[0] for r in explained.break_reasons]
+    torch._dynamo.reset()
+    loss.compile(backend="aot_eager", dynamic=False)
+    try:
+        value = loss(logits, references=refs)
+        value.backward()
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(value, eager, rtol=0, atol=1e-6)
+    torch.testing.assert_close(logits.grad, eager_grad, rtol=1e-5, atol=1e-7)
