@@ -126,3 +126,28 @@ def test_the_trainer_term_reads_no_more_than_its_pass(encoder, gemma_tokenizer, 
     logged = term.pop_metrics()
     assert all(isinstance(value, float) for value in logged.values()), logged
     assert 0 <= logged["bertscore_f"] <= 1 and logged["ce"] > 0
+
+
+def test_the_fused_cross_entropy_reads_the_device_three_times(gemma_tokenizer):
+    """The mixin's CE through the LM head (``token_cross_entropy(hidden_states=, head=)``, what
+    a step between answering steps and a term of weight 0 run), forward + backward: the
+    positions with a target (their number), the targets' range and the pass's finiteness
+    check. (Before: 5, two of them the boolean indexing of the rows, one in the backward.)"""
+    from bsloss.integrations.lm_head import token_cross_entropy
+
+    model = tiny_gemma(gemma_tokenizer)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, len(gemma_tokenizer), (2, 12), generator=generator)
+    labels = ids.clone()
+    labels[:, :7] = -100
+
+    def step():
+        with lm_head_inputs(model) as head:
+            hidden = model(input_ids=ids).logits
+        ce = head.run(
+            lambda h, x: token_cross_entropy(labels[:, 1:], hidden_states=x, head=h), hidden[:, :-1]
+        )
+        ce.backward()
+
+    reads = reads_of(step)
+    assert reads.count == 3, reads.where

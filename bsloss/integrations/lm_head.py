@@ -353,15 +353,17 @@ def token_cross_entropy(
             raise ValueError("token_cross_entropy: hidden_states needs head (the LM head)")
         # only the positions with a target go through the head: in a causal LM's batch the
         # prompt's positions (labels -100) are often most of it, and each costs a pass over V
-        targets = flat_labels != IGNORE_INDEX
+        # (one read of the device for their number; gathered and put back by their ids, which
+        # read nothing more, forward or backward, where boolean indexing would each time)
+        rows = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
         log_likelihood = fused_token_log_likelihood(
-            hidden_states.reshape(-1, hidden_states.shape[-1])[targets],
+            hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, rows),
             head,
-            flat_labels[targets],
+            flat_labels[rows],
             softcap=getattr(head, "softcap", None),
         )
-        per_token = log_likelihood.new_zeros(flat_labels.shape).masked_scatter(
-            targets, -log_likelihood
+        per_token = log_likelihood.new_zeros(flat_labels.shape).index_copy(
+            0, rows, -log_likelihood
         )
     if reduction == "none":
         return per_token.reshape(labels.shape)
