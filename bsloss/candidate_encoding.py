@@ -22,8 +22,9 @@ is the loss's value while the expected embeddings give the gradient.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 import torch
 from torch import Tensor
@@ -257,7 +258,7 @@ class CandidateEncoder:
             # device: a read here would wait for the whole model's forward
             # a decoding bridge decodes the whole candidate, as from logits: the positions cut
             # from the encoding go through the head too, for their most probable tokens
-            inputs, weights, log_likelihood, tokens = self._fused_inputs(
+            inputs, weights, log_likelihood, tokens, check_logits = self._fused_inputs(
                 seed,
                 candidates,
                 target_ids,
@@ -278,7 +279,9 @@ class CandidateEncoder:
             # float64 logits give float64 expectations; the scorer runs in its own dtype
             inputs = inputs.to(table.dtype)
             tokens = most_probable_tokens(distribution) if self.bridging.decodes else None
+            check_logits = _nothing_to_check  # checked before the expectation
         encoded = self._encode_inputs(inputs, weights, candidate_mask)
+        check_logits()  # the head pass's finiteness, read once the scorer's forward is queued
         exact = None
         if self.bridging.decodes:
             with torch.no_grad():
@@ -323,11 +326,13 @@ class CandidateEncoder:
         target_ids: Tensor | None,
         candidate_mask: Tensor,
         table: Tensor,
-    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Callable[[], None]]:
         """Expected inputs and weights ``[B, L, d]``, ``[B, L]`` from the LM head's input and
         weight, chunked (:mod:`bsloss.functional.fused_expectation`), the targets'
-        log-likelihood ``[B, L]`` from the same pass, and the most probable tokens ``[B, L]``
-        (what ``bridge_mode="retokenize"`` decodes)."""
+        log-likelihood ``[B, L]`` from the same pass, the most probable tokens ``[B, L]``
+        (what ``bridge_mode="retokenize"`` decodes), and the check that the pass's logits were
+        finite, to call once more work is queued: on a GPU its read waits for the whole pass,
+        and the host would sit idle while the card runs it."""
         hidden_states, output_embeddings = candidates.hidden_states, candidates.head
         softcap, temperature = candidates.softcap, candidates.temperature
         weight = getattr(output_embeddings, "weight", output_embeddings)
@@ -345,6 +350,19 @@ class CandidateEncoder:
         # row ids read nothing more, forward or backward (boolean indexing would, each time)
         row_ids = selected.flatten().nonzero().squeeze(1)
         batch, length = selected.shape
+
+        def refuse(row: int) -> NoReturn:
+            """The error for non-finite logits at the pass's ``row``."""
+            # the culprit, when it is (among the positions the pass used)
+            check_finite_tensor(torch.where(selected[..., None], hidden_states, 0), "hidden_states")
+            where = list(divmod(int(row_ids[row]), length))  # the pass's row -> [b, t]
+            raise ValueError(
+                f"the logits of hidden_states{where} under output_embeddings are NaN or Inf (NaN "
+                "or Inf in hidden_states or the LM head's weight, a float16 overflow of h W^T, "
+                f"or logit_softcap={softcap} / generator_temperature={temperature} making them "
+                "overflow)"
+            ) from None
+
         try:
             out = fused_expected_inputs(
                 hidden_states.flatten(0, 1).index_select(0, row_ids),
@@ -359,17 +377,15 @@ class CandidateEncoder:
                 gumbel_seed=seed,
                 # the noise is addressed by the position in [B, L], as on the dense path
                 row_ids=row_ids,
+                check_finite=False,
             )
-        except NonFiniteLogitsError as error:
-            # the culprit, when it is (among the positions the pass used)
-            check_finite_tensor(torch.where(selected[..., None], hidden_states, 0), "hidden_states")
-            where = list(divmod(int(row_ids[error.row]), length))  # the pass's row -> [b, t]
-            raise ValueError(
-                f"the logits of hidden_states{where} under output_embeddings are NaN or Inf (NaN "
-                "or Inf in hidden_states or the LM head's weight, a float16 overflow of h W^T, "
-                f"or logit_softcap={softcap} / generator_temperature={temperature} making them "
-                "overflow)"
-            ) from None
+        except NonFiniteLogitsError as error:  # a pass that read its finiteness itself
+            refuse(error.row)
+
+        def check_logits() -> None:
+            if out.finite is not None and not bool(out.finite.all()):
+                refuse(int((~out.finite).nonzero()[0]))
+
         # float64 hidden states give float64 expectations; the scorer runs in its own dtype
         expected = out.expected.to(table.dtype)
 
@@ -384,4 +400,8 @@ class CandidateEncoder:
         log_likelihood = None
         if out.log_likelihood is not None:
             log_likelihood = unselected(out.log_likelihood)
-        return full[..., :-1], full[..., -1], log_likelihood, tokens
+        return full[..., :-1], full[..., -1], log_likelihood, tokens, check_logits
+
+
+def _nothing_to_check() -> None:
+    """The check of a path that checked its input before it used it."""

@@ -10,6 +10,8 @@ prepared as on a GPU, and name where each one is.
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 import torch
 from _helpers import HostReads, head_for
@@ -151,3 +153,33 @@ def test_the_fused_cross_entropy_reads_the_device_three_times(gemma_tokenizer):
 
     reads = reads_of(step)
     assert reads.count == 3, reads.where
+
+
+def test_the_fused_pass_is_checked_once_the_scorers_forward_is_queued(plain_loss, paced):
+    """The pass's finiteness is read after the scorer's forward has been queued: on a GPU the
+    host prepares the scorer's work while the card runs the pass, instead of waiting for the
+    pass first. The first read is the selection's, before the pass; the last forward read
+    comes after the scorer's first operation."""
+    vocab = plain_loss.generator_vocab_size
+    hidden, weight = head_for([2000, 3000, 4000], vocab, width=16)
+    order: list[str] = []
+
+    class Order(HostReads):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            before = self.count
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if self.count > before:
+                order.append("read")
+            elif "modeling_bert" in "".join(f.filename for f in traceback.extract_stack()[-8:]):
+                order.append("scorer")
+            return out
+
+    def call():
+        plain_loss(hidden_states=hidden, output_embeddings=weight, references=["a cat sat"])
+
+    call()  # the reference's encoding (the scorer's too) cached outside the record
+    with Order():
+        call()
+    reads = [i for i, what in enumerate(order) if what == "read"]
+    first_scorer = order.index("scorer")
+    assert reads[0] < first_scorer < reads[-1], (reads, first_scorer)

@@ -136,11 +136,14 @@ class FusedHeadOutput(NamedTuple):
     ``expected``: ``[N, c]`` expected rows of the table (``None`` when no table was given);
     ``log_likelihood``: ``[N]`` log-probability of each target id (0 at ignored positions;
     ``None`` without targets); ``tokens``: ``[N]`` the most probable token of each position
-    (the argmax the chunked pass tracks; ``None`` from the CUDA SDPA path)."""
+    (the argmax the chunked pass tracks; ``None`` from the CUDA SDPA path); ``finite``: ``[N]``
+    whether each row's logits were all finite, when the caller reads it
+    (``check_finite=False``), else ``None`` (checked: a non-finite row raised)."""
 
     expected: Tensor | None
     log_likelihood: Tensor | None
     tokens: Tensor | None = None
+    finite: Tensor | None = None
 
 
 class NonFiniteLogitsError(ValueError):
@@ -179,6 +182,7 @@ class _Options(NamedTuple):
     matmul_dtype: torch.dtype
     dtype: torch.dtype  # softmax arithmetic
     table_pad: int  # the table's rows padded to a multiple of this (8 on CUDA: TableChunks)
+    check_finite: bool = True  # read the rows' finiteness here (False: returned, read later)
 
     @property
     def top_k(self) -> int | None:
@@ -359,8 +363,8 @@ class _FusedHead(torch.autograd.Function):
                     # temporary fewer at the peak
                     del p
                 m[r0:r1] = new
-        # the one host synchronisation of the pass
-        if not bool(finite.all()):
+        # the one host synchronisation of the pass (unless the caller reads `finite` later)
+        if o.check_finite and not bool(finite.all()):
             raise NonFiniteLogitsError(int((~finite).nonzero()[0]))
         log_z = (m + torch.log(norm)) if want_norm else None
         expected = (acc / norm[:, None]) if want_e else None
@@ -387,12 +391,13 @@ class _FusedHead(torch.autograd.Function):
             log_likelihood if want_ll else hidden.new_empty(0),
             argmax,
             top_indices if top_indices is not None else argmax.new_empty(0),
+            finite,
         )
-        ctx.mark_non_differentiable(outputs[2], outputs[3])
+        ctx.mark_non_differentiable(outputs[2], outputs[3], outputs[4])
         return outputs
 
     @staticmethod
-    def backward(ctx, grad_expected, grad_ll, _argmax, _top):
+    def backward(ctx, grad_expected, grad_ll, _argmax, _top, _finite):
         hidden, weight, bias, table, targets, rows, log_z, log_z1, expected = ctx.saved_tensors
         o: _Options = ctx.options
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
@@ -599,6 +604,7 @@ def fused_expected_inputs(
     chunk_elements: int | None = None,
     use_sdpa: bool = False,
     backend: str = "auto",
+    check_finite: bool = True,
 ) -> FusedHeadOutput:
     """``softmax(softcap(h W^T + b) / T) E`` and the targets' log-likelihood, chunked.
 
@@ -633,6 +639,10 @@ def fused_expected_inputs(
             ``straight_through``, ``gumbel_temperature`` or float64, or an error; CPU tensors
             need Triton's interpreter, ``TRITON_INTERPRET=1`` before triton's import) or
             ``"torch"`` (the chunked PyTorch pass, the reference).
+        check_finite: read the rows' finiteness at the end of the pass and raise for a
+            non-finite one (the default); ``False``: return it as ``finite`` unread, for a
+            caller that reads it later (on a GPU, a read waits for the whole pass: the loss
+            reads after it has queued the scorer's forward) and refuses non-finite rows itself.
 
     Returns:
         :class:`FusedHeadOutput` ``(expected [N, c] | None, log_likelihood [N] | None,
@@ -673,7 +683,15 @@ def fused_expected_inputs(
     table_pad = 8 if _pads_table_rows(hidden_states) else 1
     if _runs_on_triton(backend, hidden_states, weight, asdict(candidates)):
         out = _triton_pass(
-            hidden_states, weight, bias, table, target_ids, softcap, temperature, table_pad
+            hidden_states,
+            weight,
+            bias,
+            table,
+            target_ids,
+            softcap,
+            temperature,
+            table_pad,
+            check_finite,
         )
         return out._replace(expected=None if table is None else out.expected[:, :width])
     n, vocab = hidden_states.shape[0], weight.shape[0]
@@ -693,6 +711,7 @@ def fused_expected_inputs(
         matmul_dtype=_matmul_dtype(hidden_states, weight),
         dtype=dtype,
         table_pad=table_pad,
+        check_finite=check_finite,
     )
     plain = (
         top_k is None
@@ -726,7 +745,7 @@ def fused_expected_inputs(
         full_table = table if top_k is None else None
         if full_table is None and target_ids is None and top_k is not None:
             with torch.no_grad():
-                _, _, argmax, top = _FusedHead.apply(
+                _, _, argmax, top, finite = _FusedHead.apply(
                     hidden_states.detach(),
                     weight.detach(),
                     _detach(bias),
@@ -737,20 +756,21 @@ def fused_expected_inputs(
                 )
             log_likelihood = None
         else:
-            expected, log_likelihood, argmax, top = _FusedHead.apply(
+            expected, log_likelihood, argmax, top, finite = _FusedHead.apply(
                 hidden_states, weight, bias, full_table, target_ids, row_ids, options
             )
             log_likelihood = log_likelihood if target_ids is not None else None
             expected = expected[:, :width] if full_table is not None else expected
+        finite = None if check_finite else finite
         if table is None:
-            return FusedHeadOutput(None, log_likelihood, argmax)
+            return FusedHeadOutput(None, log_likelihood, argmax, finite)
         if top_k is not None:
             expected = _top_k_expectation(hidden_states, weight, bias, table, top, row_ids, options)
         elif straight_through:
             # forward: the argmax row exactly (x + (y - y) == x); backward: the soft expectation's
             hard = table[argmax].to(expected.dtype)
             expected = hard + (expected - expected.detach())
-    return FusedHeadOutput(expected, log_likelihood, argmax)
+    return FusedHeadOutput(expected, log_likelihood, argmax, finite)
 
 
 def _pads_table_rows(hidden: Tensor) -> bool:
@@ -806,10 +826,11 @@ def _has_bf16_tensor_cores(device: torch.device) -> bool:
 
 
 def _triton_pass(
-    hidden, weight, bias, table, targets, softcap, temperature, table_pad
+    hidden, weight, bias, table, targets, softcap, temperature, table_pad, check_finite
 ) -> FusedHeadOutput:
     """The Triton kernels' pass, with the PyTorch pass's dtype rule (the autocast dtype for
-    the products, float32 results) and its error for non-finite logits."""
+    the products, float32 results) and its error for non-finite logits (or, without
+    ``check_finite``, the rows' finiteness returned)."""
     from bsloss.functional.triton_fused_head import triton_fused_head
 
     compute_dtype = _matmul_dtype(hidden, weight)
@@ -825,6 +846,8 @@ def _triton_pass(
             compute_dtype=compute_dtype,
             table_pad=table_pad,
         )
+    if not check_finite:
+        return FusedHeadOutput(out.expected, out.log_likelihood, out.tokens, out.finite)
     if not bool(out.finite.all()):
         raise NonFiniteLogitsError(int((~out.finite).nonzero()[0]))
     return FusedHeadOutput(out.expected, out.log_likelihood, out.tokens)

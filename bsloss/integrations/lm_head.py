@@ -362,9 +362,7 @@ def token_cross_entropy(
             flat_labels[rows],
             softcap=getattr(head, "softcap", None),
         )
-        per_token = log_likelihood.new_zeros(flat_labels.shape).index_copy(
-            0, rows, -log_likelihood
-        )
+        per_token = log_likelihood.new_zeros(flat_labels.shape).index_copy(0, rows, -log_likelihood)
     if reduction == "none":
         return per_token.reshape(labels.shape)
     total = per_token.sum()
