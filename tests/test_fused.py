@@ -762,3 +762,28 @@ def test_fused_pass_with_every_position_masked_backpropagates(plain_loss):
     torch.testing.assert_close(value, dense)
     value.sum().backward()
     assert hidden.grad.abs().sum() == 0 and weight.grad.abs().sum() == 0
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_a_caller_can_read_the_finiteness_later(name):
+    """``check_finite=False``: the pass reads nothing at its end and returns each row's
+    finiteness (``finite``), false exactly on the rows whose logits were not all finite, with
+    the same values elsewhere; the default still raises for such a row."""
+    options = dict(VARIANTS[name])
+    if "gumbel_temperature" in options:
+        options["gumbel_seed"] = GUMBEL_SEED
+    h, weight, table = problem()
+    checked = fused_expected_inputs(h, weight, table, chunk_elements=40, **options)
+    assert checked.finite is None
+    broken = h.detach().clone()
+    broken[4, 2] = float("nan")
+    with pytest.raises(NonFiniteLogitsError):
+        fused_expected_inputs(broken, weight, table, chunk_elements=40, **options)
+    with HostReads() as reads:
+        out = fused_expected_inputs(
+            broken, weight, table, chunk_elements=40, check_finite=False, **options
+        )
+    assert reads.count == 0, reads.where
+    assert out.finite.tolist() == [row != 4 for row in range(h.shape[0])]
+    keep = torch.arange(h.shape[0]) != 4
+    torch.testing.assert_close(out.expected[keep], checked.expected.detach()[keep])
