@@ -580,3 +580,41 @@ def test_the_mixin_reads_the_labels_before_the_forward(loss, tokenizer, tmp_path
     torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-6)
     uncased = [reference.lower() for reference in REFERENCES]  # the scorer's vocabulary
     assert events[-1] == "decode" and term.references_of(batch["labels"]) == uncased
+
+
+def test_a_seq2seq_mixin_reads_its_unshifted_labels_before_the_forward(loss, tokenizer, tmp_path):
+    """Seq2SeqTrainer + mixin on a tiny BERT2BERT (labels not shifted: ``causal=False``): the
+    references decoded before the forward are the whole labels, the references the term
+    would decode itself."""
+
+    class Trainer(BERTScoreTrainerMixin, transformers.Seq2SeqTrainer):
+        pass
+
+    model = tiny_bert2bert(tokenizer)
+    trainer = Trainer(
+        model=model,
+        args=training_args(tmp_path, transformers.Seq2SeqTrainingArguments),
+        processing_class=tokenizer,
+        bertscore_loss=loss,
+    )
+    term = trainer.bertscore_term
+    assert term.causal is False
+    prompts = tokenizer(PROMPTS, return_tensors="pt", padding=True)
+    targets = tokenizer(REFERENCES, return_tensors="pt", padding=True)["input_ids"][:, 1:]
+    labels = targets.masked_fill(targets == tokenizer.pad_token_id, -100)
+    events, decoded = [], []
+    forward, decode = model.forward, term.references_from_labels
+
+    def recorded_forward(*args, **kwargs):
+        events.append("forward")
+        return forward(*args, **kwargs)
+
+    def recorded_decode(rows):
+        events.append("decode")
+        decoded.append(decode(rows))
+        return decoded[-1]
+
+    model.forward, term.references_from_labels = recorded_forward, recorded_decode
+    trainer.compute_loss(model, {**prompts, "labels": labels})
+    assert events == ["decode", "forward"], events
+    assert decoded == [[reference.lower() for reference in REFERENCES]]
