@@ -58,6 +58,7 @@ GPU_BUDGET_S ?= 280
 GPU_PROFILE ?= CE + term|exact
 CUDA_TESTS := tests/test_loss.py::test_cuda_bf16_autocast \
 	tests/test_loss.py::test_cuda_scores_and_loss_equal_the_cpus \
+	tests/test_loss.py::test_cuda_loss_waits_for_the_card_as_counted \
 	tests/test_fused.py::test_sdpa_path_matches_chunked_on_cuda \
 	tests/test_triton_fused_head.py::test_compiled_kernels_match_torch_pass_on_cuda
 

@@ -282,6 +282,52 @@ def test_cuda_bf16_autocast(cuda_scorer):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_loss_waits_for_the_card_as_counted(cuda_scorer):
+    """On a card, the synchronising calls of a loss step (forward + backward) as torch's sync
+    debug mode reports them: one from logits (their finiteness check), three through the LM
+    head (the selected rows, the targets' range, the pass's finiteness), the numbers
+    ``tests/test_host_reads.py`` counts on the CPU, where ``.tolist()`` and copies to the host
+    are not seen."""
+    import warnings
+
+    cands, refs = CUDA_PAIRS
+    encoder = ScorerEncoder.from_pretrained(*cuda_scorer, device="cuda")
+    loss = BERTScoreLoss(encoder=encoder)
+    logits, mask = one_hot_logits(encoder, cands, value=3.0)
+    logits, mask = logits.cuda().requires_grad_(True), mask.cuda()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    vocab, width = logits.shape[-1], 16
+    hidden = torch.randn(*mask.shape, width, device="cuda", generator=generator)
+    head = torch.randn(vocab, width, device="cuda", generator=generator).requires_grad_(True)
+    targets = torch.randint(0, vocab, mask.shape, device="cuda", generator=generator)
+
+    def dense():
+        loss(logits, refs, candidate_mask=mask).backward()
+
+    def fused():
+        out = loss.loss_and_cross_entropy(
+            bsloss.LMHeadInputs(hidden.requires_grad_(True), head), targets, refs,
+            candidate_mask=mask,
+        )  # fmt: skip
+        (out.loss + out.cross_entropy).backward()
+
+    counts = {}
+    for name, step in (("dense", dense), ("fused", fused)):
+        step()  # warm: the references' encoding and the tables outside the count
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                step()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        counts[name] = (len(syncs), [f"{w.filename}:{w.lineno}" for w in syncs])
+    assert counts["dense"][0] == 1 and counts["fused"][0] == 3, counts
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_scores_and_loss_equal_the_cpus(cuda_scorer):
     """The same scorer on CUDA and on the CPU, float32: the metric's F over several chunks (the
     next chunk tokenised ahead, batches padded by one gather, ids copied asynchronously) and the
