@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import caught_warnings, long_text, one_hot, token_ids
+from _helpers import caught_warnings, head_for, long_text, one_hot, token_ids
 
 import bsloss
 from bsloss import BERTScoreLoss, BERTScorer
@@ -691,3 +691,28 @@ def test_the_compiled_loss_breaks_only_at_its_finite_check(encoder, vocab, monke
         torch._dynamo.reset()
     torch.testing.assert_close(value, eager, rtol=0, atol=1e-6)
     torch.testing.assert_close(logits.grad, eager_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_the_compiled_loss_through_the_head_gives_the_same_values(encoder):
+    """``loss.compile()`` through the LM head (``hidden_states=``, traced through AOT autograd
+    here): the graph breaks at the reads the host must make (the rows' selection, the pass's
+    finiteness) and the values and gradients are the eager loss's."""
+    import torch._dynamo
+
+    loss = BERTScoreLoss(encoder=encoder, reduction="none")
+    vocab = loss.generator_vocab_size
+    hidden, weight = head_for([2000, 3000, 4000], vocab, width=16)
+    hidden.requires_grad_(True)
+    refs = ["a cat sat on the mat"]
+    eager = loss(hidden_states=hidden, output_embeddings=weight, references=refs)
+    eager.sum().backward()
+    eager_grad, hidden.grad = hidden.grad.clone(), None
+    torch._dynamo.reset()
+    loss.compile(backend="aot_eager", dynamic=False)
+    try:
+        value = loss(hidden_states=hidden, output_embeddings=weight, references=refs)
+        value.sum().backward()
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(value, eager, rtol=0, atol=1e-6)
+    torch.testing.assert_close(hidden.grad, eager_grad, rtol=1e-5, atol=1e-7)
