@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict
-from typing import NamedTuple, NoReturn
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -49,7 +49,6 @@ from bsloss.distributions import (
 )
 from bsloss.functional.fused_expectation import (
     IGNORE_INDEX,
-    NonFiniteLogitsError,
     fused_expected_inputs,
 )
 from bsloss.functional.gumbel_noise import draw_seed
@@ -351,40 +350,36 @@ class CandidateEncoder:
         row_ids = selected.flatten().nonzero().squeeze(1)
         batch, length = selected.shape
 
-        def refuse(row: int) -> NoReturn:
-            """The error for non-finite logits at the pass's ``row``."""
+        out = fused_expected_inputs(
+            hidden_states.flatten(0, 1).index_select(0, row_ids),
+            output_embeddings,
+            table,
+            target_ids=None if target_ids is None else target_ids.flatten()[row_ids],
+            softcap=softcap,
+            temperature=temperature,
+            top_k=self.candidates.top_k,
+            straight_through=self.candidates.straight_through,
+            gumbel_temperature=self.candidates.gumbel_temperature,
+            gumbel_seed=seed,
+            # the noise is addressed by the position in [B, L], as on the dense path
+            row_ids=row_ids,
+            check_finite=False,
+        )
+
+        def check_logits() -> None:
+            """A ValueError naming the first row whose logits were not all finite."""
+            if out.finite is None or bool(out.finite.all()):  # the pass's one read
+                return
             # the culprit, when it is (among the positions the pass used)
             check_finite_tensor(torch.where(selected[..., None], hidden_states, 0), "hidden_states")
-            where = list(divmod(int(row_ids[row]), length))  # the pass's row -> [b, t]
+            row = int(row_ids[(~out.finite).nonzero()[0]])
+            where = list(divmod(row, length))  # the pass's row -> [b, t]
             raise ValueError(
                 f"the logits of hidden_states{where} under output_embeddings are NaN or Inf (NaN "
                 "or Inf in hidden_states or the LM head's weight, a float16 overflow of h W^T, "
                 f"or logit_softcap={softcap} / generator_temperature={temperature} making them "
                 "overflow)"
-            ) from None
-
-        try:
-            out = fused_expected_inputs(
-                hidden_states.flatten(0, 1).index_select(0, row_ids),
-                output_embeddings,
-                table,
-                target_ids=None if target_ids is None else target_ids.flatten()[row_ids],
-                softcap=softcap,
-                temperature=temperature,
-                top_k=self.candidates.top_k,
-                straight_through=self.candidates.straight_through,
-                gumbel_temperature=self.candidates.gumbel_temperature,
-                gumbel_seed=seed,
-                # the noise is addressed by the position in [B, L], as on the dense path
-                row_ids=row_ids,
-                check_finite=False,
             )
-        except NonFiniteLogitsError as error:  # a pass that read its finiteness itself
-            refuse(error.row)
-
-        def check_logits() -> None:
-            if out.finite is not None and not bool(out.finite.all()):
-                refuse(int((~out.finite).nonzero()[0]))
 
         # float64 hidden states give float64 expectations; the scorer runs in its own dtype
         expected = out.expected.to(table.dtype)

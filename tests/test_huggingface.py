@@ -560,18 +560,8 @@ def test_the_mixin_reads_the_labels_before_the_forward(loss, tokenizer, tmp_path
     model.eval()  # no dropout: the two calls below see the same forward
     term = trainer.bertscore_term
     batch = causal_batch(tokenizer)
-    events = []
-    forward, decode = model.forward, term.references_from_labels
-
-    def recorded_forward(*args, **kwargs):
-        events.append("forward")
-        return forward(*args, **kwargs)
-
-    def recorded_decode(labels):
-        events.append("decode")
-        return decode(labels)
-
-    model.forward, term.references_from_labels = recorded_forward, recorded_decode
+    forward = model.forward
+    events, _ = record_decoding_and_forward(model, term)
     value = trainer.compute_loss(model, dict(batch))
     assert events == ["decode", "forward"], events
     model.forward = forward
@@ -602,6 +592,15 @@ def test_a_seq2seq_mixin_reads_its_unshifted_labels_before_the_forward(loss, tok
     prompts = tokenizer(PROMPTS, return_tensors="pt", padding=True)
     targets = tokenizer(REFERENCES, return_tensors="pt", padding=True)["input_ids"][:, 1:]
     labels = targets.masked_fill(targets == tokenizer.pad_token_id, -100)
+    events, decoded = record_decoding_and_forward(model, term)
+    trainer.compute_loss(model, {**prompts, "labels": labels})
+    assert events == ["decode", "forward"], events
+    assert decoded == [[reference.lower() for reference in REFERENCES]]
+
+
+def record_decoding_and_forward(model, term) -> tuple[list[str], list[list[str]]]:
+    """Wrap ``model.forward`` and ``term.references_from_labels`` (on the instances) to record
+    the order of their calls (``"forward"``, ``"decode"``) and the references decoded."""
     events, decoded = [], []
     forward, decode = model.forward, term.references_from_labels
 
@@ -615,6 +614,4 @@ def test_a_seq2seq_mixin_reads_its_unshifted_labels_before_the_forward(loss, tok
         return decoded[-1]
 
     model.forward, term.references_from_labels = recorded_forward, recorded_decode
-    trainer.compute_loss(model, {**prompts, "labels": labels})
-    assert events == ["decode", "forward"], events
-    assert decoded == [[reference.lower() for reference in REFERENCES]]
+    return events, decoded

@@ -164,7 +164,12 @@ class BERTScoreTerm:
     def references_of(self, labels: Tensor) -> list[str]:
         """The references scored against when none are given: each row's targets (``labels``
         as given to :meth:`__call__`, shifted by one for a causal model) decoded."""
-        return self.references_from_labels(labels[:, 1:] if self.causal else labels)
+        return self.references_from_labels(self._targets(labels))
+
+    def _targets(self, labels: Tensor) -> Tensor:
+        """``labels`` against the positions that predict them (a causal model's shifted by
+        one: position t predicts label t + 1)."""
+        return labels[:, 1:] if self.causal else labels
 
     def references_from_labels(self, labels: Tensor) -> list[str]:
         """Each row's completion tokens (``!= -100``) decoded, each distinct row once (the
@@ -324,7 +329,8 @@ class BERTScoreTerm:
         shifted by one), their shapes checked."""
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
         if self.causal:
-            logits, labels = logits[:, :-1], labels[:, 1:]
+            logits = logits[:, :-1]
+        labels = self._targets(labels)
         if logits.shape[:2] != labels.shape:
             raise ValueError(
                 f"{name} {list(labels.shape)} do not match the logits {list(logits.shape[:2])}"
