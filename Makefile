@@ -55,7 +55,7 @@ verify-results:
 OUT ?= runs/gpu
 GPU_SECTIONS ?= placement,fused,gemma_step,precision,checkpointing,metric
 GPU_BUDGET_S ?= 280
-GPU_PROFILE ?= CE + term|exact
+GPU_PROFILE ?= CE + term|CE only|model's own|Cut Cross|exact
 CUDA_TESTS := tests/test_loss.py::test_cuda_bf16_autocast \
 	tests/test_loss.py::test_cuda_scores_and_loss_equal_the_cpus \
 	tests/test_loss.py::test_cuda_loss_waits_for_the_card_as_counted \

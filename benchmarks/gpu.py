@@ -775,33 +775,62 @@ class Context:
         wall = time.perf_counter() - began
         text = io.StringIO()
         pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
-        table, key, busy = self._operator_table(run)
+        tables, summary, _ = self._operator_tables(run, host_table=False)
         self._append_profile(
-            f"## {label}\n\nwall {wall:.2f} s (under cProfile); {key} summed {busy:.2f} s\n\n"
-            f"```\n{text.getvalue()}\n```\n\n{table}\n\n"
+            f"## {label}\n\nwall {wall:.2f} s (under cProfile); torch.profiler's pass: {summary}"
+            f"\n\n```\n{text.getvalue()}\n```\n\n{tables[0]}\n\n"
         )
 
     def profile(self, run: Callable[[], Any]) -> None:
         """With ``--profile TEXT`` and a row whose label holds TEXT: one more pass (untimed)
-        under :mod:`torch.profiler`, its operators and kernels by self time appended to the
-        profile file (where the time of a row goes)."""
+        under :mod:`torch.profiler`, appended to the profile file: the pass's wall time against
+        the device's busy time and the host's (which of them sets the pace), its operators and
+        kernels by the device's self time, and its operators by the host's self time (where a
+        host-bound row's time goes)."""
         if self.profiles(self.label):
-            self._append_profile(f"## {self.label}\n\n{self._operator_table(run)[0]}\n\n")
+            tables, summary, _ = self._operator_tables(run, host_table=True)
+            self._append_profile(f"## {self.label}\n\n{summary}\n\n" + "\n\n".join(tables) + "\n\n")
 
-    def _operator_table(self, run: Callable[[], Any]) -> tuple[str, str, float]:
-        """One more pass under :mod:`torch.profiler`: its table of operators and kernels by self
-        time (the device's on CUDA), that key, and the seconds summed over it."""
+    def _operator_tables(
+        self, run: Callable[[], Any], host_table: bool
+    ) -> tuple[list[str], str, float]:
+        """One pass under :mod:`torch.profiler`: the table by the device's self time (the
+        host's on the CPU), with ``host_table`` also the one by the host's; a line of the
+        pass's wall, device-busy and host-busy milliseconds; the device's busy seconds."""
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self.sync()
+        began = time.perf_counter()
         with profile(activities=activities) as prof:
             run()
             self.sync()
+        wall = time.perf_counter() - began
         key = "self_cuda_time_total" if self.cuda else "self_cpu_time_total"
         events = prof.key_averages()
-        busy = sum(getattr(e, key, 0) for e in events) / 1e6
-        table = events.table(sort_by=key, row_limit=20, max_name_column_width=70)
-        return table, key, busy
+        host = sum(getattr(e, "self_cpu_time_total", 0) for e in events) / 1e6
+        busy = host
+        if self.cuda:  # the kernels' own events: an operator's self time repeats its kernels'
+            from torch.autograd import DeviceType
+
+            busy = (
+                sum(
+                    getattr(e, "self_device_time_total", None) or getattr(e, key, 0)
+                    for e in events
+                    if getattr(e, "device_type", None) == DeviceType.CUDA
+                )
+                / 1e6
+            )
+        tables = [events.table(sort_by=key, row_limit=20, max_name_column_width=70)]
+        if host_table and self.cuda:
+            tables.append(
+                events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70)
+            )
+        summary = (
+            f"wall {wall * 1e3:.1f} ms under the profiler; device busy {busy * 1e3:.1f} ms; "
+            f"host self time {host * 1e3:.1f} ms"
+        )
+        return tables, summary, busy
 
     def _append_profile(self, text: str) -> None:
         with open(self.config["profile_path"], "a", encoding="utf-8") as handle:

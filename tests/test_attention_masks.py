@@ -69,6 +69,29 @@ def test_prepared_mask_gives_the_same_states_without_a_host_read(kind, attention
     assert prepared_reads.count == 0
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.long])
+def test_prepared_mask_is_the_builders_mask(attention, dtype, mask_dtype):
+    """SDPA's and eager attention's masks are made here, not by transformers' builder (a dozen
+    kernels a call): the same shape, dtype and values as the builder's; SDPA's a view of a
+    boolean padding mask (no kernel at all)."""
+    model = _model("bert", attention).to(dtype)
+    _, attended = _batch()
+    padding = attended.to(mask_dtype)
+    ours = prepared_attention_mask(model, padding)
+    theirs = _mask_builder()(
+        config=model.config,
+        inputs_embeds=torch.empty((*attended.shape, 0), dtype=dtype),
+        attention_mask=padding,
+        allow_is_bidirectional_skip=False,
+    )
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
+    assert torch.equal(ours, theirs)
+    if attention == "sdpa" and mask_dtype == torch.bool:
+        assert ours.untyped_storage().data_ptr() == padding.untyped_storage().data_ptr()
+
+
 def test_a_host_batch_without_padding_gives_no_mask(encoder, monkeypatch):
     """embed_token_ids knows on the host whether a batch pads: without padding the model gets
     no mask (what transformers chooses after reading an all-ones one back), with it a mask."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,7 @@ def test_profile_covers_the_rows_it_names_and_only_them(smoke_run):
     assert any(line.startswith("## fused:") for line in headers)
     assert any(line.startswith("## gemma_step:") for line in headers)
     assert "Self CPU" in text  # the profiler's table (CPU: smoke)
+    # each row's pass says whether the host or the device set its pace
+    sections = text.split("\n## ")
+    assert all(re.search(r"wall [0-9.]+ ms under the profiler; device busy [0-9.]+ ms; host self "
+                         r"time [0-9.]+ ms", part) for part in sections)  # fmt: skip

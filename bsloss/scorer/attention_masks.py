@@ -49,12 +49,27 @@ def prepared_attention_mask(model: nn.Module, mask: Tensor) -> Tensor:
     token is attended), such that the model does not read it back on the host: for a model whose
     masks transformers builds with ``create_bidirectional_mask``, that mask for the model's
     attention implementation (a 4D boolean for SDPA, an additive float for eager); for any other
-    model ``mask`` as it is."""
+    model ``mask`` as it is.
+
+    For SDPA and eager attention the ``[B, 1, L, L]`` mask is the padding mask broadcast over the
+    queries, made here as a view of ``mask`` (SDPA: no kernel for a boolean ``mask``; eager: one
+    ``where``), where transformers' builder launches a dozen small kernels per call (a GPU
+    pays each launch on the host); the values are the builder's
+    (``tests/test_attention_masks.py``). Other implementations (flex attention's block mask,
+    flash attention's 2D mask) get the builder's own."""
     builder = _mask_builder()
     if not _builds_its_masks_with(model, builder):
         return mask
     embeddings = model.get_input_embeddings()
     dtype = embeddings.weight.dtype if embeddings is not None else torch.float32
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation in ("sdpa", "eager"):
+        batch, length = mask.shape
+        attended = mask if mask.dtype == torch.bool else mask != 0
+        if implementation == "eager":  # additive: 0 where attended, the dtype's lowest elsewhere
+            lowest = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=mask.device)
+            attended = torch.where(attended, torch.zeros_like(lowest), lowest)
+        return attended[:, None, None, :].expand(batch, 1, length, length)
     # the mask takes the batch size, dtype and device from the embeddings: an empty stand-in
     like = torch.empty((*mask.shape, 0), dtype=dtype, device=mask.device)
     return builder(
