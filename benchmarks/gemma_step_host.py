@@ -1,19 +1,22 @@
 """The host's share of the GPU benchmark's Gemma-shaped training step, measured on the CPU.
 
-On a card the Gemma 3 270M-shaped step (``benchmarks/gpu.py``, section 3) is bound by the host:
-the model's own CE step took 83-117 ms in runs 4-6 for ~35 ms of kernels, and the mixin's fused
-path with the CE alone took 1.15-1.40x that. This runs the same three steps
-(:func:`benchmarks.gpu.gemma_steps`: the model's own CE, the mixin's fused CE alone, CE + the
-term; each forward, backward, AdamW step and ``zero_grad``) on a model of Gemma 3 270M's
-config and depth (18 layers, its attention pattern) but 64 wide with a 4,096-token vocabulary,
-so that the arithmetic is small beside the host's work, alternately in one process, and counts
-each step's operations at the dispatcher (``benchmarks/launches.py``'s counter). The scorer is
+On a card the Gemma 3 270M-shaped step (``benchmarks/gpu.py``, section 3) is bound by the host
+(the model's own CE step took 83-117 ms in runs 4-6, its kernels a fraction of that), and the
+mixin's fused path with the CE alone took 1.15-1.40x the model's step. This runs the same
+steps (:func:`benchmarks.gpu.gemma_steps`: the model's own CE, the mixin's fused CE alone, CE +
+the term; each forward, backward, AdamW step and ``zero_grad``), and a fourth, CE + the term
+through the loss compiled (``loss.compile()``, inductor; its compiling first step untimed), on
+a model of Gemma 3 270M's config and depth (18 layers, its attention pattern) but 64 wide with
+a 4,096-token vocabulary, so that the arithmetic is small beside the host's work, alternately
+in one process, and counts each step's operations at the dispatcher
+(``benchmarks/launches.py``'s counter; not the compiled step's, which a dispatch mode runs
+eagerly). The scorer is
 MiniLM's vocabulary and depth, 32 wide, through the synthetic bridge, its mask prepared as on a
 GPU.
 
-What it tells: how much host work the fused path adds to a step. Where the ratio here is near
-1 and the card's is not, the card's difference is not the host's operations but what the card
-or a wait for it adds (the GPU benchmark's profiles of these rows say which).
+What it tells: how much host work the fused path and the term add to a step. Where the ratio
+here is near 1 and the card's is not, the card's difference is not the host's operations but
+what the card or a wait for it adds (the GPU benchmark's profiles of these rows say which).
 
     HF_HUB_OFFLINE=1 python benchmarks/gemma_step_host.py --rounds 7
 """
@@ -32,6 +35,7 @@ from benchmarks.gpu import GEMMA3_270M, ReferencesGiven, gemma_steps, synthetic_
 from benchmarks.launches import count
 from benchmarks.revisions import narrow_scorer
 
+COMPILED = "mixin fused CE + term, the loss compiled (loss.compile())"
 # Gemma 3 270M's structure, the arithmetic cut down: 64 wide, 4,096 tokens
 NARROW = {
     "vocab_size": 4096,
@@ -77,17 +81,28 @@ def main() -> None:
         encoder = ScorerEncoder.from_pretrained(narrow_scorer(Path(scratch)), num_layers=6)
     refs = [f"reference sentence number {i} for the step" for i in range(args.batch)]
     bridge = synthetic_bridge(config.vocab_size, encoder.input_embeddings.num_embeddings)
-    loss = BERTScoreLoss(model=encoder, bridge=bridge)
-    loss.encode_references(refs)
-    term = BERTScoreTerm(loss, ReferencesGiven(), weight=1.0, causal=True)
+    terms = []
+    for compiled in (False, True):
+        loss = BERTScoreLoss(model=encoder, bridge=bridge)
+        if compiled:
+            loss.compile()  # inductor, the default mode: its first step compiles (untimed)
+        loss.encode_references(refs)
+        terms.append(BERTScoreTerm(loss, ReferencesGiven(), weight=1.0, causal=True))
     steps = dict(
         zip(
             ("the model's own CE", "mixin fused CE only", "mixin fused CE + term"),
-            gemma_steps(model, optimizer, ids, labels, term, refs),
+            gemma_steps(model, optimizer, ids, labels, terms[0], refs),
             strict=True,
         )
     )
-    operations = {name: sum(count(step).by_caller.values()) for name, step in steps.items()}
+    steps[COMPILED] = gemma_steps(model, optimizer, ids, labels, terms[1], refs)[2]
+    steps[COMPILED]()  # compiles
+    # (not the compiled step's: under the counter's dispatch mode Dynamo runs it eagerly)
+    operations = {
+        name: f"{sum(count(step).by_caller.values()):,}"
+        for name, step in steps.items()
+        if name != COMPILED
+    }
 
     def repeated(step):
         def run():
@@ -111,7 +126,7 @@ def main() -> None:
                 f"{timed.median() / args.steps * 1e3:.2f}",
                 f"{timed.median() / anchor.median():.3f}",
                 f"{low:.3f}–{high:.3f}",
-                f"{operations[name]:,}",
+                operations.get(name, "–"),
             )
         )
     lines = [

@@ -991,6 +991,7 @@ class Variant:
     label: dict
     run: Callable[[], Any] | None
     backend: str | None = None
+    needs_s: float = 0.0  # seconds of the section's time it needs left to start (compiling)
 
 
 def per_backend(ctx: Context, label: dict, run: Callable[[], Any]) -> list[Variant]:
@@ -1015,6 +1016,9 @@ def run_variants(
         ctx.log(ctx.label)
         if variant.run is None:
             section.row(**variant.label)
+            continue
+        if ctx.time_left() < variant.needs_s:
+            section.row(**variant.label, note=f"skipped: under {variant.needs_s:.0f} s left")
             continue
         row = attempt(ctx, section, variant.label, functools.partial(measure, variant))
         if row is not None:
@@ -1177,6 +1181,12 @@ def section_fused(ctx: Context, section: Section) -> None:
     encoder = ctx.encoder()
     bridge = synthetic_bridge(vocab, encoder.input_embeddings.num_embeddings)
     loss = measured_loss(ctx, model=encoder, bridge=bridge)
+    # the same loss compiled whole (the card's host-bound sizes; compiling on the CPU of --smoke
+    # would take most of the test's time): its rows come last at each size
+    compiled = None
+    if ctx.cuda:
+        compiled = measured_loss(ctx, model=encoder, bridge=bridge)
+        compiled.compile(dynamic=False)
     cce = optional_fused_ce(ctx, "cut_cross_entropy")
     liger = optional_fused_ce(ctx, "liger_kernel")
     backends = fused_backends()
@@ -1195,32 +1205,36 @@ def section_fused(ctx: Context, section: Section) -> None:
         if ctx.time_left() < 0:
             section.row(tokens=f"{batch}x{length}", note="skipped: the section's time is spent")
             continue
-        fused_at_size(ctx, section, loss, weight, (cce, liger), batch, length, generator)
+        losses = (loss, compiled)
+        fused_at_size(ctx, section, losses, weight, (cce, liger), batch, length, generator)
         ctx.release()
 
 
 def fused_at_size(
     ctx: Context,
     section: Section,
-    loss: Any,
+    losses: tuple[Any, Any],
     weight: Any,
     libraries: tuple[dict, dict],
     batch: int,
     length: int,
     generator: Any,
 ) -> None:
-    """The fused section's rows at one size (B x L tokens), their ratios and goals."""
+    """The fused section's rows at one size (B x L tokens), their ratios and goals; ``losses``:
+    the loss eager, and compiled whole (``None`` off the card)."""
     import torch
     import torch.nn.functional as F
 
     from bsloss import LMHeadInputs
 
+    loss, compiled = losses
     vocab, dim = weight.shape
     cce, liger = libraries
     nan = float("nan")
     tokens = f"{batch}x{length}"
     refs = ctx.references(batch)
-    loss.encode_references(refs)
+    for each in filter(None, losses):
+        each.encode_references(refs)
     hidden = torch.randn(batch, length, dim, device=ctx.device, generator=generator)
     hidden = hidden.to(torch.bfloat16).requires_grad_()
     targets = torch.randint(0, vocab, (batch, length), device=ctx.device, generator=generator)
@@ -1243,7 +1257,7 @@ def fused_at_size(
         (ce + term).backward()
         return pair(ce.detach(), term.detach())
 
-    def fused(with_ce: bool) -> torch.Tensor:
+    def fused(with_ce: bool, loss: Any = loss) -> torch.Tensor:
         inputs = LMHeadInputs(hidden, weight)
         if with_ce:
             out = loss.loss_and_cross_entropy(inputs, targets, refs)
@@ -1275,16 +1289,32 @@ def fused_at_size(
     variants = [
         Variant({"pass": "torch CE, bf16 logits"}, functools.partial(torch_ce, False)),
         library(cce),
-        *per_backend(ctx, {"pass": "bsloss fused, CE + term"}, functools.partial(fused, True)),
+        *per_backend(ctx, {"pass": FUSED_PASS}, functools.partial(fused, True)),
         Variant({"pass": "bsloss dense, CE + term (logits=)"}, dense),
         *per_backend(ctx, {"pass": "bsloss fused, term only"}, functools.partial(fused, False)),
         Variant({"pass": "torch CE, float32 logits"}, functools.partial(torch_ce, True)),
         library(liger),
+        compiled_variant(ctx, compiled, functools.partial(fused, True, compiled)),
     ]
     for variant in variants:
         variant.label = {"tokens": tokens, **variant.label}
     rows = run_variants(ctx, section, variants, lambda v: timed(v.run, v.backend))
     fused_ratios(section, tokens, rows)
+
+
+FUSED_PASS = "bsloss fused, CE + term"
+COMPILED_PASS = "bsloss fused, CE + term, loss compiled (loss.compile())"
+COMPILE_S = 90  # what a row that compiles needs left of its section's time
+
+
+def compiled_variant(ctx: Context, compiled: Any, run: Callable[[], Any]) -> Variant:
+    """The fused CE + term through the loss compiled whole, with the default backend ('auto':
+    the Triton kernels for bf16 on CUDA, outside the graph); its first pass compiles. Not run
+    off the card, nor with under :data:`COMPILE_S` of its section's time left."""
+    label = {"pass": COMPILED_PASS, "backend": "(no backend=)"}
+    if compiled is None:
+        return Variant({**label, "note": "skipped: compiled on the card only"}, None)
+    return Variant(label, run, needs_s=COMPILE_S)
 
 
 def optional_fused_ce(ctx: Context, module: str) -> dict:
@@ -1343,9 +1373,11 @@ def fused_ratios(section: Section, tokens: str, rows: list[dict]) -> None:
             row["ce_diff"] = abs(row["ce"] - reference["ce"])
     section.store()
     for row in rows:
-        if row["pass"] != "bsloss fused, CE + term" or row.get("ms") is None:
+        if row["pass"] not in (FUSED_PASS, COMPILED_PASS) or row.get("ms") is None:
             continue
         where = f"{tokens}, backend {row['backend']}"
+        if row["pass"] == COMPILED_PASS:
+            where = f"{tokens}, the loss compiled"
         section.goal(FUSED_VS_CCE, row["vs_cce"], where)
         if tokens == "8x1024":
             section.goal(FUSED_MS, row["ms"], where)

@@ -14,9 +14,9 @@ the public boundary, the multiple-reference maximum, baseline rescaling and the 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +31,7 @@ from bsloss.bridge import (
     VocabularyBridge,
     check_bridge_mode,
 )
-from bsloss.candidate_encoding import CandidateEncoder
+from bsloss.candidate_encoding import CandidateEncoder, EncodedCandidates
 from bsloss.candidate_inputs import (
     CandidateInput,
     LMHeadInputs,
@@ -561,9 +561,7 @@ class BERTScoreLoss(nn.Module):
             raise ValueError("pass exactly one of references (texts) or reference_ids")
         if references is not None:
             groups = check_reference_groups(references, "references")
-        encoded = self.candidate_encoder.encode(
-            self._placed(), candidates, candidate_mask, target_ids
-        )
+        encoded = self._step("encode")(self, candidates, candidate_mask, target_ids)
         log_likelihood = encoded.log_likelihood
         batch = encoded.hidden.shape[0]
         owner = list(range(batch))
@@ -608,13 +606,52 @@ class BERTScoreLoss(nn.Module):
         # one reference per candidate, in order: no gather, no max over references
         one_each = owner == list(range(batch))
         index = None if one_each else torch.tensor(owner, device=encoded.hidden.device)
-        prf = self._prf(encoded[:3], references, index, batch)
+        prf = self._step("prf")(self, encoded[:3], references, index, batch)
         if encoded.exact is None:
             return prf, log_likelihood
         # retokenize: the decoded text's score, with the gradient of the average bridge's
         with torch.no_grad():
-            exact = self._prf(encoded.exact, references, index, batch)
+            exact = self._step("prf")(self, encoded.exact, references, index, batch)
         return PRF(*(e + (x - x.detach()) for e, x in zip(exact, prf, strict=True))), log_likelihood
+
+    def _encode(
+        self, candidates: CandidateInput, candidate_mask: Tensor | None, target_ids: Tensor | None
+    ) -> EncodedCandidates:
+        """The candidates to the scorer's hidden states (:class:`CandidateEncoder`)."""
+        return self.candidate_encoder.encode(self._placed(), candidates, candidate_mask, target_ids)
+
+    def _step(self, name: str) -> Callable[..., Any]:
+        """The loss's tensor step ``name`` (``"encode"``: :meth:`_encode`, ``"prf"``:
+        :meth:`_prf`) as an unbound function of the loss, compiled after :meth:`compile`."""
+        compiled = self.__dict__.get("_compiled_steps")
+        if compiled is not None:
+            return compiled[name]
+        return getattr(type(self), "_" + name)
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Compile the loss's tensor work with :func:`torch.compile` (its arguments: ``mode``,
+        ``backend``, ``dynamic``, ...) for every entry point: :meth:`forward`, :meth:`score`,
+        :meth:`score_and_cross_entropy` and :meth:`loss_and_cross_entropy` (the trainer
+        integration's calls).
+
+        Two steps are compiled: the candidates' encoding (their distributions, the bridge or
+        the fused LM-head pass, the special tokens, the scorer) and the matching with its
+        reductions. Between them the references stay eager: texts are validated, looked up in
+        the cache and encoded on a miss, host work on Python strings that a compiled graph
+        would guard on, so that every new batch of reference texts would compile again (what
+        ``nn.Module.compile``, which compiles :meth:`forward` whole, did: three new graphs a
+        call until its recompile limit). New shapes still compile again, the candidates' and
+        the references' padded lengths among them (``dynamic=None``, the default, makes a
+        changing size dynamic after its first change).
+
+        ``torch.compile(loss)`` compiles :meth:`forward` whole, references included, and
+        recompiles for each new batch of reference texts; prefer ``loss.compile()``.
+        """
+        cls = type(self)
+        self._compiled_steps = {
+            name: torch.compile(getattr(cls, "_" + name), *args, **kwargs)
+            for name in ("encode", "prf")
+        }
 
     def _prf(self, candidates: tuple, references: tuple, index: Tensor | None, batch: int) -> PRF:
         """P, R, F ``[B]`` of encoded candidates against encoded references (``index``: each

@@ -661,9 +661,10 @@ def test_the_loss_draws_no_progress_bar_on_a_terminal(plain_loss, monkeypatch, c
 @pytest.mark.parametrize("matching", ["softmax", "hard"])
 def test_the_compiled_loss_breaks_only_at_its_finite_check(encoder, vocab, monkeypatch, matching):
     """``loss.compile()`` (Dynamo, traced through AOT autograd here; inductor on a card): the
-    same value and gradient as the eager loss, and the graph broken only where the host must
-    read (the logits' finiteness check), with the scorer's mask prepared as on a GPU: the rest
-    of the forward, scorer included, is one graph (what CUDA graphs need to replay it)."""
+    same value and gradient as the eager loss. Its two compiled steps break their graphs only
+    where the host must read: the candidates' encoding at the logits' finiteness check (the
+    rest of it, scorer included, one graph, with the scorer's mask prepared as on a GPU), the
+    matching nowhere (what CUDA graphs need to replay them)."""
     import torch._dynamo
 
     import bsloss.scorer.encoder
@@ -673,15 +674,23 @@ def test_the_compiled_loss_breaks_only_at_its_finite_check(encoder, vocab, monke
     logits = torch.randn(2, 7, vocab, generator=torch.Generator().manual_seed(0))
     logits.requires_grad_(True)
     loss = BERTScoreLoss(model=encoder, matching=matching)
-    loss.encode_references(refs)
+    references = loss.encode_references(refs)
     eager = loss(logits, references=refs)
     eager.backward()
     eager_grad, logits.grad = logits.grad.clone(), None
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(loss)(logits, references=refs)
+    explained = torch._dynamo.explain(BERTScoreLoss._encode)(
+        loss, bsloss.Logits(logits), None, None
+    )
     assert {frame.name for r in explained.break_reasons for frame in r.user_stack[-1:]} == {
         "check_finite_tensor"
     }, [r.reason.splitlines()[0] for r in explained.break_reasons]
+    encoded = loss._encode(bsloss.Logits(logits), None, None)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(BERTScoreLoss._prf)(loss, encoded[:3], references, None, 2)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, [
+        r.reason.splitlines()[0] for r in explained.break_reasons
+    ]
     torch._dynamo.reset()
     loss.compile(backend="aot_eager", dynamic=False)
     try:
@@ -691,6 +700,94 @@ def test_the_compiled_loss_breaks_only_at_its_finite_check(encoder, vocab, monke
         torch._dynamo.reset()
     torch.testing.assert_close(value, eager, rtol=0, atol=1e-6)
     torch.testing.assert_close(logits.grad, eager_grad, rtol=1e-5, atol=1e-7)
+
+
+def _counting_steps(loss) -> dict[str, int]:
+    """Counts of the calls of ``loss``'s compiled steps (wrapped after ``loss.compile()``)."""
+    calls = {name: 0 for name in loss._compiled_steps}
+
+    def counted(name, step):
+        def call(*args):
+            calls[name] += 1
+            return step(*args)
+
+        return call
+
+    loss._compiled_steps = {n: counted(n, f) for n, f in loss._compiled_steps.items()}
+    return calls
+
+
+def test_compile_covers_every_entry_point(encoder):
+    """``loss.compile()`` compiles what every entry point runs: ``forward``, ``score``,
+    ``score_and_cross_entropy`` and ``loss_and_cross_entropy`` (the trainer integration's
+    calls) each go through the compiled encoding and matching, with the eager values and
+    gradients. ``nn.Module.compile`` compiled ``forward`` alone: the others ran eager."""
+    import torch._dynamo
+
+    eager = BERTScoreLoss(encoder=encoder, reduction="none")
+    compiled = BERTScoreLoss(encoder=encoder, reduction="none")
+    vocab = eager.generator_vocab_size
+    hidden, weight = head_for([2000, 3000, 4000], vocab, width=16)
+    weight.requires_grad_(True)
+    targets = torch.tensor([[2000, 3000, -100]])
+    refs = ["a cat sat on the mat"]
+
+    def entry_points(loss, hidden):
+        inputs = bsloss.LMHeadInputs(hidden, weight)
+        out = loss.loss_and_cross_entropy(inputs, targets, refs)
+        prf, ce = loss.score_and_cross_entropy(inputs, targets, refs)
+        return {
+            "forward": loss(inputs, refs),
+            "score": loss.score(inputs, refs).f1,
+            "score_and_cross_entropy": prf.f1 + ce.sum(),
+            "loss_and_cross_entropy": out.loss + out.cross_entropy.sum(),
+        }
+
+    expected = {}
+    for name, value in entry_points(eager, hidden.clone().requires_grad_(True)).items():
+        expected[name] = value.detach(), torch.autograd.grad(value.sum(), weight)
+    torch._dynamo.reset()
+    compiled.compile(backend="aot_eager", dynamic=False)
+    calls = _counting_steps(compiled)
+    try:
+        got = entry_points(compiled, hidden.clone().requires_grad_(True))
+        for name, value in got.items():
+            grads = torch.autograd.grad(value.sum(), weight)
+            torch.testing.assert_close(value.detach(), expected[name][0], rtol=0, atol=1e-6)
+            torch.testing.assert_close(grads[0], expected[name][1][0], rtol=1e-5, atol=1e-6)
+    finally:
+        torch._dynamo.reset()
+    # four calls, each through one compiled encoding and one compiled matching
+    assert calls == {"encode": 4, "prf": 4}, calls
+
+
+def test_the_compiled_loss_does_not_recompile_for_new_reference_texts(encoder, vocab, monkeypatch):
+    """A training step brings new reference texts: the compiled loss encodes them eagerly
+    between its compiled steps and compiles nothing new for texts of the same padded length
+    (compiling ``forward`` whole made three new graphs a call, on the reference cache's
+    bookkeeping, until its recompile limit)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    import bsloss.scorer.encoder
+
+    monkeypatch.setattr(bsloss.scorer.encoder, "paced_by_host", lambda device: True)
+    logits = torch.randn(2, 5, vocab, generator=torch.Generator().manual_seed(0))
+    loss = BERTScoreLoss(model=encoder)
+    eager = BERTScoreLoss(model=encoder)
+    torch._dynamo.reset()
+    counters.clear()
+    loss.compile(backend="aot_eager", dynamic=False)
+    try:
+        graphs = []
+        for word in ("one", "two", "six", "ten"):  # one word piece each: the same lengths
+            refs = [f"reference number {word}", f"the {word} cats sat"]
+            value = loss(logits, references=refs)
+            graphs.append(counters["stats"]["unique_graphs"])
+            torch.testing.assert_close(value, eager(logits, references=refs), rtol=0, atol=1e-6)
+    finally:
+        torch._dynamo.reset()
+    assert graphs[0] > 0 and graphs[1:] == [graphs[0]] * 3, graphs
 
 
 def test_the_compiled_loss_through_the_head_gives_the_same_values(encoder):
