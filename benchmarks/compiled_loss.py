@@ -1,16 +1,17 @@
-"""The loss eager and compiled whole (``loss.compile()``), side by side, where the host's work is
-all there is.
+"""The loss eager and compiled (``loss.compile()``), side by side, where the host's work is all
+there is.
 
 On a GPU the loss at MiniLM's size is bound by the host (``benchmarks/README.md``, "Runs 4-6"):
-Python, the dispatcher and one kernel launch per operation. Compiling the loss turns the
-operations after the logits' finiteness check (the one graph break,
-``tests/test_loss.py::test_the_compiled_loss_breaks_only_at_its_finite_check``) into one graph.
-This times forward + backward of ``BERTScoreLoss`` defaults, eager and compiled (inductor, the
-default mode), alternately in one process, on small logits ``[B, L, V]`` through a random
-scorer of MiniLM's vocabulary and depth but 32 wide, so that the arithmetic is small beside the
-host's work. The scorer's mask is prepared as on a GPU (``paced_by_host`` forced). A CPU
-measure of host work, not a GPU figure: the GPU benchmark's precision section times the
-compiled loss on a card.
+Python, the dispatcher and one kernel launch per operation. ``loss.compile()`` compiles the
+candidates' encoding (one graph after the logits' finiteness check, its one break) and the
+matching (one graph), with the references handled eagerly between them
+(``tests/test_loss.py::test_the_compiled_loss_breaks_only_at_its_finite_check``). This times
+forward + backward of ``BERTScoreLoss`` defaults, eager and compiled (inductor, the default
+mode), alternately in one process, on small logits ``[B, L, V]`` through a random scorer of
+MiniLM's vocabulary and depth but 32 wide, so that the arithmetic is small beside the host's
+work. The scorer's mask is prepared as on a GPU (``paced_by_host`` forced). A CPU measure of
+host work, not a GPU figure: the GPU benchmark's precision section times the compiled loss on
+a card.
 
     HF_HUB_OFFLINE=1 python benchmarks/compiled_loss.py --rounds 7
 """
