@@ -41,6 +41,7 @@ from bsloss.candidate_inputs import (
 )
 from bsloss.candidate_transforms import CandidateOptions
 from bsloss.distributions import (
+    all_true,
     augment_table,
     check_finite_tensor,
     expected_inputs,
@@ -368,7 +369,7 @@ class CandidateEncoder:
 
         def check_logits() -> None:
             """A ValueError naming the first row whose logits were not all finite."""
-            if out.finite is None or bool(out.finite.all()):  # the pass's one read
+            if out.finite is None or all_true(out.finite):  # the pass's one read
                 return
             # the culprit, when it is (among the positions the pass used)
             check_finite_tensor(torch.where(selected[..., None], hidden_states, 0), "hidden_states")

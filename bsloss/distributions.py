@@ -38,6 +38,7 @@ __all__ = [
     "expected_embeddings",
     "expected_inputs",
     "augment_table",
+    "all_true",
     "check_finite_tensor",
     "most_probable_tokens",
 ]
@@ -55,6 +56,9 @@ class TokenDistribution:
     logits: Tensor | None = None
 
 
+# A read of the device, so a graph break in a compiled loss wherever it is: outside Dynamo, the
+# break comes without Dynamo's advice to capture scalar outputs, which would not remove the read.
+@torch.compiler.disable
 def check_finite_tensor(tensor: Tensor, name: str) -> None:
     """ValueError naming ``name`` and the first position of a NaN or Inf in ``tensor``."""
     # One reduction decides the common case; the elementwise scan only runs to name the culprit
@@ -64,6 +68,13 @@ def check_finite_tensor(tensor: Tensor, name: str) -> None:
     bad = ~torch.isfinite(tensor)
     if bad.any():
         raise ValueError(f"{name} contains NaN or Inf (first at {name}{position_of_first(bad)})")
+
+
+@torch.compiler.disable
+def all_true(flags: Tensor) -> bool:
+    """``bool(flags.all())``, a read of the device outside any compiled graph (as
+    :func:`check_finite_tensor`)."""
+    return bool(flags.all())
 
 
 def _math(tensor: Tensor) -> Tensor:

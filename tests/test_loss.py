@@ -682,9 +682,9 @@ def test_the_compiled_loss_breaks_only_at_its_finite_check(encoder, vocab, monke
     explained = torch._dynamo.explain(BERTScoreLoss._encode)(
         loss, bsloss.Logits(logits), None, None
     )
-    assert {frame.name for r in explained.break_reasons for frame in r.user_stack[-1:]} == {
-        "check_finite_tensor"
-    }, [r.reason.splitlines()[0] for r in explained.break_reasons]
+    reasons = [r.reason for r in explained.break_reasons]
+    # the read, in a function Dynamo skips (no advice to capture scalar outputs)
+    assert reasons and all("check_finite_tensor" in r for r in reasons), reasons
     encoded = loss._encode(bsloss.Logits(logits), None, None)
     torch._dynamo.reset()
     explained = torch._dynamo.explain(BERTScoreLoss._prf)(loss, encoded[:3], references, None, 2)
