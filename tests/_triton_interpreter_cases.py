@@ -152,6 +152,33 @@ def non_finite_row() -> int | None:
     return None
 
 
+def compiled_pass() -> dict:
+    """The Triton pass inside a compiled function (Dynamo, AOT autograd): the reasons its
+    graph breaks, and the value and gradient against the same function eager."""
+    import torch._dynamo
+
+    h, weight, _, table, y, grad_e, grad_ll = inputs(n=9, d=16, vocab=40, c=3, targets=True)
+
+    def step(h):
+        out = fused_expected_inputs(h, weight, table, target_ids=y, backend="triton")
+        return (out.expected * grad_e).sum() + (out.log_likelihood * grad_ll).sum()
+
+    eager_h = h.clone().requires_grad_()
+    eager = step(eager_h)
+    eager.backward()
+    explained = torch._dynamo.explain(step)(h.clone().requires_grad_())
+    torch._dynamo.reset()
+    compiled_h = h.clone().requires_grad_()
+    value = torch.compile(step, backend="aot_eager")(compiled_h)
+    value.backward()
+    torch._dynamo.reset()
+    return {
+        "reasons": [r.reason for r in explained.break_reasons],
+        "value": (eager.detach(), value.detach()),
+        "grad": (eager_h.grad, compiled_h.grad),
+    }
+
+
 def main(out_path: str) -> None:
     # imported here: the test process reads CASES without importing triton
     from bsloss.functional.triton_fused_head import interpreter_active
@@ -164,6 +191,7 @@ def main(out_path: str) -> None:
             "torch": run(case, "torch", reference=True),
         }
     results["non_finite_row"] = non_finite_row()
+    results["compiled"] = compiled_pass()
     torch.save(results, out_path)
 
 

@@ -93,6 +93,16 @@ def test_interpreted_kernels_name_the_non_finite_row(interpreted):
     assert interpreted["non_finite_row"] == 5
 
 
+@needs_triton
+def test_a_compiled_caller_runs_the_kernels_outside_its_graph(interpreted):
+    """Under ``torch.compile`` (a compiled loss) Dynamo skips the Triton pass, a graph break
+    named by the pass, and the caller's value and gradient are the eager ones."""
+    compiled = interpreted["compiled"]
+    assert any("_triton_pass" in reason for reason in compiled["reasons"]), compiled["reasons"]
+    torch.testing.assert_close(*compiled["value"], rtol=0, atol=0)
+    torch.testing.assert_close(*compiled["grad"], rtol=1e-6, atol=1e-7)
+
+
 def test_backend_is_checked():
     h, weight, _, table, *_ = inputs(n=3, d=4, vocab=10, c=2)
     with pytest.raises(ValueError, match="backend must be one of"):

@@ -825,6 +825,10 @@ def _has_bf16_tensor_cores(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
+# Outside any compiled graph: the kernels are fused already, and the chunk loop launches them
+# from the host either way; Dynamo skips the pass (a graph break) rather than trace the
+# autotuned kernels' launches (traced under the interpreter, it failed).
+@torch.compiler.disable
 def _triton_pass(
     hidden, weight, bias, table, targets, softcap, temperature, table_pad, check_finite
 ) -> FusedHeadOutput:
