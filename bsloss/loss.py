@@ -159,6 +159,14 @@ def _keep_scorer_state(module: nn.Module, state_dict: dict, prefix: str, *args) 
         state_dict.setdefault(key, value)
 
 
+def _entry_point(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A public call of the loss, which Dynamo skips when it traces a caller
+    (``torch.compile(loss)``, a compiled model or step that calls it): the call's reference
+    texts would go into the caller's graph, which would compile again for every new batch of
+    them. The loss's own compiled steps (:meth:`BERTScoreLoss.compile`) still run compiled."""
+    return torch.compiler.disable(method)
+
+
 class BERTScoreLoss(nn.Module):
     """``1 - BERTScore`` of candidates (generator distributions, token ids or embeddings)
     against references, differentiable in the candidates.
@@ -409,6 +417,7 @@ class BERTScoreLoss(nn.Module):
         hidden, mask, weights = pad_embedded([embedded[t] for t in texts], self._placed())
         return hidden, mask, weights, truncated
 
+    @_entry_point
     def encode_references(self, texts: Sequence[str]) -> tuple[Tensor, Tensor, Tensor]:
         """Padded hidden states ``[N, L, d]``, mask and importance weights of reference texts,
         each encoded once and cached (:attr:`reference_cache`).
@@ -473,6 +482,7 @@ class BERTScoreLoss(nn.Module):
         return hidden, mask, self._placed()[ids] * mask
 
     # ------------------------------------------------------------------ scoring
+    @_entry_point
     def score(
         self,
         candidates: CandidateInput | Tensor | None = None,
@@ -518,6 +528,7 @@ class BERTScoreLoss(nn.Module):
         )
         return prf
 
+    @_entry_point
     def score_and_cross_entropy(
         self,
         candidates: LMHeadInputs | None = None,
@@ -644,8 +655,9 @@ class BERTScoreLoss(nn.Module):
         the references' padded lengths among them (``dynamic=None``, the default, makes a
         changing size dynamic after its first change).
 
-        ``torch.compile(loss)`` compiles :meth:`forward` whole, references included, and
-        recompiles for each new batch of reference texts; prefer ``loss.compile()``.
+        A caller compiled whole (``torch.compile(loss)``, a compiled model or step that calls
+        the loss) does not trace into the loss's entry points, which Dynamo skips: traced, their
+        reference texts went into the caller's graph. These steps run compiled from it too.
         """
         cls = type(self)
         self._compiled_steps = {
@@ -682,6 +694,7 @@ class BERTScoreLoss(nn.Module):
             return prf
         return PRF(*(best_over_references(x, index, batch) for x in prf))
 
+    @_entry_point
     def forward(
         self,
         candidates: CandidateInput | Tensor | None = None,
@@ -719,6 +732,7 @@ class BERTScoreLoss(nn.Module):
         )
         return self._reduce(1 - getattr(prf, self.target))
 
+    @_entry_point
     def loss_and_cross_entropy(
         self,
         candidates: LMHeadInputs | None = None,

@@ -790,6 +790,36 @@ def test_the_compiled_loss_does_not_recompile_for_new_reference_texts(encoder, v
     assert graphs[0] > 0 and graphs[1:] == [graphs[0]] * 3, graphs
 
 
+def test_an_outer_compile_does_not_trace_the_references(encoder, vocab):
+    """A caller compiled whole (``torch.compile(loss)``, a compiled model or training step that
+    calls the loss) skips the loss's entry points: their reference texts never reach its graph,
+    so new texts compile nothing new (traced, every new batch of texts compiled again), and the
+    values are the eager loss's. ``loss.compile()`` is what compiles the loss's own work."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    logits = torch.randn(2, 5, vocab, generator=torch.Generator().manual_seed(0))
+    loss = BERTScoreLoss(model=encoder)
+
+    def step(logits, refs):
+        return 2 * loss(logits * 1.5, references=refs) + loss.score(logits, refs).f1.sum()
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, backend="aot_eager", dynamic=False)
+    wrapped = torch.compile(loss, backend="aot_eager", dynamic=False)
+    try:
+        graphs = []
+        for word in ("one", "two", "six", "ten"):
+            refs = [f"reference number {word}", f"the {word} cats sat"]
+            torch.testing.assert_close(compiled(logits, refs), step(logits, refs), rtol=0, atol=0)
+            torch.testing.assert_close(wrapped(logits, refs), loss(logits, refs), rtol=0, atol=0)
+            graphs.append(counters["stats"]["unique_graphs"])
+    finally:
+        torch._dynamo.reset()
+    assert graphs[1:] == graphs[:1] * 3, graphs
+
+
 def test_the_compiled_loss_through_the_head_gives_the_same_values(encoder):
     """``loss.compile()`` through the LM head (``hidden_states=``, traced through AOT autograd
     here): the graph breaks at the reads the host must make (the rows' selection, the pass's
