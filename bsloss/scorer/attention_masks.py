@@ -52,8 +52,8 @@ def prepared_attention_mask(model: nn.Module, mask: Tensor) -> Tensor:
     model ``mask`` as it is.
 
     For SDPA and eager attention the ``[B, 1, L, L]`` mask is the padding mask broadcast over the
-    queries, made here as a view of ``mask`` (SDPA: no kernel for a boolean ``mask``; eager: one
-    ``where``), where transformers' builder launches a dozen small kernels per call (a GPU
+    queries, made here as a view of ``mask`` (SDPA: no kernel for a boolean ``mask``; eager: a
+    ``where`` and a cast), where transformers' builder launches a dozen small kernels per call (a GPU
     pays each launch on the host); the values are the builder's
     (``tests/test_attention_masks.py``). Other implementations (flex attention's block mask,
     flash attention's 2D mask) get the builder's own."""
@@ -67,8 +67,8 @@ def prepared_attention_mask(model: nn.Module, mask: Tensor) -> Tensor:
         batch, length = mask.shape
         attended = mask if mask.dtype == torch.bool else mask != 0
         if implementation == "eager":  # additive: 0 where attended, the dtype's lowest elsewhere
-            lowest = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=mask.device)
-            attended = torch.where(attended, torch.zeros_like(lowest), lowest)
+            # (Python numbers: a tensor made from one would be a copy to the device, a wait)
+            attended = torch.where(attended, 0.0, torch.finfo(dtype).min).to(dtype)
         return attended[:, None, None, :].expand(batch, 1, length, length)
     # the mask takes the batch size, dtype and device from the embeddings: an empty stand-in
     like = torch.empty((*mask.shape, 0), dtype=dtype, device=mask.device)
