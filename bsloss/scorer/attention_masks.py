@@ -53,8 +53,8 @@ def prepared_attention_mask(model: nn.Module, mask: Tensor) -> Tensor:
 
     For SDPA and eager attention the ``[B, 1, L, L]`` mask is the padding mask broadcast over the
     queries, made here as a view of ``mask`` (SDPA: no kernel for a boolean ``mask``; eager: a
-    ``where`` and a cast), where transformers' builder launches a dozen small kernels per call (a GPU
-    pays each launch on the host); the values are the builder's
+    ``where`` and a cast), where transformers' builder launches a dozen small kernels per call
+    (a GPU pays each launch on the host); the values are the builder's
     (``tests/test_attention_masks.py``). Other implementations (flex attention's block mask,
     flash attention's 2D mask) get the builder's own."""
     builder = _mask_builder()
