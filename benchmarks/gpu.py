@@ -1235,8 +1235,9 @@ def fused_at_size(
     nan = float("nan")
     tokens = f"{batch}x{length}"
     refs = ctx.references(batch)
-    for each in filter(None, losses):
-        each.encode_references(refs)
+    for each in (loss, compiled if last_size else None):  # the compiled loss's row: last size
+        if each is not None:
+            each.encode_references(refs)
     hidden = torch.randn(batch, length, dim, device=ctx.device, generator=generator)
     hidden = hidden.to(torch.bfloat16).requires_grad_()
     targets = torch.randint(0, vocab, (batch, length), device=ctx.device, generator=generator)

@@ -568,6 +568,9 @@ class Retokenizer:
         self.generator_tokenizer = generator_tokenizer
         self.encoder = encoder
 
+    # host work on text (the ids read back, decoded, tokenised): skipped by Dynamo in a compiled
+    # loss, whose graph would otherwise take each step's decoded texts in and compile again
+    @torch.compiler.disable
     def __call__(self, token_ids: Tensor, mask: Tensor) -> RetokenizedBatch:
         """Retokenise a batch of generator tokens ``[B, L]`` (``mask``: real positions)."""
         rows = token_ids.detach().cpu().tolist()

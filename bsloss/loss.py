@@ -308,6 +308,8 @@ class BERTScoreLoss(nn.Module):
             self.bridge, self.bridging = spec.resolve(self.encoder)
         # the first half of the loss: candidates of any source to scorer hidden states
         self.candidate_encoder = CandidateEncoder(self.encoder, self.bridging, candidates)
+        # the tensor steps compiled by compile(): {"encode": ..., "prf": ...}
+        self._compiled_steps: dict[str, Callable[..., Any]] | None = None
         if idf is True:
             raise ValueError(
                 "idf=True (from each call's references) is for BERTScorer; pass the "
@@ -634,9 +636,8 @@ class BERTScoreLoss(nn.Module):
     def _step(self, name: str) -> Callable[..., Any]:
         """The loss's tensor step ``name`` (``"encode"``: :meth:`_encode`, ``"prf"``:
         :meth:`_prf`) as an unbound function of the loss, compiled after :meth:`compile`."""
-        compiled = self.__dict__.get("_compiled_steps")
-        if compiled is not None:
-            return compiled[name]
+        if self._compiled_steps is not None:
+            return self._compiled_steps[name]
         return getattr(type(self), "_" + name)
 
     def compile(self, *args: Any, **kwargs: Any) -> None:

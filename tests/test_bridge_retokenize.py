@@ -496,3 +496,42 @@ def test_bridge_pieces_ignore_the_scorer_tokenizers_padding_state(
         encoder.tokenizer(["a"])  # transformers resets the backend's padding on its next call
     assert torch.equal(again.offsets, gemma_bridge.offsets)
     assert torch.equal(again.flat, gemma_bridge.flat)
+
+
+def test_a_compiled_loss_retokenizes_without_compiling_again(
+    gemma_tokenizer, gemma_bridge, encoder
+):
+    """``loss.compile()`` with ``bridge_mode="retokenize"``: the decoded texts (host work,
+    skipped by Dynamo) change from step to step and compile nothing new, and the value is the
+    eager loss's, the text's own score (inside the compiled graph, each new text compiled
+    again)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    def make():
+        return BERTScoreLoss(
+            encoder=encoder,
+            generator_tokenizer=gemma_tokenizer,
+            bridge=gemma_bridge,
+            bridge_mode="retokenize",
+        )
+
+    eager, compiled = make(), make()
+    refs = ["a cat sat on the mat"]
+    vocab = len(gemma_tokenizer)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled.compile(backend="aot_eager", dynamic=False)
+    graphs = []
+    try:
+        for word in ("cat", "dog", "bird", "fish"):  # the same number of tokens each
+            ids = torch.tensor([gemma_ids(gemma_tokenizer, ["a", f"▁{word}", "▁sat"])])
+            logits = one_hot(ids, vocab, 5.0).requires_grad_(True)
+            value = compiled.score(logits, refs).f1
+            value.sum().backward()
+            assert compiled.last_texts == [f"a {word} sat"]
+            torch.testing.assert_close(value.detach(), eager.score(logits, refs).f1.detach())
+            graphs.append(counters["stats"]["unique_graphs"])
+    finally:
+        torch._dynamo.reset()
+    assert graphs[0] > 0 and graphs[1:] == graphs[:1] * 3, graphs

@@ -820,6 +820,35 @@ def test_an_outer_compile_does_not_trace_the_references(encoder, vocab):
     assert graphs[1:] == graphs[:1] * 3, graphs
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"top_k": 2}, {"straight_through": True}, {"center": True}, {"matching": "sinkhorn"}],
+    ids=["top_k", "straight_through", "center", "sinkhorn"],
+)
+def test_the_compiled_loss_through_the_head_meets_its_options(encoder, options):
+    """The compiled loss through the LM head with the options that change its steps (top-k's
+    gathered rows, straight-through, centering, Sinkhorn matching): the eager value and
+    gradient."""
+    import torch._dynamo
+
+    eager, compiled = (BERTScoreLoss(encoder=encoder, **options) for _ in range(2))
+    hidden, weight = head_for([2000, 3000, 4000], eager.generator_vocab_size, width=16)
+    refs = ["a cat sat on the mat"]
+    torch._dynamo.reset()
+    compiled.compile(backend="aot_eager", dynamic=False)
+    results = []
+    try:
+        for loss in (eager, compiled):
+            leaf = hidden.clone().requires_grad_(True)
+            value = loss(bsloss.LMHeadInputs(leaf, weight), refs)
+            value.backward()
+            results.append((value.detach(), leaf.grad))
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-5, atol=1e-7)
+
+
 def test_the_compiled_loss_through_the_head_gives_the_same_values(encoder):
     """``loss.compile()`` through the LM head (``hidden_states=``, traced through AOT autograd
     here): the graph breaks at the reads the host must make (the rows' selection, the pass's
