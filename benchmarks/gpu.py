@@ -1625,7 +1625,10 @@ def compiled_scorer_rows(ctx: Context, section: Section, encoder, refs, logits) 
         def run() -> torch.Tensor:
             value = loss(logits, references=refs)
             value.backward()
-            return value.detach()
+            # a copy: under reduce-overhead the value lives in the CUDA graph's memory, which the
+            # next replay overwrites (torch raises when such an output is read after it), and
+            # measure() reads the last timed pass's value after two more passes
+            return value.detach().clone()
 
         def measure() -> dict:
             figures = ctx.measure(run, (logits,))

@@ -252,6 +252,41 @@ def test_rc8_centering_collectives_are_joined_on_an_empty_batch(tmp_path, encode
     torch.testing.assert_close(results[1]["second"], both[2:], atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow  # two processes each load and compile the loss: ~40 s on 2 busy cores
+def test_a_compiled_loss_centers_over_every_process(tmp_path, encoder):
+    """center=True under torch.distributed (two gloo processes) with the loss compiled: the
+    centering all-reduce inside the compiled matching step still joins the other process, so
+    each process's values are the one-process values of the whole batch (not those of its own
+    rows, which differ), for a second call with new reference texts too, and its values and
+    gradients are the eager ones."""
+    from test_distributed_scoring import free_port
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", str(free_port()), str(REPO / "tests/_distributed_compiled_centering.py"),
+        str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-4000:]
+    import _distributed_empty_batch as script
+
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    loss = BERTScoreLoss(encoder=encoder, center=True, reduction="none")
+    vocab = loss.generator_vocab_size
+    both = loss(logits=script.batch([0, 1, 2, 3], vocab), references=script.REFERENCES).detach()
+    alone = loss(logits=script.batch([0, 1], vocab), references=script.REFERENCES[:2]).detach()
+    assert (alone - both[:2]).abs().max() > 1e-3  # the global mean is not the local one
+    for rank, result in enumerate(results):
+        own, other = (both[:2], both[2:]) if rank == 0 else (both[2:], both[:2])
+        eager_value, eager_grad = result["eager"]
+        value, grad = result["compiled"]
+        torch.testing.assert_close(value, own, atol=1e-5, rtol=0)
+        torch.testing.assert_close(value, eager_value, atol=1e-6, rtol=0)
+        torch.testing.assert_close(grad, eager_grad, atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(result["compiled, other rows"][0], other, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("scale", [1e20, 1e-20, 1e30, 1e-30])
 def test_rc9_cosine_similarity_is_scale_invariant(scale):
     """Token vectors scaled by 1e20 overflowed the float32 norm and by 1e-20 fell under its
