@@ -14,14 +14,16 @@ section; a section that outlives its time share is killed and keeps what it had 
    (``loss_and_cross_entropy(LMHeadInputs(h, W), targets, references)``) and term only, Cut
    Cross-Entropy's ``linear_cross_entropy`` and Liger's fused linear CE when importable. The
    fused rows run once per backend of ``fused_expected_inputs`` (``backend="torch"`` /
-   ``"triton"``) when it takes a ``backend=``. Ratios against CCE's CE and the dense path;
-   values against the dense path's (bf16 tolerance).
+   ``"triton"``) when it takes a ``backend=``; at 8 x 256 (CUDA only) also CE + term through the
+   loss compiled, ``loss.compile()`` and ``loss.compile(mode="reduce-overhead")``. Ratios
+   against CCE's CE and the dense path; values against the dense path's (bf16 tolerance).
 3. ``gemma_step``: a training step of a Gemma 3 270M-shaped model (its config, random weights,
    bf16, AdamW; 8 x 256 tokens, the last 128 of each row the completion): the model's own CE
    against the mixin's fused path (``lm_head_inputs``) with the CE alone
    (``token_cross_entropy``) and with CE + the term (``BERTScoreTerm``).
 4. ``precision``: the loss forward + backward at B = 32, L = 64, V = 30,522 in fp32, bf16
-   autocast and fp16 autocast, gradient checkpointing on, off and the loss's default.
+   autocast and fp16 autocast, gradient checkpointing the loss's default, on and off; after the
+   default's rows (CUDA only) the loss compiled in both modes, fp32.
 5. ``checkpointing``: the same on a random 24-layer, 1024-wide scorer (roberta-large's shape as a
    BERT over MiniLM's vocabulary) at B x L = 16 x 256: peak memory and time, on / off / default.
 6. ``metric``: exact ``BERTScorer.score`` against ``bert_score`` on 20,000 distinct Brown sentence
@@ -93,9 +95,9 @@ TITLES = {
 # relative time shares of the budget, in section order (the fused pass compiles Triton kernels)
 SHARES = {
     "placement": 40,
-    "fused": 150,  # 45 of them for the compiled loss's row at 8 x 256
+    "fused": 230,  # 120 of them for the compiled loss's two rows at 8 x 256
     "gemma_step": 55,
-    "precision": 45,  # its last rows compile the scorer
+    "precision": 130,  # two of its rows compile the loss
     "checkpointing": 30,
     "metric": 70,  # its last row compiles the scorer
 }
@@ -1181,12 +1183,13 @@ def section_fused(ctx: Context, section: Section) -> None:
     encoder = ctx.encoder()
     bridge = synthetic_bridge(vocab, encoder.input_embeddings.num_embeddings)
     loss = measured_loss(ctx, model=encoder, bridge=bridge)
-    # the same loss compiled whole (the card's host-bound sizes; compiling on the CPU of --smoke
-    # would take most of the test's time): its rows come last at each size
-    compiled = None
+    # the same loss compiled whole, in each mode (the card's host-bound sizes; compiling on the
+    # CPU of --smoke would take most of the test's time): its rows come last at each size
+    compiled = {}
     if ctx.cuda:
-        compiled = measured_loss(ctx, model=encoder, bridge=bridge)
-        compiled.compile(dynamic=False)
+        for mode in COMPILE_MODES:
+            compiled[mode] = measured_loss(ctx, model=encoder, bridge=bridge)
+            compiled[mode].compile(mode=mode, dynamic=False)
     cce = optional_fused_ce(ctx, "cut_cross_entropy")
     liger = optional_fused_ce(ctx, "liger_kernel")
     backends = fused_backends()
@@ -1214,7 +1217,7 @@ def section_fused(ctx: Context, section: Section) -> None:
 def fused_at_size(
     ctx: Context,
     section: Section,
-    losses: tuple[Any, Any],
+    losses: tuple[Any, dict],
     weight: Any,
     libraries: tuple[dict, dict],
     batch: int,
@@ -1223,7 +1226,8 @@ def fused_at_size(
     last_size: bool = False,
 ) -> None:
     """The fused section's rows at one size (B x L tokens), their ratios and goals; ``losses``:
-    the loss eager, and compiled (``None`` off the card; its row at the ``last_size`` only)."""
+    the loss eager, and compiled in each of :data:`COMPILE_MODES` (none off the card; their rows
+    at the ``last_size`` only)."""
     import torch
     import torch.nn.functional as F
 
@@ -1235,9 +1239,8 @@ def fused_at_size(
     nan = float("nan")
     tokens = f"{batch}x{length}"
     refs = ctx.references(batch)
-    for each in (loss, compiled if last_size else None):  # the compiled loss's row: last size
-        if each is not None:
-            each.encode_references(refs)
+    for each in (loss, *(compiled.values() if last_size else ())):  # compiled: last size only
+        each.encode_references(refs)
     hidden = torch.randn(batch, length, dim, device=ctx.device, generator=generator)
     hidden = hidden.to(torch.bfloat16).requires_grad_()
     targets = torch.randint(0, vocab, (batch, length), device=ctx.device, generator=generator)
@@ -1299,8 +1302,13 @@ def fused_at_size(
         library(liger),
         # at the last size only (8 x 256, where the eager pass misses its goal): a compile
         # for each size would cost the section what the other rows need
-        compiled_variant(
-            ctx, compiled if last_size else None, functools.partial(fused, True, compiled)
+        *(
+            compiled_variant(
+                mode,
+                compiled.get(mode) if last_size else None,
+                functools.partial(fused, True, compiled.get(mode)),
+            )
+            for mode in COMPILE_MODES
         ),
     ]
     for variant in variants:
@@ -1310,15 +1318,22 @@ def fused_at_size(
 
 
 FUSED_PASS = "bsloss fused, CE + term"
-COMPILED_PASS = "bsloss fused, CE + term, loss compiled (loss.compile())"
+# the loss compiled as torch.compile's default, and with CUDA graphs (the host's launches
+# replayed by the card: what the host-bound 8 x 256 would gain most from)
+COMPILE_MODES = ("default", "reduce-overhead")
+COMPILED_PASSES = {
+    "default": "bsloss fused, CE + term, loss compiled (loss.compile())",
+    "reduce-overhead": 'bsloss fused, CE + term, loss compiled (mode="reduce-overhead")',
+}
 COMPILE_S = 60  # what a row that compiles needs left of its section's time
 
 
-def compiled_variant(ctx: Context, compiled: Any, run: Callable[[], Any]) -> Variant:
-    """The fused CE + term through the loss compiled whole, with the default backend ('auto':
-    the Triton kernels for bf16 on CUDA, outside the graph); its first pass compiles. Not run
-    off the card, nor with under :data:`COMPILE_S` of its section's time left."""
-    label = {"pass": COMPILED_PASS, "backend": "(no backend=)"}
+def compiled_variant(mode: str, compiled: Any, run: Callable[[], Any]) -> Variant:
+    """The fused CE + term through the loss compiled whole in ``mode``, with the default
+    backend ('auto': the Triton kernels for bf16 on CUDA, outside the graph); its first pass
+    compiles. Not run off the card, nor with under :data:`COMPILE_S` of its section's time
+    left."""
+    label = {"pass": COMPILED_PASSES[mode], "backend": "(no backend=)"}
     if compiled is None:
         note = "skipped: compiled on the card only, at the last size"
         return Variant({**label, "note": note}, None)
@@ -1381,11 +1396,12 @@ def fused_ratios(section: Section, tokens: str, rows: list[dict]) -> None:
             row["ce_diff"] = abs(row["ce"] - reference["ce"])
     section.store()
     for row in rows:
-        if row["pass"] not in (FUSED_PASS, COMPILED_PASS) or row.get("ms") is None:
+        compiled_mode = {v: k for k, v in COMPILED_PASSES.items()}.get(row["pass"])
+        if (row["pass"] != FUSED_PASS and compiled_mode is None) or row.get("ms") is None:
             continue
         where = f"{tokens}, backend {row['backend']}"
-        if row["pass"] == COMPILED_PASS:
-            where = f"{tokens}, the loss compiled"
+        if compiled_mode is not None:
+            where = f"{tokens}, the loss compiled ({compiled_mode})"
         section.goal(FUSED_VS_CCE, row["vs_cce"], where)
         if tokens == "8x1024":
             section.goal(FUSED_MS, row["ms"], where)
@@ -1572,8 +1588,9 @@ def section_precision(ctx: Context, section: Section) -> None:
         ("bf16 autocast", torch.bfloat16),
         ("fp16 autocast", torch.float16),
     )
-    settings = checkpointing_settings()
-    for setting, flag in settings:
+    # the default setting first: its fp32 row anchors the compiled rows, which follow it
+    settings = sorted(checkpointing_settings(), key=lambda s: not s[0].startswith("default"))
+    for index, (setting, flag) in enumerate(settings):
         loss = measured_loss(ctx, model=encoder, gradient_checkpointing=flag)
         loss.encode_references(refs)
         fp32_ms = None
@@ -1606,17 +1623,17 @@ def section_precision(ctx: Context, section: Section) -> None:
                 section.goal(BF16_SPEED, row["vs_fp32"], f"checkpointing {setting}")
         section.store()
         ctx.release()
-    if ctx.cuda:
-        compiled_scorer_rows(ctx, section, encoder, refs, logits)
+        if index == 0 and ctx.cuda:  # before the rest of the grid, which runs 1-5 measured
+            compiled_loss_rows(ctx, section, encoder, refs, logits)
 
 
-def compiled_scorer_rows(ctx: Context, section: Section, encoder, refs, logits) -> None:
-    """The loss (fp32, default checkpointing) compiled whole (``loss.compile(mode=...)``: one
-    graph after the logits' finiteness check, ``tests/test_loss.py``; ``reduce-overhead``
-    replays it as a CUDA graph), then with only its scorer compiled in place
-    (``loss.encoder.model.compile(mode=...)``): what the launches the loss is bound by would
-    cost fused. Last in the section: the scorer stays compiled; each row's first pass (the
-    compilation) is its 'first pass s'."""
+def compiled_loss_rows(ctx: Context, section: Section, encoder, refs, logits) -> None:
+    """The loss (fp32, default checkpointing) compiled (``loss.compile(mode=...)``: its two
+    steps, the encoding breaking only at the logits' finiteness check, ``tests/test_loss.py``;
+    ``reduce-overhead`` replays them as CUDA graphs), with the time goal: what the launches the
+    loss is bound by cost fused. Each row's first pass (the compilation) is its 'first pass s'.
+    Run 5 measured the scorer alone compiled in place (12.3 ms; 14.0 with reduce-overhead);
+    those rows made way for these within the section's time."""
     import torch
 
     def measure_with(loss) -> Callable[[], dict]:
@@ -1637,19 +1654,18 @@ def compiled_scorer_rows(ctx: Context, section: Section, encoder, refs, logits) 
 
         return measure
 
-    # the whole loss first, while its scorer is not compiled on its own
-    whole = (("loss", "default"), ("loss", "reduce-overhead"))
-    for what, mode in (*whole, ("scorer", "default"), ("scorer", "reduce-overhead")):
-        label = {"precision": "fp32", "checkpointing": f"default, {what} compiled ({mode})"}
-        if ctx.time_left() < 60:
+    for mode in COMPILE_MODES:
+        label = {"precision": "fp32", "checkpointing": f"default, loss compiled ({mode})"}
+        if ctx.time_left() < COMPILE_S:
             section.row(**label, note="skipped: too little time left")
             continue
-        ctx.log(f"precision: {what} compiled, mode {mode}")
+        ctx.log(f"precision: loss compiled, mode {mode}")
         torch._dynamo.reset()
         loss = measured_loss(ctx, model=encoder)
-        # the whole loss: its host checks and caches break the graph where they must
-        (loss if what == "loss" else encoder.model).compile(mode=mode, dynamic=False)
-        attempt(ctx, section, label, measure_with(loss))
+        loss.compile(mode=mode, dynamic=False)
+        row = attempt(ctx, section, label, measure_with(loss))
+        if row is not None:
+            section.goal(LOSS_MS, row["ms"], f"the loss compiled ({mode})")
         section.store()
         ctx.release()
 
