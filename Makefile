@@ -59,6 +59,7 @@ GPU_PROFILE ?= CE + term|CE only|model's own|Cut Cross|exact
 CUDA_TESTS := tests/test_loss.py::test_cuda_bf16_autocast \
 	tests/test_loss.py::test_cuda_scores_and_loss_equal_the_cpus \
 	tests/test_loss.py::test_cuda_loss_waits_for_the_card_as_counted \
+	tests/test_loss.py::test_cuda_compiled_loss_equals_eager \
 	tests/test_fused.py::test_sdpa_path_matches_chunked_on_cuda \
 	tests/test_triton_fused_head.py::test_compiled_kernels_match_torch_pass_on_cuda
 
@@ -67,7 +68,7 @@ gpu-prepare:
 
 gpu-check:
 	mkdir -p $(OUT)
-	-timeout 120 $(PYTHON) -m pytest -q -p no:cacheprovider -o addopts="" $(CUDA_TESTS) \
+	-timeout 300 $(PYTHON) -m pytest -q -p no:cacheprovider -o addopts="" $(CUDA_TESTS) \
 		2>&1 | tee $(OUT)/cuda-tests.log
 	PYTHONUNBUFFERED=1 $(PYTHON) benchmarks/gpu.py --sections $(GPU_SECTIONS) \
 		--budget-s $(GPU_BUDGET_S) --profile "$(GPU_PROFILE)" --out $(OUT)/gpu.md \

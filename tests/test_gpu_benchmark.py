@@ -137,3 +137,22 @@ def test_profile_covers_the_rows_it_names_and_only_them(smoke_run):
     sections = text.split("\n## ")
     assert all(re.search(r"wall [0-9.]+ ms under the profiler; device busy [0-9.]+ ms; host self "
                          r"time [0-9.]+ ms", part) for part in sections)  # fmt: skip
+
+
+def test_the_gpu_check_runs_every_cuda_test():
+    """``make gpu-check`` runs the Makefile's ``CUDA_TESTS`` on the lent card, where every test
+    that skips without CUDA must run: one left off that list never runs anywhere."""
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    listed = re.search(r"^CUDA_TESTS :=(.*?)\n\n", makefile, re.M | re.S)
+    assert listed is not None, "no CUDA_TESTS in the Makefile"
+    named = set(listed.group(1).replace("\\", " ").split())
+    skipping = re.compile(
+        r"^@pytest\.mark\.skipif\(not torch\.cuda\.is_available\(\).*?^def (test_\w+)", re.M | re.S
+    )
+    found = {
+        f"tests/{path.name}::{name}"
+        for path in sorted((REPO_ROOT / "tests").glob("test_*.py"))
+        for name in skipping.findall(path.read_text(encoding="utf-8"))
+    }
+    assert len(found) >= 6, found
+    assert found == named

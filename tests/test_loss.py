@@ -327,6 +327,38 @@ def test_cuda_loss_waits_for_the_card_as_counted(cuda_scorer):
     assert counts["dense"][0] == 1 and counts["fused"][0] == 3, counts
 
 
+def _compiled_against_eager(scorer: tuple, device: str, mode: str) -> None:
+    """Three calls of a loss compiled in ``mode`` against the eager loss on ``device``: the
+    references in a new order each call, forward + backward, each value and gradient copied
+    right after its call (a CUDA graph's next replay overwrites them, docs/loss.md)."""
+    cands, refs = CUDA_PAIRS
+    encoder = ScorerEncoder.from_pretrained(*scorer, device=device)
+    eager, compiled = BERTScoreLoss(encoder=encoder), BERTScoreLoss(encoder=encoder)
+    compiled.compile(mode=mode, dynamic=False)
+    logits, mask = one_hot_logits(encoder, cands, value=3.0)
+    logits, mask = logits.to(device), mask.to(device)
+    for step in range(3):
+        rotated = refs[step:] + refs[:step]
+        results = []
+        for loss in (eager, compiled):
+            inputs = logits.clone().requires_grad_(True)
+            value = loss(inputs, rotated, candidate_mask=mask)
+            value.backward()
+            results.append((value.detach().clone(), inputs.grad.clone()))
+        (want, want_grad), (got, got_grad) = results
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_cuda_compiled_loss_equals_eager(cuda_scorer, mode):
+    """``loss.compile(mode=...)`` on a card, inductor's kernels and (``reduce-overhead``) CUDA
+    graphs: three training calls give the eager values and gradients. The CPU tests compile
+    through AOT autograd only (``test_compile_covers_every_entry_point``)."""
+    _compiled_against_eager(cuda_scorer, "cuda", mode)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_scores_and_loss_equal_the_cpus(cuda_scorer):
     """The same scorer on CUDA and on the CPU, float32: the metric's F over several chunks (the
