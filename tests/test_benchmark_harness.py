@@ -223,3 +223,37 @@ def test_launch_counter_counts_kernels_not_views():
         (x @ x).view(16).unsqueeze(0).sum()
     assert sum(counter.by_caller.values()) == 2
     assert set(counter.by_caller) == {"autograd engine or caller"}  # no bsloss frame called them
+
+
+def test_head_ce_launches_cuts_the_vocabulary_as_a_card_would():
+    """``benchmarks/head_ce_launches.py`` (its own process: it switches Triton's interpreter on
+    before triton's import): each backend's fused CE cut into CUDA's chunk count at the Gemma
+    step's sizes, one backward kernel a chunk for the Triton pass, and more dispatcher
+    operations for a chunked pass than for the dense CE."""
+    import re
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "benchmarks/head_ce_launches.py"],
+        cwd=repo,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    chunks = re.search(r"PyTorch pass (\d+), Triton kernels (\d+)", done.stdout)
+    assert chunks is not None, done.stdout
+    torch_chunks, triton_chunks = map(int, chunks.groups())
+    assert torch_chunks > 1 and triton_chunks > 1  # 262,144 tokens do not fit one chunk
+    rows = {
+        cells[1]: [int(c) for c in cells[2:5]]
+        for line in done.stdout.splitlines()
+        if line.startswith("| ") and (cells := [c.strip() for c in line.split("|")])[2].isdigit()
+    }
+    dense = rows["dense CE on the logits (the model's own head and loss)"]
+    torch_pass = rows[f"fused CE, PyTorch pass, {torch_chunks} chunks"]
+    kernels = rows[f"fused CE, Triton kernels, {triton_chunks} chunks"]
+    assert kernels[1] == triton_chunks + 1  # the statistics kernel, then one per chunk
+    assert dense[0] < kernels[0] < torch_pass[0] and torch_pass[1] == 0
