@@ -4,11 +4,6 @@ torch.distributed with an empty batch."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,8 +11,6 @@ import bsloss
 from bsloss import BERTScoreLoss
 from bsloss.functional import batch_center, bert_score, token_scores
 from bsloss.functional.matching import SHORTHANDS
-
-REPO = Path(__file__).resolve().parents[1]
 
 SOFT = ("softmax", "logsumexp", "sinkhorn")
 
@@ -229,19 +222,10 @@ def test_rc8_centering_collectives_are_joined_on_an_empty_batch(tmp_path, encode
     """center=True under torch.distributed (two gloo processes): a process with an empty batch
     returned before the centering all-reduce, so the calls of the processes stopped pairing
     (a timeout, or a silently wrong mean). Now each call's values are the one-process ones."""
-    from test_distributed_scoring import free_port
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", str(free_port()), str(REPO / "tests/_distributed_empty_batch.py"),
-        str(tmp_path),
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
     import _distributed_empty_batch as script
+    from test_distributed_scoring import run_two_processes
 
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    results = run_two_processes("_distributed_empty_batch.py", tmp_path)
     loss = BERTScoreLoss(encoder=encoder, center=True, reduction="none")
     vocab = loss.generator_vocab_size
     alone = loss(logits=script.batch([0, 1], vocab), references=script.REFERENCES[:2]).detach()
@@ -259,19 +243,10 @@ def test_a_compiled_loss_centers_over_every_process(tmp_path, encoder):
     each process's values are the one-process values of the whole batch (not those of its own
     rows, which differ), for a second call with new reference texts too, and its values and
     gradients are the eager ones."""
-    from test_distributed_scoring import free_port
-
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", str(free_port()), str(REPO / "tests/_distributed_compiled_centering.py"),
-        str(tmp_path),
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
-    assert done.returncode == 0, done.stderr[-4000:]
     import _distributed_empty_batch as script
+    from test_distributed_scoring import run_two_processes
 
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    results = run_two_processes("_distributed_compiled_centering.py", tmp_path)
     loss = BERTScoreLoss(encoder=encoder, center=True, reduction="none")
     vocab = loss.generator_vocab_size
     both = loss(logits=script.batch([0, 1, 2, 3], vocab), references=script.REFERENCES).detach()
