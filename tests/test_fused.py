@@ -675,6 +675,48 @@ def test_rc1_every_fused_variant_tracks_the_argmax_tokens():
     assert torch.equal(ce_only.tokens, want)
 
 
+@pytest.mark.parametrize("chunk_elements", [6 * 7, 6 * 300], ids=["chunks", "one-chunk"])
+def test_the_first_of_tied_maxima_is_the_argmax_across_chunks(chunk_elements):
+    """Two tokens in different vocabulary chunks (7 tokens a chunk at 6 rows) with the same,
+    largest logit: the pass returns the first, as ``argmax`` over the whole vocabulary does
+    (the chunk loop keeps each chunk's maximum and resolves them after it)."""
+    generator = torch.Generator().manual_seed(0)
+    h = torch.randn(6, 16, generator=generator)
+    W = torch.randn(300, 16, generator=generator) * 0.1
+    W[250] = W[10] = h.mean(0) * 10  # the largest logit of every row, twice
+    W[40] = h.mean(0) * 10  # and a third time, in a chunk between them
+    logits = h @ W.T
+    assert torch.equal(logits[:, 10], logits[:, 250]) and (logits.argmax(-1) == 10).all()
+    targets = torch.tensor([1, 250, -100, 10, 299, 40])
+    for table, target_ids in ((torch.randn(300, 5), None), (None, targets)):
+        out = fused_expected_inputs(
+            h, W, table, target_ids=target_ids, chunk_elements=chunk_elements
+        )
+        assert out.tokens.tolist() == [10] * 6
+    ce = fused_expected_inputs(h, W, None, target_ids=targets, chunk_elements=chunk_elements)
+    want = -F.cross_entropy(logits, targets, reduction="none")
+    torch.testing.assert_close(ce.log_likelihood, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("token", [0, 150, 299], ids=["first-chunk", "middle", "last-chunk"])
+def test_a_minus_infinite_logit_in_any_chunk_is_refused(token):
+    """A ``-inf`` logit (here from the bias) in the first, a middle or the last of the
+    vocabulary chunks: the row is refused by name, as ``+inf`` and NaN are (the pass keeps a
+    running minimum of the scores beside their running maximum)."""
+    generator = torch.Generator().manual_seed(0)
+    h, W = torch.randn(4, 8, generator=generator), torch.randn(300, 8, generator=generator)
+    bias = torch.zeros(300)
+    bias[token] = float("-inf")
+    for table in (torch.randn(300, 3), None):
+        targets = None if table is not None else torch.tensor([0, 1, 2, 3])
+        with pytest.raises(NonFiniteLogitsError, match="row 0"):
+            fused_expected_inputs(h, W, table, bias=bias, target_ids=targets, chunk_elements=4 * 7)
+        out = fused_expected_inputs(
+            h, W, table, bias=bias, target_ids=targets, chunk_elements=4 * 7, check_finite=False
+        )
+        assert out.finite.tolist() == [False] * 4
+
+
 def test_rc2_fused_float64_hidden_states_forward_and_backward(plain_loss):
     """float64 hidden states with a float32 head: the kernel's forward and backward (the
     backward failed in addmm_) and the loss (the forward crashed with 'mixed dtype')."""

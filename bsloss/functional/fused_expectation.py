@@ -121,9 +121,10 @@ _MAX_ROW_BLOCK = 4096
 # least 64 MiB (GEMMs >= 8,192 tokens wide at 2,048 positions). At Gemma's sizes: 256 MiB blocks
 # at 8 x 1024 positions, 64 MiB at 8 x 256. On an H200 (benchmarks/README.md, runs 4-6) CE +
 # term at 8 x 256 then peaked at 438 MiB, 0.048x the dense path's 9 GiB (goal <= 0.1x), but its
-# 32 chunks are bound by the host's launches (~56 a chunk, benchmarks/launches.py): 49-56 ms,
-# where 8 chunks of 256 MiB took 42 ms (run 3) at 0.22x the memory. bfloat16 products on CUDA
-# run the Triton kernels by default, which need fewer launches a chunk.
+# 32 chunks are bound by the host's launches (then ~56 a chunk, benchmarks/launches.py): 49-56
+# ms, where 8 chunks of 256 MiB took 42 ms (run 3) at 0.22x the memory. The chunk loop now
+# launches about half as many (benchmarks/torch_pass_revisions.py: 31 a chunk for CE + term, 24
+# for the CE alone). bfloat16 products on CUDA run the Triton kernels by default.
 _CUDA_BLOCK_BYTES = 256 << 20
 _MIN_CUDA_BLOCK_BYTES = 64 << 20
 # 16,384 rows keep a 256 MiB float32 chunk >= 4,096 tokens wide (GEMMs of K = 4,096 and more).
@@ -269,13 +270,136 @@ def _exp_shifted(x: Tensor, shift: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.sub(x, shift[:, None]).exp_()
 
 
-def _target_columns(targets: Tensor, v0: int, v1: int) -> tuple[Tensor, Tensor]:
-    """The chunk's column of each row's target (clamped into the chunk) and whether the target
-    lies in ``[v0, v1)``: gathers and scatters with a mask, with no data-dependent shapes, so
-    the loop never waits for the device (``-100`` lies in no chunk)."""
-    local = targets - v0
-    inside = (local >= 0) & (local < v1 - v0)
-    return local.clamp(0, v1 - v0 - 1)[:, None], inside
+class _TargetSlots:
+    """Where each target id lies in the chunked vocabulary, found once for the pass: its
+    chunk (a negative index for ``-100``, which lies in none) and its column there (clamped into
+    the last, narrower chunk for the rows whose target lies elsewhere). A chunk then picks its
+    rows' target logits with one gather and adds the CE's one-hot gradient with one
+    ``scatter_add_``: no data-dependent shapes, no read of the device, and none of the
+    comparisons and masks a chunk would otherwise launch for it."""
+
+    def __init__(self, targets: Tensor, chunk: int, vocab: int):
+        targets = targets.long()
+        self.chunk, self.count = chunk, -(-vocab // chunk)
+        self.index = torch.div(targets, chunk, rounding_mode="floor")
+        columns = targets.remainder(chunk)[:, None]
+        last = vocab - (self.count - 1) * chunk  # the last chunk's width
+        self._columns = columns
+        self._last_columns = columns.clamp(max=last - 1) if last < chunk else columns
+
+    def columns(self, v0: int, v1: int) -> Tensor:
+        """``[N, 1]``: each row's column in the chunk ``[v0, v1)`` (its target's where it lies
+        there, an in-range one elsewhere)."""
+        return self._last_columns if v1 - v0 < self.chunk else self._columns
+
+    def spread(self, values: Tensor) -> Tensor:
+        """``[N, count]``: each row's value in its target's chunk, 0 in the others."""
+        chunks = torch.arange(self.count, device=values.device)
+        return torch.where(self.index[:, None] == chunks, values[:, None], 0.0)
+
+    def pick(self, per_chunk: Tensor, rows: slice) -> Tensor:
+        """``[rows]``: the entries of ``per_chunk`` ``[rows, count]`` at each row's target
+        chunk (an arbitrary one for ``-100``, which the caller masks)."""
+        return per_chunk.gather(1, self.index[rows, None].clamp(min=0)).squeeze(1)
+
+
+class _RowBlock(NamedTuple):
+    """The forward pass's results for one block of rows (see :meth:`_FusedHead.forward`)."""
+
+    max: Tensor  # running maximum of the scores
+    norm: Tensor | None  # their softmax's normaliser, relative to `max`
+    acc: Tensor | None  # the unnormalised expectation
+    argmax: Tensor
+    finite: Tensor
+    target_logit: Tensor | None
+    log_z1: Tensor | None  # the CE's own log-normaliser (temperature or noise)
+    top_values: Tensor | None
+    top_indices: Tensor | None
+
+
+def _forward_rows(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    values: TableChunks | None,
+    slots: _TargetSlots | None,
+    rows: slice,
+    row_ids: Tensor | None,
+    o: _Options,
+    want_norm: bool,
+    separate_ce: bool,
+) -> _RowBlock:
+    """One block of rows over every vocabulary chunk, with an online softmax.
+
+    The running state lives in fresh tensors rebound at each chunk, not in slices of the
+    whole pass's buffers: a GPU runs this pass at the pace of the host's launches (one block
+    of all the rows, tens of chunks), and every slice assignment is one more. What need not
+    be running is kept per chunk and resolved once after the loop: each chunk's maximum and
+    its token (the argmax: the first chunk holding the largest maximum, as a strict ``>``
+    across chunks would keep it) and the logit at each row's target column."""
+    n, dt, device = h.shape[0], o.dtype, h.device
+    count = -(-weight.shape[0] // o.vocab_chunk)
+    chunk_max = torch.empty(n, count, dtype=dt, device=device)
+    chunk_arg = torch.empty(n, count, dtype=torch.long, device=device)
+    picked = torch.empty(n, count, dtype=dt, device=device) if slots is not None else None
+    m = low = norm = acc = m1 = norm1 = top_values = top_indices = None
+    for k, (v0, v1) in enumerate(_chunks(weight.shape[0], o.vocab_chunk)):
+        w = weight[v0:v1].to(o.matmul_dtype)  # (no copy where the dtype is already the same)
+        b = None if bias is None else bias[v0:v1]
+        z, s = _logits(h, w, b, o, None if row_ids is None else row_ids[rows], v0)
+        # CE and top-k read z and s first: the softmax below overwrites s (z at T = 1)
+        if slots is not None:
+            picked[:, k : k + 1].copy_(z.gather(1, slots.columns(v0, v1)[rows]))
+        if separate_ce:
+            z_max = z.amax(dim=1).to(dt)
+            new1 = z_max if m1 is None else torch.maximum(m1, z_max)
+            total1 = _exp_shifted(z, new1, dt).sum(dim=1)  # z is not read again
+            norm1 = total1 if m1 is None else torch.addcmul(total1, norm1, torch.exp(m1 - new1))
+            m1 = new1
+        if o.top_k is not None:
+            found, idx = s.topk(min(o.top_k, v1 - v0), dim=1)
+            found, idx = found.to(dt), idx + v0
+            if top_values is not None:
+                found = torch.cat([top_values, found], dim=1)
+                idx = torch.cat([top_indices, idx], dim=1)
+            # -inf placeholders where the first chunks hold fewer than k tokens: V >= k
+            # finite scores displace them all by the end
+            if found.shape[1] < o.top_k:
+                pad = o.top_k - found.shape[1]
+                found = F.pad(found, (0, pad), value=float("-inf"))
+                idx = F.pad(idx, (0, pad))
+            top_values, order = found.topk(o.top_k, dim=1)
+            top_indices = idx.gather(1, order)
+        # Every variant of the pass tracks the maximum and its token (what
+        # bridge_mode="retokenize" decodes) and whether each row's scores are finite: max
+        # propagates NaN and min catches -inf, so the running maximum and minimum say it all.
+        best, best_at = s.max(dim=1)
+        chunk_max[:, k].copy_(best)
+        chunk_arg[:, k].copy_(best_at)
+        low = s.amin(dim=1).to(dt) if low is None else torch.minimum(low, s.amin(dim=1))
+        new = best.to(dt) if m is None else torch.maximum(m, best)
+        if want_norm:
+            # on the first chunk (over the whole vocabulary, where it fits: a plain softmax)
+            # nothing is rescaled
+            scale = None if m is None else torch.exp(m - new)
+            p = _exp_shifted(s, new, dt)  # s (and z) are not read again
+            del z, s  # (p's storage, when the shift ran in place)
+            total = p.sum(dim=1)
+            norm = total if scale is None else torch.addcmul(total, norm, scale)
+            if values is not None:
+                product = _table_product(p, values.rows(v0, v1), dt)
+                acc = product if scale is None else torch.addcmul(product, acc, scale[:, None])
+            # freed here, not when the next chunk's p replaces it: a chunk-sized temporary
+            # fewer at the peak
+            del p
+        m = new
+    # the first chunk holding the largest maximum, and its token there
+    first = chunk_max.argmax(dim=1, keepdim=True)
+    argmax = chunk_arg.gather(1, first).squeeze(1) + first.squeeze(1) * o.vocab_chunk
+    finite = torch.isfinite(m) & torch.isfinite(low)
+    target_logit = slots.pick(picked, rows) if slots is not None else None
+    log_z1 = (m1 + torch.log(norm1)) if separate_ce else None
+    return _RowBlock(m, norm, acc, argmax, finite, target_logit, log_z1, top_values, top_indices)
 
 
 class _FusedHead(torch.autograd.Function):
@@ -288,8 +412,7 @@ class _FusedHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, table, targets, rows, o: _Options):
-        n, vocab = hidden.shape[0], weight.shape[0]
-        device, dt = hidden.device, o.dtype
+        n = hidden.shape[0]
         want_e = table is not None
         want_ll = targets is not None
         # the CE reuses the expectation's statistics when the scores are the logits; else it
@@ -297,82 +420,42 @@ class _FusedHead(torch.autograd.Function):
         shared_ce = want_ll and _scores_are_logits(o)
         separate_ce = want_ll and not shared_ce
         want_norm = want_e or shared_ce
-        neg_inf = torch.full((n,), float("-inf"), dtype=dt, device=device)
-        m, norm = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
-        argmax = torch.zeros(n, dtype=torch.long, device=device)
-        finite = torch.ones(n, dtype=torch.bool, device=device)
         # the table read chunk by chunk in the matmul dtype (padded on CUDA): the result has
         # the padded width, which the caller cuts
         values = TableChunks(table, o.matmul_dtype, o.table_pad) if want_e else None
-        acc = torch.zeros(n, values.width, dtype=dt, device=device) if want_e else None
-        if separate_ce:
-            m1, norm1 = neg_inf.clone(), torch.zeros(n, dtype=dt, device=device)
-        target_logit = torch.zeros(n, dtype=dt, device=device) if want_ll else None
-        top_values = top_indices = None
-        if o.top_k is not None:
-            # -inf placeholders: V >= k finite scores displace them all by the end
-            top_values = torch.full((n, o.top_k), float("-inf"), dtype=dt, device=device)
-            top_indices = torch.zeros(n, o.top_k, dtype=torch.long, device=device)
-        for v0, v1 in _chunks(vocab, o.vocab_chunk):
-            # converted once per vocabulary chunk, not once per row block
-            w = weight[v0:v1].to(o.matmul_dtype)
-            b = None if bias is None else bias[v0:v1]
-            e = values.rows(v0, v1) if want_e else None
-            for r0, r1 in _chunks(n, o.row_block):
-                z, s = _logits(hidden[r0:r1], w, b, o, None if rows is None else rows[r0:r1], v0)
-                # CE and top-k read z and s first: the softmax below overwrites s (z at T = 1)
-                if want_ll:
-                    column, inside = _target_columns(targets[r0:r1], v0, v1)
-                    picked = z.gather(1, column).squeeze(1).to(dt)
-                    target_logit[r0:r1] = torch.where(inside, picked, target_logit[r0:r1])
-                if separate_ce:
-                    old1 = m1[r0:r1]
-                    new1 = torch.maximum(old1, z.amax(dim=1))
-                    norm1[r0:r1] = norm1[r0:r1] * torch.exp(old1 - new1) + (
-                        _exp_shifted(z, new1, dt).sum(dim=1)  # z is not read again
-                    )
-                    m1[r0:r1] = new1
-                if o.top_k is not None:
-                    values, idx = s.topk(min(o.top_k, v1 - v0), dim=1)
-                    values = torch.cat([top_values[r0:r1], values.to(dt)], dim=1)
-                    idx = torch.cat([top_indices[r0:r1], idx + v0], dim=1)
-                    values, order = values.topk(o.top_k, dim=1)
-                    top_values[r0:r1] = values
-                    top_indices[r0:r1] = idx.gather(1, order)
-                # Every variant of the pass tracks the running maximum and its token (what
-                # bridge_mode="retokenize" decodes) and whether each row's scores are finite:
-                # max propagates NaN and min catches -inf, so one flag per row says all of it.
-                chunk_max, chunk_arg = s.max(dim=1)
-                chunk_max = chunk_max.to(dt)
-                finite[r0:r1] &= torch.isfinite(chunk_max) & torch.isfinite(s.amin(dim=1))
-                old = m[r0:r1]
-                # strict: the first maximum wins across chunks, as argmax over all of V
-                better = chunk_max > old
-                argmax[r0:r1] = torch.where(better, chunk_arg + v0, argmax[r0:r1])
-                new = torch.maximum(old, chunk_max)
-                if want_norm:
-                    # the rescaling is exp(-inf) = 0 on a row's first chunk: over the whole
-                    # vocabulary (one chunk, where it fits) this is a plain softmax
-                    scale = torch.exp(old - new)
-                    p = _exp_shifted(s, new, dt)  # s (and z) are not read again
-                    del z, s  # (p's storage, when the shift ran in place)
-                    norm[r0:r1] = norm[r0:r1] * scale + p.sum(dim=1)
-                    if want_e:
-                        acc[r0:r1] = acc[r0:r1] * scale[:, None] + _table_product(p, e, dt)
-                    # freed here, not when the next chunk's p replaces it: a chunk-sized
-                    # temporary fewer at the peak
-                    del p
-                m[r0:r1] = new
+        slots = _TargetSlots(targets, o.vocab_chunk, weight.shape[0]) if want_ll else None
+        # Rows outside, vocabulary inside: on CUDA one block holds every row (up to 16,384),
+        # so each chunk of W is still converted once; on the CPU a block of up to 4,096 rows
+        # converts it again, a small cost next to the block's products.
+        blocks = [
+            _forward_rows(
+                hidden[r0:r1].to(o.matmul_dtype),
+                weight,
+                bias,
+                values,
+                slots,
+                slice(r0, r1),
+                rows,
+                o,
+                want_norm,
+                separate_ce,
+            )
+            for r0, r1 in _chunks(n, o.row_block)
+        ]
+        out = _RowBlock(
+            *(None if parts[0] is None else _joined(parts) for parts in zip(*blocks, strict=True))
+        )
+        finite = out.finite
         # the one host synchronisation of the pass (unless the caller reads `finite` later)
         if o.check_finite and not bool(finite.all()):
             raise NonFiniteLogitsError(int((~finite).nonzero()[0]))
-        log_z = (m + torch.log(norm)) if want_norm else None
-        expected = (acc / norm[:, None]) if want_e else None
-        log_z1 = (m1 + torch.log(norm1)) if separate_ce else log_z
+        log_z = (out.max + torch.log(out.norm)) if want_norm else None
+        expected = (out.acc / out.norm[:, None]) if want_e else None
+        log_z1 = out.log_z1 if separate_ce else log_z
         log_likelihood = None
         if want_ll:
             ignored = targets == IGNORE_INDEX
-            log_likelihood = torch.where(ignored, 0.0, target_logit - log_z1)
+            log_likelihood = torch.where(ignored, 0.0, out.target_logit - log_z1)
         ctx.options = o
         ctx.want_e, ctx.want_ll, ctx.shared_ce = want_e, want_ll, shared_ce
         ctx.save_for_backward(
@@ -386,11 +469,12 @@ class _FusedHead(torch.autograd.Function):
             log_z1 if separate_ce else None,
             expected,
         )
+        argmax = out.argmax
         outputs = (
             expected if want_e else hidden.new_empty(0),
             log_likelihood if want_ll else hidden.new_empty(0),
             argmax,
-            top_indices if top_indices is not None else argmax.new_empty(0),
+            out.top_indices if out.top_indices is not None else argmax.new_empty(0),
             finite,
         )
         ctx.mark_non_differentiable(outputs[2], outputs[3], outputs[4])
@@ -426,7 +510,8 @@ class _FusedHead(torch.autograd.Function):
         # dL/dz = p (g E^T - <g, e>) / scale + gl (onehot(y) - q), p the expectation's softmax,
         # q the CE's, gl the gradient of the log-likelihoods. When p is q (T = 1, no noise) the
         # CE's -gl q joins the offset of the first term, so one product and one multiplication
-        # make the whole dz, and the one-hot part is a scatter of N numbers.
+        # make the whole dz, and the one-hot part is a scatter of N numbers. What does not
+        # depend on the chunk is made once, before the loop (a launch less at every chunk).
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             fold_ce = use_e and use_ll and ctx.shared_ce
             if use_e:
@@ -438,14 +523,21 @@ class _FusedHead(torch.autograd.Function):
                 lz1 = log_z if ctx.shared_ce else log_z1
                 if fold_ce:
                     offset = offset - gl
+                else:
+                    minus_gl = -gl[:, None]
+                slots = _TargetSlots(targets, o.vocab_chunk, weight.shape[0])
+                hits = slots.spread(gl)  # [N, chunks]: gl at each row's target chunk
+            if use_e:
+                offset = offset[:, None].to(mm)
+            hidden_mm = hidden.to(mm)
             n = hidden.shape[0]
             values = TableChunks(table, mm, o.table_pad) if use_e else None
-            for v0, v1 in _chunks(weight.shape[0], o.vocab_chunk):
+            for k, (v0, v1) in enumerate(_chunks(weight.shape[0], o.vocab_chunk)):
                 w = weight[v0:v1].to(mm)
                 b = None if bias is None else bias[v0:v1]
                 e = values.rows(v0, v1) if use_e else None
                 for r0, r1 in _chunks(n, o.row_block):
-                    h = hidden[r0:r1]
+                    h = hidden_mm[r0:r1]
                     z, s = _logits(h, w, b, o, None if rows is None else rows[r0:r1], v0)
                     cap_grad = None
                     if o.softcap is not None:  # d(kappa tanh(x / kappa))/dx = 1 - (z / kappa)^2
@@ -453,20 +545,19 @@ class _FusedHead(torch.autograd.Function):
                     dz = None
                     if use_ll and not fold_ce:
                         # the CE's -gl q; z is not read again (s is, only when it is not z)
-                        dz = _exp_shifted(z, lz1[r0:r1], dt).mul_(-gl[r0:r1, None])
+                        dz = _exp_shifted(z, lz1[r0:r1], dt).mul_(minus_gl[r0:r1])
                     if use_e:
                         ds = _exp_shifted(s, log_z[r0:r1], dt)
                         z = s = None  # read for the last time (ds may be their storage)
                         # g E^T + offset in one product: the offset is the GEMM's added term
-                        centred = torch.addmm(offset[r0:r1, None].to(mm), g[r0:r1], e.T)
+                        centred = torch.addmm(offset[r0:r1], g[r0:r1], e.T)
                         ds.mul_(centred)
                         del centred
                         dz = ds if dz is None else dz.add_(ds)
                         del ds
                     if use_ll:
-                        column, inside = _target_columns(targets[r0:r1], v0, v1)
-                        hit = torch.where(inside, gl[r0:r1], 0.0)
-                        dz.scatter_add_(1, column, hit[:, None])
+                        columns = slots.columns(v0, v1)[r0:r1]
+                        dz.scatter_add_(1, columns, hits[r0:r1, k : k + 1])
                     if cap_grad is not None:
                         dz.mul_(cap_grad)
                     # the chunk's logits (and all but dz) go before dz's matmul-dtype copy is
@@ -474,25 +565,33 @@ class _FusedHead(torch.autograd.Function):
                     # two chunk-sized temporaries live at once, none across chunks
                     del z, s, cap_grad
                     if need_b:
-                        grad_b[v0:v1] += dz.sum(dim=0)
-                    # one copy in the matmul dtype serves both products
+                        grad_b[v0:v1].add_(dz.sum(dim=0))
+                    # one copy in the matmul dtype serves both products (the sums below are
+                    # add_ on the slice: `x[a:b] += y` would copy the slice onto itself after)
                     dz_mm = dz.to(mm)
                     del dz
                     if need_h:
                         if mm == dt:
                             grad_h[r0:r1].addmm_(dz_mm, w)
                         else:
-                            grad_h[r0:r1] += dz_mm @ w
-                    if direct_w:
-                        grad_w[v0:v1] = dz_mm.T @ h.to(mm)
+                            grad_h[r0:r1].add_(dz_mm @ w)
+                    if direct_w and grad_w.dtype == mm:
+                        torch.mm(dz_mm.T, h, out=grad_w[v0:v1])  # no copy into W's gradient
+                    elif direct_w:
+                        grad_w[v0:v1] = dz_mm.T @ h
                     elif need_w:
                         if mm == dt:
-                            grad_w[v0:v1].addmm_(dz_mm.T, h.to(mm))
+                            grad_w[v0:v1].addmm_(dz_mm.T, h)
                         else:
-                            grad_w[v0:v1] += dz_mm.T @ h.to(mm)
+                            grad_w[v0:v1].add_(dz_mm.T @ h)
                     del dz_mm
         grads = _cast(grad_h, hidden), _cast(grad_w, weight), _cast(grad_b, bias)
         return (*grads, None, None, None, None)
+
+
+def _joined(parts: tuple[Tensor, ...]) -> Tensor:
+    """The row blocks' results as one tensor (the one block itself where there is one)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _table_product(p: Tensor, table: Tensor, dtype: torch.dtype) -> Tensor:
