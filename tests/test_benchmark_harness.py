@@ -4,6 +4,7 @@ worker (one model load)."""
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -198,6 +199,28 @@ def test_revisions_narrow_scorer_is_a_loadable_scorer_of_minilms_vocabulary(tmp_
     assert scorer.vocab_size == 30_522
     P, R, F = scorer.score(["a cat sat"], ["the cat sat down"], progress=False)
     assert F.shape == (1,) and 0.0 < float(F[0]) <= 1.0
+
+
+def test_torch_pass_revisions_counts_a_chunks_operations_in_its_tree(tmp_path):
+    """``benchmarks/torch_pass_revisions.py``'s worker: the PyTorch pass cut into the chunks
+    asked for (more operations at more chunks, the policy restored after), finite values with
+    gradients for every call, and a refusal where bsloss would come from elsewhere."""
+    from benchmarks.torch_pass_revisions import CALLS, largest_difference
+
+    tree = str(harness.REPO_ROOT)
+    with harness.Worker("benchmarks.torch_pass_revisions:TreePass", tree, 8, 4, 4, 8, 3, 1) as w:
+        for name in CALLS:
+            counts = w.call("count", name)
+            assert counts["full"] > counts["half"] > 0, (name, counts)
+            result = w.call("results", name)
+            assert math.isfinite(result["value"]) and any(result["grad_w"]), name
+            assert largest_difference(result, result) == 0.0
+        assert math.isfinite(w.call("call", "CE + term"))
+    elsewhere = harness.Worker(
+        "benchmarks.torch_pass_revisions:TreePass", str(tmp_path), 8, 4, 4, 8, 3, 1
+    )
+    with elsewhere, pytest.raises(harness.WorkerError, match="not from"):
+        elsewhere.ready()
 
 
 def test_fused_memory_measures_the_fused_pass_with_cudas_chunk_shape():
