@@ -19,6 +19,9 @@ here is near 1 and the card's is not, the card's difference is not the host's op
 what the card or a wait for it adds (the GPU benchmark's profiles of these rows say which).
 
     HF_HUB_OFFLINE=1 python benchmarks/gemma_step_host.py --rounds 7
+
+``--chunks 16`` cuts the fused pass's vocabulary as a card cuts Gemma 3's at this step (one
+chunk here otherwise): the PyTorch pass's launches a chunk then count as they do on the card.
 """
 
 from __future__ import annotations
@@ -56,6 +59,14 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=32)
     parser.add_argument("--completion", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        default=0,
+        help="cut the head's vocabulary into this many chunks for the fused pass, all the rows "
+        "in one block (16: as many as CUDA cuts Gemma 3's 262,144 tokens into at the step's "
+        "1,016 target rows, head_ce_launches.py); default: the CPU's policy (here one chunk)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -70,6 +81,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     env = harness.environment()
     bsloss.scorer.encoder.paced_by_host = lambda device: True
+    if args.chunks:
+        from bsloss.functional import fused_expectation
+
+        width = -(-NARROW["vocab_size"] // args.chunks)
+        fused_expectation._chunk_shape = lambda n, vocab, *a, **k: (n, width)
     torch.manual_seed(0)
     config = transformers.Gemma3TextConfig(**{**GEMMA3_270M, **NARROW})
     model = transformers.Gemma3ForCausalLM(config).train()
@@ -135,7 +151,8 @@ def main() -> None:
         f"{config.hidden_size} wide, V {config.vocab_size:,}; {args.batch} x {args.length} "
         f"tokens, labels the last {args.completion}; scorer: random, MiniLM's vocabulary and 6 "
         f"layers, 32 wide, through the synthetic bridge; {args.steps} steps a round, "
-        f"{args.rounds} rounds alternating, {args.threads} thread(s)",
+        f"{args.rounds} rounds alternating, {args.threads} thread(s); the fused pass's "
+        + (f"vocabulary in {args.chunks} chunks" if args.chunks else "chunks: the CPU's policy"),
         "",
         harness.markdown_table(
             ["step", "ms a step (median)", "/ model's step", "per-round range", "operations"],

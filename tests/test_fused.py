@@ -698,6 +698,24 @@ def test_the_first_of_tied_maxima_is_the_argmax_across_chunks(chunk_elements):
     torch.testing.assert_close(ce.log_likelihood, want, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.long])
+def test_targets_in_every_chunk_give_the_cross_entropy(dtype):
+    """Targets in the first, a middle and the last (narrower: 50 = 7 x 7 + 1) vocabulary chunk,
+    and ``-100``, as int32 or int64: the log-likelihoods and the gradients of the dense CE (the
+    pass finds each target's chunk and column once, before its loops)."""
+    generator = torch.Generator().manual_seed(0)
+    h = torch.randn(5, 8, generator=generator, dtype=torch.float64).requires_grad_()
+    W = torch.randn(50, 8, generator=generator, dtype=torch.float64).requires_grad_()
+    targets = torch.tensor([0, 20, -100, 49, 48], dtype=dtype)
+    out = fused_expected_inputs(h, W, None, target_ids=targets, chunk_elements=5 * 7)
+    want = -F.cross_entropy(h @ W.T, targets.long(), reduction="none", ignore_index=-100)
+    torch.testing.assert_close(out.log_likelihood, want, rtol=0, atol=1e-12)
+    got = torch.autograd.grad(out.log_likelihood.sum(), [h, W])
+    expected = torch.autograd.grad(want.sum(), [h, W])
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("token", [0, 150, 299], ids=["first-chunk", "middle", "last-chunk"])
 def test_a_minus_infinite_logit_in_any_chunk_is_refused(token):
     """A ``-inf`` logit (here from the bias) in the first, a middle or the last of the
