@@ -142,6 +142,18 @@ def run_isolated(target: str | Callable, *args: Any, **kwargs: Any) -> Any:
         process.wait()
 
 
+def import_bsloss_from(tree: str) -> Any:
+    """``bsloss`` imported from the checkout ``tree`` (put first on ``sys.path``), for a worker
+    that measures that tree; ``RuntimeError`` when it would come from elsewhere (``tree`` holds
+    no bsloss, or this process imported another one before)."""
+    sys.path.insert(0, tree)
+    import bsloss
+
+    if not Path(bsloss.__file__).resolve().is_relative_to(Path(tree).resolve()):
+        raise RuntimeError(f"bsloss came from {bsloss.__file__}, not from {tree}")
+    return bsloss
+
+
 class Worker:
     """A process that keeps ``state = target(*args, **kwargs)`` and runs its methods on request.
 

@@ -52,13 +52,9 @@ class TreeScoring:
         brown_pairs: int = 0,
         loss_shape: tuple[int, int, int] = (8, 24, 1),
     ):
-        sys.path.insert(0, tree)  # before bsloss is first imported in this process
+        bsloss = harness.import_bsloss_from(tree)  # before bsloss is first imported here
         import torch
 
-        import bsloss
-
-        if not Path(bsloss.__file__).resolve().is_relative_to(Path(tree).resolve()):
-            raise RuntimeError(f"bsloss came from {bsloss.__file__}, not from {tree}")
         torch.set_num_threads(threads)
         self.torch = torch
         self.cands, self.refs = load_stsb_dev()

@@ -34,7 +34,6 @@ Reproduce (the old tree from git)::
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 if not __package__:  # run as `python benchmarks/torch_pass_revisions.py`
     import _path  # noqa: F401
@@ -62,14 +61,11 @@ class TreePass:
         table_width: int,
         calls: int,
     ):
-        sys.path.insert(0, tree)  # before bsloss is first imported in this process
+        harness.import_bsloss_from(tree)  # before bsloss is first imported in this process
         import torch
 
-        import bsloss
         from bsloss.functional import fused_expectation
 
-        if not Path(bsloss.__file__).resolve().is_relative_to(Path(tree).resolve()):
-            raise RuntimeError(f"bsloss came from {bsloss.__file__}, not from {tree}")
         torch.set_num_threads(1)  # the host's work; one thread as a GPU's host thread
         self.torch, self.module, self.calls = torch, fused_expectation, calls
         self.rows, self.chunks, self.chunk_width = rows, chunks, chunk_width

@@ -200,6 +200,11 @@ def _chunks(total: int, size: int):
         yield start, min(start + size, total)
 
 
+def _chunk_count(total: int, size: int) -> int:
+    """How many ``(start, stop)`` pairs :func:`_chunks` yields."""
+    return -(-total // size)
+
+
 def _chunk_shape(
     n: int,
     vocab: int,
@@ -280,7 +285,7 @@ class _TargetSlots:
 
     def __init__(self, targets: Tensor, chunk: int, vocab: int):
         targets = targets.long()
-        self.chunk, self.count = chunk, -(-vocab // chunk)
+        self.chunk, self.count = chunk, _chunk_count(vocab, chunk)
         self.index = torch.div(targets, chunk, rounding_mode="floor")
         columns = targets.remainder(chunk)[:, None]
         last = vocab - (self.count - 1) * chunk  # the last chunk's width
@@ -338,7 +343,7 @@ def _forward_rows(
     its token (the argmax: the first chunk holding the largest maximum, as a strict ``>``
     across chunks would keep it) and the logit at each row's target column."""
     n, dt, device = h.shape[0], o.dtype, h.device
-    count = -(-weight.shape[0] // o.vocab_chunk)
+    count = _chunk_count(weight.shape[0], o.vocab_chunk)
     chunk_max = torch.empty(n, count, dtype=dt, device=device)
     chunk_arg = torch.empty(n, count, dtype=torch.long, device=device)
     picked = torch.empty(n, count, dtype=dt, device=device) if slots is not None else None
