@@ -60,10 +60,12 @@ def kernels(launches: collections.Counter) -> str:
 
 def main() -> None:
     from bsloss.functional import fused_expectation, triton_fused_head
-    from bsloss.functional.triton_fused_head import interpreter_active
+    from bsloss.functional.triton_fused_head import interpreter_active, interpreter_problem
     from bsloss.integrations.lm_head import LMHead, token_cross_entropy
 
     assert interpreter_active(), "triton was imported before TRITON_INTERPRET was set"
+    if (problem := interpreter_problem()) is not None:
+        raise SystemExit(f"head_ce_launches.py: {problem}")
     chunks = card_chunks()
     torch.manual_seed(0)
     vocab = max(chunks.values()) * WIDTH

@@ -21,6 +21,7 @@ from _models import (
     tiny_paligemma,
     tiny_seq2seq,
 )
+from packaging import version
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import bsloss
@@ -349,22 +350,45 @@ def capped_batch(kind: str) -> dict:
     return {"input_ids": torch.tensor([[5, 6, 7, 8]])}
 
 
+def cap_the_model_applies(model, config, batch) -> float | None:
+    """The cap ``config`` holds if the model's forward applies it (its logits change when the
+    cap is taken out of ``config``), else None: what the model does, told apart by running it.
+    transformers 5.24's PaliGemma applies its text config's cap; 5.17's holds it and never
+    reads it."""
+    cap = config.final_logit_softcapping
+    capped = model(**batch).logits
+    config.final_logit_softcapping = None
+    try:
+        plain = model(**batch).logits
+    finally:
+        config.final_logit_softcapping = cap
+    return None if torch.equal(capped, plain) else cap
+
+
 @pytest.mark.parametrize("kind", ["t5gemma", "paligemma"])
 def test_lm_head_inputs_finds_a_softcap_kept_in_a_sub_config(kind):
     """Issue 43: the cap read from a sub-config (T5Gemma: the decoder's; Gemma 3n / 4 and
     PaliGemma: the text config's) is off inside the block, carried as head.softcap and restored
-    after; the fused CE equals the CE of the model's own logits (once 7.012 against 7.196)."""
+    after; the fused CE equals the CE of the model's own logits (once 7.012 against 7.196).
+    Where the installed transformers' forward does not read the cap (PaliGemma in 5.17), the
+    head carries none and the config is left as it is."""
     model = capped_model(kind)
     config = model.config.decoder if kind == "t5gemma" else model.config.get_text_config()
     batch = capped_batch(kind)
+    applied = cap_the_model_applies(model, config, batch)
+    if kind == "t5gemma" or version.parse(transformers.__version__) >= version.parse("5.24"):
+        assert applied == 2.0
     logits = model(**batch).logits
-    assert logits.abs().max() > 1.9  # the cap bends them
     with lm_head_inputs(model) as head:
         hidden = model(**batch).logits
-        assert head.softcap == 2.0 and config.final_logit_softcapping is None
+        assert head.softcap == applied
+        assert config.final_logit_softcapping == (None if applied else 2.0)
     assert config.final_logit_softcapping == 2.0
     z = hidden @ head.weight.T
-    torch.testing.assert_close(2.0 * torch.tanh(z / 2.0), logits, rtol=0, atol=1e-5)
+    if applied:
+        assert logits.abs().max() > 1.9 and z.abs().max() > 2.0  # the cap bends them
+        z = 2.0 * torch.tanh(z / 2.0)
+    torch.testing.assert_close(z, logits, rtol=0, atol=1e-5)
     torch.testing.assert_close(model(**batch).logits, logits, rtol=0, atol=0)
     labels = torch.tensor([[9, 10, 11, 2]])
     torch.testing.assert_close(
@@ -419,8 +443,8 @@ def _refused_models(scorer) -> dict:
     )
     softcap_module = tiny_gpt2(tokenizer)
     softcap_module.logit_softcap = torch.nn.Tanh()  # applied after the head (as Inkling 2's)
-    two_caps = tiny_gpt2(tokenizer)
-    two_caps.config.final_logit_softcapping = 2.0
+    # caps on a model whose forward reads one (Gemma 3's; GPT-2's reads none: the next test)
+    two_caps = tiny_gemma(tokenizer, softcap=2.0)
     two_caps.final_logit_softcapping = 3.0  # a copy the forward could read instead
 
     class FixedCapConfig(type(two_caps.config)):
@@ -428,14 +452,14 @@ def _refused_models(scorer) -> dict:
         def final_logit_softcapping(self):  # read-only: cannot be switched off
             return 2.0
 
-    fixed_cap = tiny_gpt2(tokenizer)
+    fixed_cap = tiny_gemma(tokenizer)
     fixed_cap.config.__class__ = FixedCapConfig
     return {
         "head": (wrapped_head, r"GPT2LMHeadModel's LM head is a test_lm_head_integration\._Sca"),
         "lora-head": (lora_head, r"PeftModel's LM head is a peft\.tuners\.lora\.layer\.Linear"),
         "softcap-module": (softcap_module, r"GPT2LMHeadModel applies a soft-cap .*logit_softcap"),
-        "two-caps": (two_caps, r"GPT2LMHeadModel holds different final logit soft-caps"),
-        "read-only-cap": (fixed_cap, r"GPT2LMHeadModel's soft-cap .* cannot be switched off"),
+        "two-caps": (two_caps, r"Gemma3ForCausalLM holds different final logit soft-caps"),
+        "read-only-cap": (fixed_cap, r"Gemma3ForCausalLM's soft-cap .* cannot be switched off"),
     }
 
 
@@ -461,6 +485,49 @@ def test_lm_head_inputs_refuses_a_head_it_cannot_account_for(scorer, case, tmp_p
     trainer = Trainer(model=model, args=trainer_args(tmp_path), processing_class=tokenizer,
                       bertscore_loss=loss)  # fmt: skip
     assert trainer.bertscore_fused is False
+
+
+def test_a_cap_no_forward_reads_is_left_alone(scorer):
+    """A config's cap that the model's forward never reads (GPT-2's source names none; so did
+    transformers 5.17's PaliGemma, holding Gemma 2's in its text config) bends nothing: the
+    head carries no cap, the configs and the model's copy stay as they are, and the fused CE
+    is the CE of the model's own logits. A class whose source cannot be read is trusted to
+    apply its config's cap."""
+    from bsloss.integrations import lm_head
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    model = tiny_gpt2(tokenizer).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)  # logits beyond the cap, were it applied
+    model.config.final_logit_softcapping = 2.0
+    model.final_logit_softcapping = 3.0  # two caps: refused if either could be read
+    ids = torch.tensor([[5, 6, 7, 8]])
+    logits = model(input_ids=ids).logits
+    assert logits.abs().max() > 2.0
+    with lm_head_inputs(model) as head:
+        hidden = model(input_ids=ids).logits
+        assert head.softcap is None
+        assert model.config.final_logit_softcapping == 2.0 and model.final_logit_softcapping == 3.0
+    torch.testing.assert_close(hidden @ head.weight.T, logits, rtol=0, atol=1e-5)
+    labels = torch.tensor([[6, 7, 8, -100]])
+    torch.testing.assert_close(
+        token_cross_entropy(labels, hidden_states=hidden, head=head),
+        token_cross_entropy(labels, logits=logits),
+        rtol=0,
+        atol=1e-5,
+    )
+
+    # the same model, its class made at run time (no source to read): the config is trusted
+    def forward(self, *args, **kwargs):
+        return type(model).forward(self, *args, **kwargs)
+
+    unread = type("RuntimeLM", (type(model),), {"forward": forward, "__module__": "nowhere"})
+    assert lm_head._source_names_the_cap(unread) is None
+    del model.final_logit_softcapping
+    model.__class__ = unread
+    with lm_head_inputs(model) as head:
+        assert head.softcap == 2.0 and model.config.final_logit_softcapping is None
+    assert model.config.final_logit_softcapping == 2.0
 
 
 def test_lm_head_inputs_refuses_what_it_cannot_serve():

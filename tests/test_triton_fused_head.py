@@ -29,7 +29,12 @@ needs_triton = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def interpreted(tmp_path_factory) -> dict:
-    """Every case of CASES through both backends, under the interpreter (a few seconds)."""
+    """Every case of CASES through both backends, under the interpreter (a few seconds);
+    skipped, with the reason, where the installed triton's interpreter cannot run them."""
+    from bsloss.functional.triton_fused_head import interpreter_problem
+
+    if (problem := interpreter_problem()) is not None:
+        pytest.skip(problem)
     out = tmp_path_factory.mktemp("triton") / "cases.pt"
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     script = str(REPO / "tests" / "_triton_interpreter_cases.py")
@@ -121,6 +126,36 @@ def test_triton_backend_on_cpu_needs_the_interpreter():
         pytest.skip("this process imported triton with TRITON_INTERPRET=1")
     h, weight, _, table, *_ = inputs(n=3, d=4, vocab=10, c=2)
     with pytest.raises(ValueError, match=r"backend='triton' .* TRITON_INTERPRET=1"):
+        fused_expected_inputs(h, weight, table, backend="triton")
+
+
+@pytest.mark.parametrize(
+    "triton_version, numpy_version, refused",
+    [("3.6.0", "2.4.6", True), ("3.6.0", "2.3.5", False), ("3.7.0", "2.4.6", False),
+     ("3.10.1", "2.10.0", False), ("3.2.0", "2.4.0rc1", True)],
+)  # fmt: skip
+@needs_triton
+def test_an_interpreter_that_cannot_run_the_kernels_is_named(
+    monkeypatch, triton_version, numpy_version, refused
+):
+    """Triton before 3.7 with NumPy 2.4 or later: the interpreter fails inside triton at the
+    first kernel loop (triton 3.6 and NumPy 2.4.6 tried), so backend='triton' on the CPU is
+    refused first, naming both versions and the way out; other pairs run."""
+    import numpy
+    import triton
+
+    from bsloss.functional import triton_fused_head
+
+    monkeypatch.setattr(triton, "__version__", triton_version)
+    monkeypatch.setattr(numpy, "__version__", numpy_version)
+    problem = triton_fused_head.interpreter_problem()
+    if not refused:
+        assert problem is None
+        return
+    assert triton_version in problem and numpy_version in problem and "triton>=3.7" in problem
+    monkeypatch.setattr(triton_fused_head, "interpreter_active", lambda: True)
+    h, weight, _, table, *_ = inputs(n=3, d=4, vocab=10, c=2)
+    with pytest.raises(ValueError, match=r"backend='triton' with hidden_states on cpu: Triton"):
         fused_expected_inputs(h, weight, table, backend="triton")
 
 

@@ -912,7 +912,7 @@ def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict
         )
     if not installed:
         raise ValueError("backend='triton' needs the triton package (pip install triton)")
-    from bsloss.functional.triton_fused_head import interpreter_active
+    from bsloss.functional.triton_fused_head import interpreter_active, interpreter_problem
 
     if not hidden.is_cuda and not interpreter_active():
         raise ValueError(
@@ -920,6 +920,8 @@ def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict
             "Triton's interpreter: set TRITON_INTERPRET=1 before triton is first imported "
             "(or use backend='auto' / 'torch')"
         )
+    if not hidden.is_cuda and (problem := interpreter_problem()) is not None:
+        raise ValueError(f"backend='triton' with hidden_states on {hidden.device}: {problem}")
     return True
 
 

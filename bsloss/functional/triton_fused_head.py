@@ -112,6 +112,30 @@ def interpreter_active() -> bool:
     return triton is not None and isinstance(tl.sum, InterpretedFunction)
 
 
+def interpreter_problem() -> str | None:
+    """Why Triton's interpreter cannot run these kernels with the installed packages, or None.
+
+    Before triton 3.7 the interpreter turns a loop bound (a kernel argument, held as a
+    one-element array) into a Python int with ``int(array)``, which NumPy 2.4 refuses: every
+    kernel here loops, so each failed inside triton (found with triton 3.6, the version torch
+    2.11's CUDA wheels pin, and NumPy 2.4.6; triton 3.7 with NumPy 2.4, and triton 3.6 with
+    NumPy 2.3, run them)."""
+    if triton is None:
+        return None
+    import numpy
+
+    def release(text: str) -> tuple[int, ...]:
+        return tuple(int(part) for part in text.split(".")[:2])
+
+    if release(triton.__version__) < (3, 7) and release(numpy.__version__) >= (2, 4):
+        return (
+            f"Triton {triton.__version__}'s interpreter cannot run kernel loops under NumPy "
+            f"{numpy.__version__} (it converts a one-element array with int()); install "
+            "triton>=3.7 or numpy<2.4"
+        )
+    return None
+
+
 if triton is not None:
 
     @triton.jit

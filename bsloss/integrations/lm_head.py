@@ -29,6 +29,8 @@ logits or chunked from :math:`h` and the head.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -157,19 +159,48 @@ def _configs_read_for_the_cap(model: nn.Module, modules: list[nn.Module]) -> lis
     return list(unique.values())
 
 
+@functools.cache
+def _source_names_the_cap(cls: type) -> bool | None:
+    """Whether the source file that defines ``cls`` names ``final_logit_softcapping`` anywhere
+    (its forward or a helper beside it); None when that source cannot be read (a class made at
+    run time, a frozen or compiled module)."""
+    try:
+        return SOFTCAP_ATTRIBUTE in inspect.getsource(inspect.getmodule(cls))
+    except (OSError, TypeError):
+        return None
+
+
+def _forward_may_read_the_cap(modules: list[nn.Module]) -> bool:
+    """False when no forward that runs the head can read a ``final_logit_softcapping``: every
+    class that defines a ``forward`` in the modules' class hierarchies (a subclass's own and the
+    one it inherits) comes from a source file that never names it. A config may hold a cap its
+    model does not apply: transformers 5.17's PaliGemma keeps Gemma 2's cap in its text config
+    and never reads it (5.24's applies it); carried to the loss, the cap bent logits the model
+    leaves straight. True (the config is trusted) when some such source cannot be read."""
+    for module in modules:
+        for cls in type(module).__mro__:
+            defines_forward = cls is not nn.Module and "forward" in vars(cls)
+            if defines_forward and _source_names_the_cap(cls) is not False:
+                return True
+    return False
+
+
 def _softcap_places(model: nn.Module, modules: list[nn.Module]) -> tuple[list[Any], float | None]:
     """Every object whose ``final_logit_softcapping`` the forward may read (the configs above and
-    a module that copied it, as DiffusionGemma does), and the one cap they hold.
+    a module that copied it, as DiffusionGemma does), and the one cap they hold; none where no
+    forward that runs the head reads one (:func:`_forward_may_read_the_cap`).
 
     Raises ValueError naming ``model``'s class for a cap it cannot account for: holders that
     disagree, or another soft-cap after the head (a ``*softcap*`` attribute or submodule of
     the modules that run the head, such as Inkling 2's ``logit_softcap``)."""
     cls = type(model).__name__
-    places = _configs_read_for_the_cap(model, modules)
+    reads_the_cap = _forward_may_read_the_cap(modules)
+    places = _configs_read_for_the_cap(model, modules) if reads_the_cap else []
     for module in modules:
         for name, value in {**vars(module), **module._modules}.items():
             if name == SOFTCAP_ATTRIBUTE:
-                places.append(module)
+                if reads_the_cap:
+                    places.append(module)
             elif "softcap" in name and value is not None:
                 raise ValueError(
                     f"lm_head_inputs: {cls} applies a soft-cap after its LM head that cannot be "
@@ -250,7 +281,10 @@ def lm_head_inputs(model: nn.Module) -> Iterator[LMHead]:
 
     The final logit soft-cap is found wherever the forward reads it (``final_logit_softcapping``
     of the model's config, its text config or decoder sub-config, or the model's own attribute),
-    switched off there for the block, restored after, and carried as ``head.softcap``.
+    switched off there for the block, restored after, and carried as ``head.softcap``. A cap
+    that no forward running the head reads (the source files of their classes never name
+    ``final_logit_softcapping``, as transformers 5.17's PaliGemma, whose text config holds one)
+    is left alone: ``head.softcap`` is then None, as the model's own logits are uncapped.
 
     Args:
         model: a transformers model with an output embedding (``get_output_embeddings()``),
