@@ -23,7 +23,6 @@ is the loss's value while the expected embeddings give the gradient.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
 from typing import NamedTuple
 
 import torch
@@ -273,7 +272,7 @@ class CandidateEncoder:
                 else (None, candidates.values)
             )
             distribution = token_distribution(
-                logits, probs, **asdict(self.candidates), gumbel_seed=seed
+                logits, probs, **self.candidates.keywords(), gumbel_seed=seed
             )
             inputs, weights = expected_inputs(distribution, table)
             # float64 logits give float64 expectations; the scorer runs in its own dtype

@@ -27,7 +27,8 @@ expectation and applies the one-hot to the expected row instead
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -49,12 +50,21 @@ __all__ = [
 
 @dataclass(frozen=True)
 class CandidateOptions:
-    """The resolved transforms, as the kernels take them (``dataclasses.asdict``: their
-    keywords)."""
+    """The resolved transforms, as the kernels take them (:meth:`keywords`)."""
 
     top_k: int | None = None
     straight_through: bool = False
     gumbel_temperature: float | None = None
+
+    def keywords(self) -> dict[str, Any]:
+        """The options as the kernels' keywords. Not ``dataclasses.asdict``, which deep-copies
+        each value: torch 2.11's Dynamo cannot trace ``copy.deepcopy`` and broke a compiled
+        loss's graph there (twice a call); 2.13's can.
+
+        >>> CandidateOptions(top_k=8).keywords()
+        {'top_k': 8, 'straight_through': False, 'gumbel_temperature': None}
+        """
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
     def check(self, vocab: int, *, from_logits: bool = True) -> None:
         """The checks every kernel makes, against a vocabulary of ``vocab`` tokens (``from_logits``:

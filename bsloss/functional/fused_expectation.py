@@ -75,7 +75,6 @@ where this pass took 116 and 106 ms; in the Gemma-shaped training step the two w
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import asdict
 from functools import cache, partial
 from typing import NamedTuple
 
@@ -785,7 +784,7 @@ def fused_expected_inputs(
     # zero columns change no product; each backend reads the table chunk by chunk, padded,
     # and the result is cut back to `width`
     table_pad = 8 if _pads_table_rows(hidden_states) else 1
-    if _runs_on_triton(backend, hidden_states, weight, asdict(candidates)):
+    if _runs_on_triton(backend, hidden_states, weight, candidates.keywords()):
         out = _triton_pass(
             hidden_states,
             weight,
