@@ -10,7 +10,7 @@ DEMO_ARGS ?=
 # a fresh folder per run (a second run into one folder is refused: --overwrite replaces it)
 DEMO_DIR ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: setup demo-setup test demo score-example bench verify-results gpu-prepare gpu-check
+.PHONY: setup demo-setup test demo score-example bench verify-results gpu-prepare gpu-check card-versions
 
 setup:
 	PYTHON=$(PYTHON) bash .ci/setup
@@ -73,3 +73,8 @@ gpu-check:
 	PYTHONUNBUFFERED=1 $(PYTHON) benchmarks/gpu.py --sections $(GPU_SECTIONS) \
 		--budget-s $(GPU_BUDGET_S) --profile "$(GPU_PROFILE)" --out $(OUT)/gpu.md \
 		2>&1 | tee $(OUT)/gpu.log
+
+# The suite on this CPU under the GPU machine's torch, transformers and triton (.ci/card-versions;
+# ARGS: pytest arguments), before a card run.
+card-versions:
+	PYTHON=$(PYTHON) bash .ci/card-versions $(ARGS)
