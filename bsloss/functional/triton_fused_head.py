@@ -123,9 +123,10 @@ def interpreter_problem() -> str | None:
     if triton is None:
         return None
     import numpy
+    from packaging.version import Version  # (transformers' dependency)
 
     def release(text: str) -> tuple[int, ...]:
-        return tuple(int(part) for part in text.split(".")[:2])
+        return Version(text).release[:2]
 
     if release(triton.__version__) < (3, 7) and release(numpy.__version__) >= (2, 4):
         return (
