@@ -10,7 +10,7 @@ DEMO_ARGS ?=
 # a fresh folder per run (a second run into one folder is refused: --overwrite replaces it)
 DEMO_DIR ?= runs/demo-$(shell date +%Y%m%d-%H%M%S)
 
-.PHONY: setup demo-setup test demo score-example bench verify-results gpu-prepare gpu-check card-versions
+.PHONY: setup demo-setup test demo score-example bench verify-results gpu-prepare gpu-check card-versions floor-versions
 
 setup:
 	PYTHON=$(PYTHON) bash .ci/setup
@@ -74,7 +74,10 @@ gpu-check:
 		--budget-s $(GPU_BUDGET_S) --profile "$(GPU_PROFILE)" --out $(OUT)/gpu.md \
 		2>&1 | tee $(OUT)/gpu.log
 
-# The suite on this CPU under the GPU machine's torch, transformers and triton (.ci/card-versions;
-# ARGS: pytest arguments), before a card run.
+# The suite on this CPU under the GPU machine's torch, transformers and triton, before a card
+# run, and under the oldest versions pyproject.toml accepts (.ci/versions; ARGS: pytest arguments).
 card-versions:
-	PYTHON=$(PYTHON) bash .ci/card-versions $(ARGS)
+	PYTHON=$(PYTHON) bash .ci/versions card $(ARGS)
+
+floor-versions:
+	PYTHON=$(PYTHON) bash .ci/versions floor $(ARGS)

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.torch_version import TorchVersion
 
 from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline
@@ -146,6 +147,8 @@ def _deprecated_options(keywords: dict) -> _DeprecatedOptions:
 
 
 _SCORER = "encoder."
+# the oldest torch whose Dynamo runs the compiled loss (2.6 fails inside the fused pass)
+COMPILE_NEEDS_TORCH = (2, 8)
 
 
 def _drop_scorer_state(module: nn.Module, state_dict: dict, prefix: str, metadata) -> None:
@@ -659,7 +662,17 @@ class BERTScoreLoss(nn.Module):
         A caller compiled whole (``torch.compile(loss)``, a compiled model or step that calls
         the loss) does not trace into the loss's entry points, which Dynamo skips: traced, their
         reference texts went into the caller's graph. These steps run compiled from it too.
+
+        Raises:
+            RuntimeError: under torch < 2.8, whose Dynamo fails in the compiled LM-head pass
+                (torch 2.6 tried; 2.8 and later pass the compiled loss's tests).
         """
+        if TorchVersion(torch.__version__) < COMPILE_NEEDS_TORCH:
+            raise RuntimeError(
+                f"loss.compile() needs torch >= {'.'.join(map(str, COMPILE_NEEDS_TORCH))}, "
+                f"found {torch.__version__} (its Dynamo fails inside the compiled LM-head pass); "
+                "upgrade torch or run the loss eager"
+            )
         cls = type(self)
         self._compiled_steps = {
             name: torch.compile(getattr(cls, "_" + name), *args, **kwargs)

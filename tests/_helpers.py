@@ -8,6 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -63,6 +64,21 @@ def head_for(token_ids: list[int], vocab: int, width: int = 64, seed: int = 0):
     weight = weight / weight.norm(dim=1, keepdim=True)
     hidden = weight[token_ids][None] * 40.0
     return hidden, weight
+
+
+# The distributed tests' two modes. FSDP 2 (fully_shard) on CPU tensors, as those tests run it,
+# records an event on a CPU stream, which torch.cpu.Stream lacks in older torch (2.6: "'Stream'
+# object has no attribute 'record_event'"); on a GPU it runs there too.
+DISTRIBUTED_MODES = [
+    "ddp",
+    pytest.param(
+        "fsdp",
+        marks=pytest.mark.skipif(
+            not hasattr(torch.cpu.Stream, "record_event"),
+            reason=f"FSDP 2 does not run on CPU tensors under torch {torch.__version__}",
+        ),
+    ),
+]
 
 
 def tiny_training_arguments(tmp_path, cls=None, **extra):

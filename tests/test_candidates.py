@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from _helpers import tiny_training_arguments
+from _helpers import DISTRIBUTED_MODES, tiny_training_arguments
 from _models import scripted, tiny_gpt2
 
 import bsloss
@@ -114,10 +114,15 @@ def test_joined_batch_equals_the_rows_run_alone(vocabulary_tokenizer, left_pad):
 
 def without_dropout(model):
     """Training mode (the mixin generates only then) without dropout's noise, so that two
-    forward passes agree."""
+    forward passes agree: the dropout modules' and the probabilities that attention modules
+    hand to their kernel (transformers 4.x's BERT SDPA attention keeps a float
+    ``dropout_prob``)."""
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
+        for name, value in vars(module).items():
+            if "dropout" in name and isinstance(value, float):
+                setattr(module, name, 0.0)
     return model
 
 
@@ -481,7 +486,7 @@ def test_a_row_without_labels_gets_no_answer_scored(soft_loss, vocabulary_tokeni
 
 
 @pytest.mark.slow  # two processes each load the scorer
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.parametrize("mode", DISTRIBUTED_MODES)
 def test_answers_across_processes_equal_each_half_run_alone(
     scorer, vocabulary_tokenizer, tmp_path, mode
 ):

@@ -13,7 +13,7 @@ import weakref
 
 import pytest
 import torch
-from _helpers import tiny_training_arguments
+from _helpers import DISTRIBUTED_MODES, tiny_training_arguments
 from _models import (
     scorer_vocabulary_tokenizer,
     tiny_gemma,
@@ -567,7 +567,7 @@ def test_mixin_refuses_a_non_bool_fused(gemma_tokenizer, gemma_loss, tmp_path):
 
 
 @pytest.mark.slow  # two processes each load the scorer
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+@pytest.mark.parametrize("mode", DISTRIBUTED_MODES)
 def test_distributed_fused_gradients_equal_dense_and_agree_across_processes(tmp_path, mode):
     """Two CPU processes (gloo), a tiny GPT-2 with a tied and an untied head, under DDP or
     FSDP 2 (fully_shard; the untied head its own unit, gathered for the chunked pass only): the

@@ -9,6 +9,7 @@ subprocess (tests/_triton_interpreter_cases.py), and this process only compares 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 import os
 import subprocess
@@ -129,6 +130,63 @@ def test_triton_backend_on_cpu_needs_the_interpreter():
         fused_expected_inputs(h, weight, table, backend="triton")
 
 
+# Triton before 3.4 (torch 2.6's 3.2, torch 2.7's 3.3) on a machine without a GPU, as
+# ``triton.autotune`` behaves there when it is applied
+_AUTOTUNE_WITHOUT_A_GPU = """
+import triton
+def needs_a_gpu(*args, **kwargs):
+    raise RuntimeError("0 active drivers ([]). There should only be one.")
+triton.autotune = needs_a_gpu
+import torch
+from bsloss.functional import triton_fused_head
+from bsloss.functional.fused_expectation import fused_expected_inputs
+h, weight, table = torch.randn(3, 4), torch.randn(10, 4), torch.randn(10, 2)
+try:
+    fused_expected_inputs(h, weight, table, backend="triton")
+except ValueError as error:
+    print("refused:", error)
+"""
+
+
+@needs_triton
+def test_the_kernels_module_imports_where_autotune_needs_a_gpu():
+    """Where applying ``triton.autotune`` asks for a GPU driver (triton < 3.4 without a GPU),
+    importing the kernels' module failed with triton's "0 active drivers", so backend='triton'
+    on the CPU met that instead of its own refusal; the launchers are made at the first launch
+    on a GPU now."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run(
+        [sys.executable, "-c", _AUTOTUNE_WITHOUT_A_GPU],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "refused: backend='triton' with hidden_states on cpu" in done.stdout
+
+
+@needs_triton
+def test_each_kernels_launcher_is_autotuned_once_at_its_first_launch(monkeypatch):
+    from bsloss.functional import triton_fused_head as kernels
+
+    made = []
+
+    def autotune(configs, **tuning):
+        def launcher(kernel):
+            made.append((kernel, configs, tuning))
+            return object()
+
+        return launcher
+
+    monkeypatch.setattr(kernels.triton, "autotune", autotune)
+    monkeypatch.setattr(kernels, "_TUNED", {})
+    for kernel in kernels._CONFIGS:
+        assert kernels._tuned(kernel) is kernels._tuned(kernel)
+    assert [kernel for kernel, *_ in made] == list(kernels._CONFIGS)
+    for kernel, configs, tuning in made:
+        assert configs is kernels._CONFIGS[kernel] and set(tuning["key"]) <= set(kernel.arg_names)
+    assert made[-1][2]["reset_to_zero"] == ["db_ptr"]  # the bias gradient, summed by atomics
+
+
 @pytest.mark.parametrize(
     "triton_version, numpy_version, refused",
     [("3.6.0", "2.4.6", True), ("3.6.0", "2.3.5", False), ("3.7.0", "2.4.6", False),
@@ -177,7 +235,9 @@ def _compile_for_hopper(kernel, config, constexprs: dict, pointer_types: dict):
             signature[name] = pointer_types.get(name, "*bf16")
         else:
             signature[name] = "fp32" if name in ("softcap", "inv_temperature") else "i32"
-    source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    # triton < 3.3 names the constant arguments ``constants``
+    named = "constexprs" if "constexprs" in inspect.signature(ASTSource).parameters else "constants"
+    source = ASTSource(fn=kernel, signature=signature, **{named: constexprs})
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     return triton_compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 

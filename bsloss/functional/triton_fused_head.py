@@ -429,26 +429,34 @@ if triton is not None:
         triton.Config({"BLOCK_N": 16, "BLOCK_V": 512}, num_warps=4),
         triton.Config({"BLOCK_N": 64, "BLOCK_V": 128}, num_warps=4),
     ]
-    # each kernel's configurations and autotuned launcher (the interpreter runs one small
-    # configuration instead)
+    # each kernel's configurations, and the keys its autotuned launcher tunes on (the
+    # interpreter runs one small configuration instead)
     _CONFIGS = {
         _statistics_kernel: _STATISTICS_CONFIGS,
         _probabilities_kernel: _PROBABILITY_CONFIGS,
         _grad_logits_kernel: _BACKWARD_CONFIGS,
     }
-    _TUNED = {}
-    if not interpreter_active():
-        _TUNED[_statistics_kernel] = triton.autotune(
-            _STATISTICS_CONFIGS, key=["D", "N_BUCKET", "Z_STATS"]
-        )(_statistics_kernel)
-        _TUNED[_probabilities_kernel] = triton.autotune(
-            _PROBABILITY_CONFIGS, key=["D", "N_BUCKET"]
-        )(_probabilities_kernel)
-        _TUNED[_grad_logits_kernel] = triton.autotune(
-            _BACKWARD_CONFIGS,
-            key=["N_BUCKET", "TABLE_GRAD", "LOG_Z1_GRAD", "TARGET_GRAD", "HAS_SOFTCAP"],
-            reset_to_zero=["db_ptr"],
-        )(_grad_logits_kernel)
+    _TUNING = {
+        _statistics_kernel: {"key": ["D", "N_BUCKET", "Z_STATS"]},
+        _probabilities_kernel: {"key": ["D", "N_BUCKET"]},
+        _grad_logits_kernel: {
+            "key": ["N_BUCKET", "TABLE_GRAD", "LOG_Z1_GRAD", "TARGET_GRAD", "HAS_SOFTCAP"],
+            "reset_to_zero": ["db_ptr"],
+        },
+    }
+
+# Each kernel's autotuned launcher, made at its first launch on a GPU, not at import: before
+# triton 3.4 (torch 2.6 and 2.7 pin 3.2 and 3.3), ``triton.autotune`` asks for the active GPU
+# driver when it is applied, so on a machine without a GPU importing this module failed ("0
+# active drivers"), and the CPU's clear refusals of ``backend="triton"`` with it.
+_TUNED: dict = {}
+
+
+def _tuned(kernel):
+    launcher = _TUNED.get(kernel)
+    if launcher is None:
+        launcher = _TUNED[kernel] = triton.autotune(_CONFIGS[kernel], **_TUNING[kernel])(kernel)
+    return launcher
 
 
 def _launch(kernel, grid, *args, **kwargs) -> None:
@@ -477,7 +485,7 @@ def _launch(kernel, grid, *args, **kwargs) -> None:
                 f"{missing}, {len(args)} positional for {len(kernel.arg_names)} parameters"
             )
         _CHECKED_LAUNCHES.add(signature)
-    (kernel if interpreted else _TUNED[kernel])[grid](*args, **kwargs)
+    (kernel if interpreted else _tuned(kernel))[grid](*args, **kwargs)
 
 
 _CHECKED_LAUNCHES: set = set()

@@ -530,6 +530,20 @@ class BERTScoreTrainerMixin:
         if bertscore_reference_column is not None:
             self.data_collator = _WithReferences(self.data_collator, bertscore_reference_column)
 
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device):
+        """The trainer's count of target tokens: under transformers 4.x (no
+        ``_loss_shifts_labels``) it counts every label of a causal batch, each row's first
+        too, which no logit scores, so a batch whose labels start at its first token had its
+        loss scaled by (T - 1) / T; counted over ``labels[..., 1:]`` here, as 5.x does."""
+        if self.bertscore_term.causal and not hasattr(self, "_loss_shifts_labels"):
+            batch_samples = [
+                {**batch, "labels": batch["labels"][..., 1:]}
+                if isinstance(batch.get("labels"), Tensor) and "shift_labels" not in batch
+                else batch
+                for batch in batch_samples
+            ]
+        return super()._get_num_items_in_batch(batch_samples, device)
+
     def _set_signature_columns_if_needed(self) -> None:
         super()._set_signature_columns_if_needed()
         column = self.bertscore_reference_column

@@ -8,6 +8,13 @@ gives the model the mask transformers would have built, made here without the qu
 4D form the model takes as it is (``ScorerEncoder`` calls it where the host sets the pace). A
 batch built on the host passes no mask when nothing is padded, which is what transformers would
 have chosen (:func:`~bsloss.scorer.inference.embed_token_ids`).
+
+Transformers 4.x (its last release, 4.57, is frozen) has no such builder: BERT, RoBERTa,
+XLM-R, CamemBERT and XLM-R XL expand a ``[B, L]`` mask for SDPA with
+``_prepare_4d_attention_mask_for_sdpa``, which asks the same question. A ``[B, L, L]`` mask,
+which their forward documents as an input, goes through ``get_extended_attention_mask``
+instead: the same additive mask, no read. Those five get it as a view of the padding mask;
+other 4.x models get the ``[B, L]`` mask (DistilBERT's SDPA path still reads it back).
 """
 
 from __future__ import annotations
@@ -35,6 +42,25 @@ def _mask_builder():
     return create_bidirectional_mask
 
 
+# transformers 4.x's encoders whose forward expands a [B, L] mask with
+# _prepare_4d_attention_mask_for_sdpa (a read) and a [B, L, L] one with
+# get_extended_attention_mask (none): in 4.57 the five modelling files that do both
+_TAKE_A_3D_MASK_IN_4X = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "xlm-roberta-xl"})
+
+
+def _takes_a_3d_mask_unread(model: nn.Module) -> bool:
+    """Whether ``model`` is one of transformers 4.x's encoders that read a ``[B, L]`` mask back
+    and take a ``[B, L, L]`` one as it is."""
+    if getattr(model.config, "is_decoder", False):
+        return False
+    module = sys.modules.get(type(model).__module__)
+    return (
+        getattr(model.config, "model_type", None) in _TAKE_A_3D_MASK_IN_4X
+        and hasattr(module, "_prepare_4d_attention_mask_for_sdpa")
+        and hasattr(model, "get_extended_attention_mask")
+    )
+
+
 def _builds_its_masks_with(model: nn.Module, builder) -> bool:
     """Whether ``model``'s modelling module builds its masks with ``builder`` (and so takes a
     4D mask as it is); models that build theirs another way get the 2D mask."""
@@ -48,8 +74,9 @@ def prepared_attention_mask(model: nn.Module, mask: Tensor) -> Tensor:
     """The attention mask to give ``model`` for a ``[B, L]`` padding ``mask`` (nonzero where a
     token is attended), such that the model does not read it back on the host: for a model whose
     masks transformers builds with ``create_bidirectional_mask``, that mask for the model's
-    attention implementation (a 4D boolean for SDPA, an additive float for eager); for any other
-    model ``mask`` as it is.
+    attention implementation (a 4D boolean for SDPA, an additive float for eager); under
+    transformers 4.x, for the BERT family, ``mask`` broadcast over the queries (``[B, L, L]``, a
+    view); for any other model ``mask`` as it is.
 
     For SDPA and eager attention the ``[B, 1, L, L]`` mask is the padding mask broadcast over the
     queries, made here as a view of ``mask`` (SDPA: no kernel for a boolean ``mask``; eager: a
@@ -58,6 +85,9 @@ def prepared_attention_mask(model: nn.Module, mask: Tensor) -> Tensor:
     (``tests/test_attention_masks.py``). Other implementations (flex attention's block mask,
     flash attention's 2D mask) get the builder's own."""
     builder = _mask_builder()
+    if builder is None and _takes_a_3d_mask_unread(model):  # transformers 4.x (module docstring)
+        batch, length = mask.shape
+        return mask[:, None, :].expand(batch, length, length)
     if not _builds_its_masks_with(model, builder):
         return mask
     embeddings = model.get_input_embeddings()
