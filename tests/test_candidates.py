@@ -10,6 +10,7 @@ import pytest
 import torch
 from _helpers import DISTRIBUTED_MODES, tiny_training_arguments
 from _models import scripted, tiny_gpt2
+from torch.torch_version import TorchVersion
 
 import bsloss
 from bsloss.integrations.candidates import (
@@ -498,6 +499,12 @@ def test_answers_across_processes_equal_each_half_run_alone(
     from _distributed_lm_head import distributed_model
     from test_distributed_scoring import run_two_processes
 
+    if mode == "fsdp" and TorchVersion(torch.__version__) < (2, 11):
+        pytest.skip(
+            "torch 2.8's FSDP 2 on CPU tensors (gloo) sums the two processes' gradients (2x "
+            "the mean here, fused and dense alike); under 2.11 and later it averages them, as "
+            "DDP does"
+        )
     ranks = run_two_processes("_distributed_candidates.py", tmp_path, mode)
 
     term = BERTScoreTerm(
