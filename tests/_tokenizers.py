@@ -63,14 +63,16 @@ def brown_lines(n: int) -> list[str]:
 
 # --------------------------------------------------------------------------- tokenizers
 def mpnet_layout_tokenizer(minilm_vocab: Path, folder: Path):
-    """An MPNetTokenizer whose vocabulary is MiniLM's, shifted by +4, plus ``<mask>``."""
-    from transformers import MPNetTokenizer
+    """A fast MPNet tokenizer whose vocabulary is MiniLM's, shifted by +4, plus ``<mask>``
+    (``MPNetTokenizerFast``: under transformers 4.x ``MPNetTokenizer`` is the slow Python one,
+    under 5.x the two names are one class)."""
+    from transformers import MPNetTokenizerFast
 
     lines = Path(minilm_vocab).read_text(encoding="utf-8").splitlines()
     folder.mkdir(parents=True, exist_ok=True)
     vocab = [*MPNET_HEAD, *lines, "<mask>"]
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    return MPNetTokenizer.from_pretrained(
+    return MPNetTokenizerFast.from_pretrained(
         str(folder),
         do_lower_case=True,
         bos_token="<s>",

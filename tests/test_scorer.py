@@ -69,15 +69,23 @@ def test_the_rust_tokenizers_ids_are_the_calls(encoder, tmp_path):
 def test_a_tokenizer_class_that_changes_the_call_goes_through_the_call(encoder):
     """A class overriding how the call encodes (as LayoutLM's or LUKE's do) keeps its own
     call: the Rust shortcut would skip what it adds."""
+    from transformers import PreTrainedTokenizerFast
+
     from bsloss.scorer.tokenization import ScorerTokenizer
 
-    class Marked(type(encoder.tokenizer)):
-        def _encode_plus(self, *args, **kwargs):
-            encoded = super()._encode_plus(*args, **kwargs)
-            ids = encoded["input_ids"]
-            batched = bool(ids) and isinstance(ids[0], list)
-            encoded["input_ids"] = [[7, *row] for row in ids] if batched else [7, *ids]
-            return encoded
+    # the method a batch call goes through: _batch_encode_plus under transformers 4.x; under 5
+    # it is gone and _encode_plus takes single texts and batches alike
+    batch_method = "_batch_encode_plus"
+    method = batch_method if hasattr(PreTrainedTokenizerFast, batch_method) else "_encode_plus"
+
+    def marked_call(self, *args, **kwargs):
+        encoded = getattr(super(Marked, self), method)(*args, **kwargs)
+        ids = encoded["input_ids"]
+        batched = bool(ids) and isinstance(ids[0], list)
+        encoded["input_ids"] = [[7, *row] for row in ids] if batched else [7, *ids]
+        return encoded
+
+    Marked = type("Marked", (type(encoder.tokenizer),), {method: marked_call})
 
     marked = Marked.from_pretrained(encoder.tokenizer.name_or_path)
     tokens = ScorerTokenizer(marked, "marked")
