@@ -81,6 +81,23 @@ DISTRIBUTED_MODES = [
 ]
 
 
+def sft_completions(dataset, tokenizer) -> set[str]:
+    """The completions an ``SFTTrainer``'s prepared ``dataset`` trains on (the tokens its
+    ``completion_mask`` keeps, or, in TRL 1.x, its labels), decoded as ``BERTScoreTerm``
+    decodes references. Which tokens those are is TRL's: TRL 0.20 tokenises the prompt alone
+    and masks as many tokens, so with a tokenizer that ends every text with ``[SEP]`` the
+    completion's first token is masked too; TRL 1.x keeps the whole completion."""
+    texts = set()
+    for row in dataset:
+        if "completion_mask" in row:
+            kept = row["completion_mask"]
+        else:
+            kept = [label != -100 for label in row["labels"]]
+        ids = [i for i, keep in zip(row["input_ids"], kept, strict=True) if keep]
+        texts.add(tokenizer.decode(ids, skip_special_tokens=True).strip().replace(" [SEP]", ""))
+    return texts
+
+
 def tiny_training_arguments(tmp_path, cls=None, **extra):
     """The arguments of a trainer over a tiny model on the CPU: 2 steps of batch 2, nothing
     saved or reported; ``cls`` (default ``TrainingArguments``: ``Seq2SeqTrainingArguments``,

@@ -153,9 +153,18 @@ def non_finite_row() -> int | None:
 
 
 def compiled_pass() -> dict:
-    """The Triton pass inside a compiled function (Dynamo, AOT autograd): the reasons its
-    graph breaks, and the value and gradient against the same function eager."""
+    """The Triton pass inside a compiled function (Dynamo, AOT autograd): how the kernels'
+    entry point was called (the type of its hidden states, and whether Dynamo was tracing),
+    the reasons the graph breaks, and the value and gradient against the same function eager."""
     import torch._dynamo
+
+    from bsloss.functional import triton_fused_head as kernels
+
+    launch, calls = kernels.triton_fused_head, []
+
+    def recording(hidden, *args, **kwargs):
+        calls.append((type(hidden).__name__, torch.compiler.is_compiling()))
+        return launch(hidden, *args, **kwargs)
 
     h, weight, _, table, y, grad_e, grad_ll = inputs(n=9, d=16, vocab=40, c=3, targets=True)
 
@@ -169,10 +178,15 @@ def compiled_pass() -> dict:
     explained = torch._dynamo.explain(step)(h.clone().requires_grad_())
     torch._dynamo.reset()
     compiled_h = h.clone().requires_grad_()
-    value = torch.compile(step, backend="aot_eager")(compiled_h)
-    value.backward()
+    kernels.triton_fused_head = recording
+    try:
+        value = torch.compile(step, backend="aot_eager")(compiled_h)
+        value.backward()
+    finally:
+        kernels.triton_fused_head = launch
     torch._dynamo.reset()
     return {
+        "calls": calls,
         "reasons": [r.reason for r in explained.break_reasons],
         "value": (eager.detach(), value.detach()),
         "grad": (eager_h.grad, compiled_h.grad),

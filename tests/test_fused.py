@@ -847,3 +847,25 @@ def test_a_caller_can_read_the_finiteness_later(name):
     assert out.finite.tolist() == [row != 4 for row in range(h.shape[0])]
     keep = torch.arange(h.shape[0]) != 4
     torch.testing.assert_close(out.expected[keep], checked.expected.detach()[keep])
+
+
+def test_choosing_the_backend_is_no_graph_break():
+    """Under a compiled loss the fused pass's choice of backend breaks no graph: whether Triton
+    is installed is looked up once, at import (torch 2.8's Dynamo refuses to trace
+    ``importlib.util.find_spec``: one more break at every compiled call, found by
+    ``make floor-versions``)."""
+    import torch._dynamo
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(6, 8, generator=g, requires_grad=True)
+    weight, table = torch.randn(30, 8, generator=g), torch.randn(30, 4, generator=g)
+    targets = torch.randint(0, 30, (6,), generator=g)
+
+    def step(h):
+        out = fused_expected_inputs(h, weight, table, target_ids=targets)
+        return out.expected.sum() + out.log_likelihood.sum()
+
+    torch._dynamo.reset()
+    reasons = [r.reason for r in torch._dynamo.explain(step)(h).break_reasons]
+    torch._dynamo.reset()
+    assert not any("find_spec" in reason for reason in reasons), reasons

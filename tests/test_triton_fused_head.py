@@ -101,10 +101,12 @@ def test_interpreted_kernels_name_the_non_finite_row(interpreted):
 
 @needs_triton
 def test_a_compiled_caller_runs_the_kernels_outside_its_graph(interpreted):
-    """Under ``torch.compile`` (a compiled loss) Dynamo skips the Triton pass, a graph break
-    named by the pass, and the caller's value and gradient are the eager ones."""
+    """Under ``torch.compile`` (a compiled loss) Dynamo skips the Triton pass, a graph break:
+    the kernels' entry point is called with real tensors, not while Dynamo traces, and the
+    caller's value and gradient are the eager ones. (Torch 2.11 and later name the skipped
+    pass among ``explain``'s break reasons; 2.8 leaves it out, hence the calls.)"""
     compiled = interpreted["compiled"]
-    assert any("_triton_pass" in reason for reason in compiled["reasons"]), compiled["reasons"]
+    assert compiled["calls"] == [("Tensor", False)], (compiled["calls"], compiled["reasons"])
     torch.testing.assert_close(*compiled["value"], rtol=0, atol=0)
     torch.testing.assert_close(*compiled["grad"], rtol=1e-6, atol=1e-7)
 

@@ -883,6 +883,11 @@ def _pads_table_rows(hidden: Tensor) -> bool:
     return hidden.is_cuda
 
 
+# Looked up once: under torch 2.8 Dynamo refuses to trace ``find_spec`` (a graph break at every
+# compiled call that reaches the fused pass, the PyTorch pass's too).
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict) -> bool:
     """Whether the Triton kernels take this call (see ``backend`` in
     :func:`fused_expected_inputs`); ``backend="triton"`` where they cannot is an error."""
@@ -893,7 +898,7 @@ def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict
     unhandled = [name for name, value in sampling.items() if value not in (None, False)]
     if torch.float64 in (hidden.dtype, weight.dtype):
         unhandled.append("float64 inputs")
-    installed = importlib.util.find_spec("triton") is not None
+    installed = _TRITON_INSTALLED
     if backend == "auto":
         # the kernels where they were measured faster (module docstring): CUDA, bfloat16
         # products, a card with bfloat16 tensor cores; the PyTorch pass elsewhere
