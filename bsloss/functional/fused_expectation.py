@@ -796,7 +796,11 @@ def fused_expected_inputs(
             table_pad,
             check_finite,
         )
-        return out._replace(expected=None if table is None else out.expected[:, :width])
+        # a new tuple, not ``out._replace``: after the graph break at the kernels, torch 2.11's
+        # Dynamo rebuilt ``_replace``'s result as an empty tuple (IndexError in the caller's
+        # resumed frame, under ``loss.compile()``); 2.8 and 2.13 did not
+        expected = None if table is None else out.expected[:, :width]
+        return FusedHeadOutput(expected, out.log_likelihood, out.tokens, out.finite)
     n, vocab = hidden_states.shape[0], weight.shape[0]
     dtype = _accumulate_dtype(hidden_states, weight)
     row_block, vocab_chunk = _chunk_shape(
