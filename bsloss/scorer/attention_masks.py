@@ -54,10 +54,8 @@ def _takes_a_3d_mask_unread(model: nn.Module) -> bool:
     if getattr(model.config, "is_decoder", False):
         return False
     module = sys.modules.get(type(model).__module__)
-    return (
-        getattr(model.config, "model_type", None) in _TAKE_A_3D_MASK_IN_4X
-        and hasattr(module, "_prepare_4d_attention_mask_for_sdpa")
-        and hasattr(model, "get_extended_attention_mask")
+    return getattr(model.config, "model_type", None) in _TAKE_A_3D_MASK_IN_4X and hasattr(
+        module, "_prepare_4d_attention_mask_for_sdpa"
     )
 
 
