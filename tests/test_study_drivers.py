@@ -22,6 +22,9 @@ import arms as study_arms  # noqa: E402
 import harness  # noqa: E402
 
 needs_taskset = pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
+# the runs here write a few bytes: their checks must not hang on the machine's free disk (CI's
+# may be nearly full); the disk check itself is tested with an impossible --gb-per-run
+NO_DISK_CHECK = ("--gb-per-run", "0")
 
 FAKE = """
 import json, sys
@@ -146,7 +149,7 @@ def test_stage2_runs_every_arm_from_its_seeds_checkpoint_and_skips_finished(tmp_
         best = root / f"runs/s/stage1-seed{seed}/best"
         best.mkdir(parents=True)
         (best / "config.json").write_text("{}")
-    done = _harness(root, manifest, "--stage", "stage2", "--cores", "0")
+    done = _harness(root, manifest, "--stage", "stage2", "--cores", "0", *NO_DISK_CHECK)
     assert done.returncode == 0, done.stderr
     for seed in (0, 1):
         (ce,) = _argv(root / f"runs/s/stage2-seed{seed}/ce")
@@ -162,7 +165,7 @@ def test_stage2_runs_every_arm_from_its_seeds_checkpoint_and_skips_finished(tmp_
     (root / "runs/s/stage2-seed1/mix/checkpoints/checkpoint_0").mkdir(parents=True)
     (root / "runs/s/stage2-seed1/ce/results.json").unlink()
     (root / "runs/s/stage2-seed1/ce/checkpoints/checkpoint-25").mkdir(parents=True)
-    again = _harness(root, manifest, "--stage", "stage2", "--cores", "0")
+    again = _harness(root, manifest, "--stage", "stage2", "--cores", "0", *NO_DISK_CHECK)
     assert again.returncode == 0, again.stderr
     assert "runs/s/stage2-seed0/ce: done" in again.stdout
     for arm in ("mix", "ce"):
@@ -171,7 +174,7 @@ def test_stage2_runs_every_arm_from_its_seeds_checkpoint_and_skips_finished(tmp_
         assert not (root / f"runs/s/stage2-seed1/{arm}/checkpoints").exists()  # removed
     # another commit than the one the runs came from is refused
     (root / "runs/s/pinned.txt").write_text("0" * 40 + "\n")
-    third = _harness(root, manifest, "--stage", "stage2", "--cores", "0")
+    third = _harness(root, manifest, "--stage", "stage2", "--cores", "0", *NO_DISK_CHECK)
     assert third.returncode != 0 and "was started from commit 0000" in third.stderr
 
 
@@ -203,7 +206,7 @@ def test_a_queue_the_machine_cannot_hold_is_refused_before_any_run(tmp_path, wor
 def test_stage1_records_the_pretrained_score_once_and_finished_runs_need_no_disk(tmp_path):
     root, manifest = _fake_root(tmp_path, {"ce": {"loss.weight": 0.0}})
     result = _harness(root, manifest, "--stage", "stage1", "--seeds", "4", "5", "6",
-                      "--cores", "0", "0")  # fmt: skip
+                      "--cores", "0", "0", *NO_DISK_CHECK)  # fmt: skip
     assert result.returncode == 0, result.stderr
     befores = [_argv(root / f"runs/s/stage1-seed{seed}")[0][-1] for seed in (4, 5, 6)]
     assert befores == ["eval.before=true", "eval.before=false", "eval.before=false"]
