@@ -540,7 +540,8 @@ def write_random_scorer(folder: Path, template: str | None = None, **overrides: 
     """A BERT scorer in ``folder``: MiniLM's config with ``overrides`` (e.g. ``hidden_size``),
     seeded random weights (seed 0) and MiniLM's tokenizer files, from ``template`` (a folder
     with them, such as the carried ``.gpu-bench/minilm``; default the embedded MiniLM). Written
-    beside ``folder`` and moved into place, so a killed run leaves no half-written scorer.
+    beside ``folder`` and moved into place, so a killed run leaves no half-written scorer; a
+    scorer already in ``folder`` is replaced (the same seed gives the same one).
     The benchmarks' one random scorer: timing and parity need MiniLM's architecture and
     vocabulary, not its trained weights."""
     import torch
@@ -560,6 +561,7 @@ def write_random_scorer(folder: Path, template: str | None = None, **overrides: 
     for name in SCORER_FILES:  # the tokenizer's files (the config is the model's own)
         if name != "config.json" and (Path(template) / name).is_file():
             shutil.copy2(Path(template) / name, staging / name)
+    shutil.rmtree(folder, ignore_errors=True)  # os.replace cannot replace a full folder
     staging.replace(folder)
     return folder
 

@@ -191,6 +191,8 @@ def test_revisions_worker_imports_bsloss_from_its_tree_and_refuses_another(tmp_p
 def test_revisions_narrow_scorer_is_a_loadable_scorer_of_minilms_vocabulary(tmp_path):
     """``revisions.py --narrow``: a 32-wide random BERT that both trees can load by folder, with
     MiniLM's tokenizer and vocabulary."""
+    import torch
+
     import bsloss
     from benchmarks.revisions import narrow_scorer
 
@@ -199,6 +201,8 @@ def test_revisions_narrow_scorer_is_a_loadable_scorer_of_minilms_vocabulary(tmp_
     assert scorer.vocab_size == 30_522
     P, R, F = scorer.score(["a cat sat"], ["the cat sat down"], progress=False)
     assert F.shape == (1,) and 0.0 < float(F[0]) <= 1.0
+    again = bsloss.BERTScorer(narrow_scorer(tmp_path), 6, device="cpu")  # written over itself
+    assert torch.equal(again.score(["a cat sat"], ["the cat sat down"], progress=False)[2], F)
 
 
 def test_torch_pass_revisions_counts_a_chunks_operations_in_its_tree(tmp_path):
