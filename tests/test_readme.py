@@ -182,7 +182,10 @@ def requirement_names(requirements) -> set[str]:
 
 
 def optional_dependencies() -> dict[str, set[str]]:
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: tomli, which pytest itself needs there
+        import tomli as tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     return {e: requirement_names(r) for e, r in project["optional-dependencies"].items()}

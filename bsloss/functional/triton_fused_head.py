@@ -115,6 +115,15 @@ def interpreter_active() -> bool:
 def interpreter_problem() -> str | None:
     """Why Triton's interpreter cannot run these kernels with the installed packages, or None.
 
+    Read once, at import: a compiled caller asks it inside its graph, and Dynamo tracing
+    ``packaging``'s version parser failed (torch 2.8 under Python 3.10).
+    """
+    return _INTERPRETER_PROBLEM
+
+
+def _find_interpreter_problem() -> str | None:
+    """:func:`interpreter_problem`'s answer.
+
     Before triton 3.7 the interpreter turns a loop bound (a kernel argument, held as a
     one-element array) into a Python int with ``int(array)``, which NumPy 2.4 refuses: every
     kernel here loops, so each failed inside triton (found with triton 3.6, the version torch
@@ -136,6 +145,8 @@ def interpreter_problem() -> str | None:
         )
     return None
 
+
+_INTERPRETER_PROBLEM = _find_interpreter_problem()
 
 if triton is not None:
 
