@@ -22,8 +22,8 @@ import arms as study_arms  # noqa: E402
 import harness  # noqa: E402
 
 needs_taskset = pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
-# the runs here write a few bytes: their checks must not hang on the machine's free disk (CI's
-# may be nearly full); the disk check itself is tested with an impossible --gb-per-run
+# the runs here write a few bytes: their checks must not depend on the machine's free disk
+# (CI's may be nearly full); the disk check itself is tested with an impossible --gb-per-run
 NO_DISK_CHECK = ("--gb-per-run", "0")
 
 FAKE = """
