@@ -49,10 +49,17 @@ from bsloss.distributions import (
 )
 from bsloss.functional.fused_expectation import (
     IGNORE_INDEX,
+    check_target_ids,
     fused_expected_inputs,
 )
 from bsloss.functional.gumbel_noise import draw_seed
-from bsloss.inputs import check_device, check_targets_shape, check_tensor, position_of_first
+from bsloss.inputs import (
+    as_token_ids,
+    check_device,
+    check_targets_shape,
+    check_tensor,
+    position_of_first,
+)
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.special_tokens import splice_special_tokens
 
@@ -272,7 +279,7 @@ class CandidateEncoder:
                 else (None, candidates.values)
             )
             distribution = token_distribution(
-                logits, probs, **self.candidates.keywords(), gumbel_seed=seed
+                logits, probs, **self.candidates.keywords(), gumbel_seed=seed, mask=candidate_mask
             )
             inputs, weights = expected_inputs(distribution, table)
             # float64 logits give float64 expectations; the scorer runs in its own dtype
@@ -341,7 +348,7 @@ class CandidateEncoder:
         # Only the positions that are scored (or decoded) or have a target go through the head.
         selected = candidate_mask
         if target_ids is not None:
-            check_tensor(target_ids, "target_ids", "integer")
+            target_ids = as_token_ids(target_ids, "target_ids")
             check_device(target_ids, "target_ids", hidden_states.device, "hidden_states")
             check_targets_shape(target_ids, "target_ids", hidden_states, "hidden_states")
             selected = candidate_mask | (target_ids != IGNORE_INDEX)
@@ -349,6 +356,11 @@ class CandidateEncoder:
         # row ids read nothing more, forward or backward (boolean indexing would, each time)
         row_ids = selected.flatten().nonzero().squeeze(1)
         batch, length = selected.shape
+        # the targets' range is checked here, where an error can name [b, t] (the pass would
+        # name a row of the selection); right after the read above, this one waits for little
+        checked_here = target_ids is not None and isinstance(weight, Tensor) and weight.dim() == 2
+        if checked_here:
+            check_target_ids(target_ids, weight.shape[0])
 
         out = fused_expected_inputs(
             hidden_states.flatten(0, 1).index_select(0, row_ids),
@@ -364,6 +376,7 @@ class CandidateEncoder:
             # the noise is addressed by the position in [B, L], as on the dense path
             row_ids=row_ids,
             check_finite=False,
+            check_targets=not checked_here,
         )
 
         def check_logits() -> None:

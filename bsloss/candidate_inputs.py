@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from bsloss._warnings import warn_user
 from bsloss.functional.matching.base import check_temperature
-from bsloss.inputs import check_tensor
+from bsloss.inputs import as_token_ids, check_tensor
 
 __all__ = [
     "CandidateInput",
@@ -97,7 +97,8 @@ class Logits(_Values):
 
 @dataclass(frozen=True)
 class Probabilities(_Values):
-    """The generator's probabilities ``[B, L, V]`` (non-negative; renormalised per position)."""
+    """The generator's probabilities ``[B, L, V]`` (non-negative; renormalised per position, so
+    a scored position must have mass: an all-zero row there is refused, naming it)."""
 
     name: ClassVar[str] = "probs"
 
@@ -115,6 +116,11 @@ class TokenIds(CandidateInput):
     @property
     def tensor(self) -> Tensor:
         return self.ids
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # any integer dtype, held as int64 (the field is frozen: replaced once, here)
+        object.__setattr__(self, "ids", as_token_ids(self.ids, self.name))
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,29 @@ def check_finite_tensor(tensor: Tensor, name: str) -> None:
 
 
 @torch.compiler.disable
+def check_probabilities(probs: Tensor, mask: Tensor | None = None, name: str = "probs") -> None:
+    """ValueError naming the first position ``[b, t]`` of ``probs`` ``[B, L, V]`` with a negative
+    entry, or, among the scored positions (``mask`` ``[B, L]``), whose total is below float32's
+    smallest normal number: such a row cannot be renormalised (a zero row would score as a zero
+    embedding of weight 0, silently). One read of the device."""
+    negative = (probs < 0).any(dim=-1)
+    bad = negative
+    if mask is not None:
+        massless = (probs.sum(dim=-1) < torch.finfo(torch.float32).tiny) & mask
+        bad = negative | massless
+    if not bad.any():
+        return
+    if negative.any():
+        raise ValueError(
+            f"{name} must be non-negative: a negative entry at {name}{position_of_first(negative)}"
+        )
+    raise ValueError(
+        f"{name}{position_of_first(massless)} sums to 0 at a scored position (candidate_mask "
+        "true), so it cannot be renormalised: give it probability mass, or mask it out"
+    )
+
+
+@torch.compiler.disable
 def all_true(flags: Tensor) -> bool:
     """``bool(flags.all())``, a read of the device outside any compiled graph (as
     :func:`check_finite_tensor`)."""
@@ -89,8 +112,10 @@ def token_distribution(
     straight_through: bool = False,
     gumbel_temperature: float | None = None,
     gumbel_seed: int | None = None,
+    mask: Tensor | None = None,
 ) -> TokenDistribution:
-    """Normalised token weights from ``logits`` or ``probs`` ``[B, L, V]``.
+    """Normalised token weights from ``logits`` or ``probs`` ``[B, L, V]``; ``mask`` ``[B, L]``:
+    the scored positions, where ``probs`` must have mass (:func:`check_probabilities`).
 
     With ``top_k`` the top k are taken on the logits (softmax is monotone) and renormalised by a
     softmax over those k alone, which equals renormalising the top-k probabilities without ever
@@ -116,8 +141,8 @@ def token_distribution(
         if logits is not None and not options.forms_weights:
             # the plain softmax stays implicit: fused with the table product downstream
             return TokenDistribution(None, logits=values if perturb is None else perturb(values))
-        if probs is not None and (values < 0).any():
-            raise ValueError("probs must be non-negative")
+        if probs is not None:
+            check_probabilities(values, mask, name)
         p, indices = candidate_weights(
             values, options, perturb=perturb, probabilities=probs is not None
         )

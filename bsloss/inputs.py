@@ -20,6 +20,7 @@ __all__ = [
     "check_reference_groups",
     "check_int",
     "check_tensor",
+    "as_token_ids",
     "check_targets_shape",
     "validate_pairs",
     "flatten_groups",
@@ -58,17 +59,21 @@ def check_text(text: object, name: str) -> str:
     return text
 
 
+# a string, or bytes (whose items are ints): a Sequence, but not a list of texts
+_NOT_A_LIST = (str, bytes, bytearray)
+
+
 def check_texts(texts: object, name: str) -> list[str]:
     """A list of strings (a single string is refused: it would be read character by
     character)."""
-    if isinstance(texts, str) or not isinstance(texts, Sequence):
+    if isinstance(texts, _NOT_A_LIST) or not isinstance(texts, Sequence):
         raise TypeError(f"{name} must be a list of strings, got {type(texts).__name__}")
     return [check_text(text, f"{name}[{i}]") for i, text in enumerate(texts)]
 
 
 def check_reference_groups(refs: object, name: str) -> list[list[str]]:
     """One reference group per item: a string, or a non-empty list of strings."""
-    if isinstance(refs, str) or not isinstance(refs, Sequence):
+    if isinstance(refs, _NOT_A_LIST) or not isinstance(refs, Sequence):
         raise TypeError(
             f"{name} must be a list of strings (or of lists of strings), got {type(refs).__name__}"
         )
@@ -77,7 +82,7 @@ def check_reference_groups(refs: object, name: str) -> list[list[str]]:
         if isinstance(ref, str):
             groups.append([check_text(ref, f"{name}[{i}]")])
             continue
-        if not isinstance(ref, Sequence):
+        if isinstance(ref, (bytes, bytearray)) or not isinstance(ref, Sequence):
             raise TypeError(
                 f"{name}[{i}] must be a string or a list of strings, got {type(ref).__name__}"
             )
@@ -119,6 +124,23 @@ def check_tensor(value: object, name: str, kind: str) -> torch.Tensor:
         wanted = {"float": "a floating", "integer": "an integer", "mask": "a bool or integer"}
         raise TypeError(f"{name} must have {wanted[kind]} dtype, got {value.dtype}")
     return value
+
+
+def as_token_ids(value: object, name: str) -> torch.Tensor:
+    """``value``, a tensor of token ids of any integer dtype, as ``torch.long``.
+
+    The narrow dtypes must not be used as they are: ``uint8`` compares wrongly against a
+    vocabulary size it cannot hold (30,522 wraps to 58) and indexes as a mask, ``int8`` and
+    ``int16`` do not index at all.
+
+    Raises:
+        TypeError: not a tensor, or not of an integer dtype (both named).
+
+    >>> as_token_ids(torch.tensor([101, 102], dtype=torch.uint8), "ids").dtype
+    torch.int64
+    """
+    ids = check_tensor(value, name, "integer")
+    return ids if ids.dtype == torch.long else ids.long()
 
 
 def check_device(value: torch.Tensor, name: str, device: torch.device, owner: str) -> None:
@@ -163,7 +185,7 @@ def validate_pairs(cands: object, refs: object) -> tuple[list[str], list[list[st
     and reference groups (one group per candidate)."""
     if isinstance(cands, str) or not isinstance(cands, Sequence):
         raise TypeError(f"cands must be a list of strings, got {type(cands).__name__}")
-    if isinstance(refs, str) or not isinstance(refs, Sequence):
+    if isinstance(refs, _NOT_A_LIST) or not isinstance(refs, Sequence):
         raise TypeError(f"refs must be a list of strings, got {type(refs).__name__}")
     if len(cands) != len(refs):
         raise ValueError(

@@ -55,6 +55,7 @@ from bsloss.functional.fused_expectation import (
 )
 from bsloss.functional.matching import Matching, resolve_matching
 from bsloss.inputs import (
+    as_token_ids,
     check_device,
     check_reference_groups,
     check_tensor,
@@ -450,7 +451,7 @@ class BERTScoreLoss(nn.Module):
             TypeError, ValueError: a wrong dtype, shape or device, ids outside the scorer's
                 vocabulary, or a row with more tokens than the scorer takes (all named).
         """
-        check_tensor(reference_ids, "reference_ids", "integer")
+        reference_ids = as_token_ids(reference_ids, "reference_ids")
         if reference_ids.dim() != 2:
             raise ValueError(f"reference_ids must be [B, L], got {list(reference_ids.shape)}")
         if reference_mask is None:
@@ -576,6 +577,11 @@ class BERTScoreLoss(nn.Module):
         if (references is None) == (reference_ids is None):
             raise ValueError("pass exactly one of references (texts) or reference_ids")
         if references is not None:
+            if reference_mask is not None:
+                raise ValueError(
+                    "reference_mask goes with reference_ids; reference texts (references=) "
+                    "are tokenised by the scorer, which makes their mask"
+                )
             groups = check_reference_groups(references, "references")
         encoded = self._step("encode")(self, candidates, candidate_mask, target_ids)
         log_likelihood = encoded.log_likelihood

@@ -15,7 +15,7 @@ import copy
 import hashlib
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from pathlib import Path
 
 import torch
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from bsloss._version import __version__
 from bsloss._warnings import warn_user
-from bsloss.baseline import load_baseline
+from bsloss.baseline import load_baseline, shipped_baseline_path
 from bsloss.functional import bert_score, best_over_references, rescale_with_baseline
 from bsloss.functional.idf import document_frequency, idf_from_frequency
 from bsloss.functional.similarity import l2_normalize
@@ -33,7 +33,7 @@ from bsloss.scorer.batching import paced_by_host, pad_embedded, pair_budget_batc
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.layers import num_hidden_layers
 from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder, TokenizeAhead
-from bsloss.scorer.weights import IdfSpec, weight_table
+from bsloss.scorer.weights import IdfSpec, as_idf_spec, weight_table
 
 __all__ = ["BERTScorer", "score", "LANG_TO_MODEL", "model_for_lang", "get_hash"]
 
@@ -266,11 +266,13 @@ class BERTScorer:
         self.chunk_size = chunk_size
         self.rescale = rescale_with_baseline
         self.use_custom_baseline = baseline_path is not None
+        self._baseline_path = baseline_path
         self.baseline: Tensor | None = None
         if rescale_with_baseline:
             layers = range(self._layer_count()) if self.all_layers else [self.encoder.num_layers]
             rows = [load_baseline(baseline_path, self.encoder.name, k) for k in layers]
             self.baseline = torch.stack(rows) if self.all_layers else rows[0]
+        idf = as_idf_spec(idf)
         if idf is True and idf_sents is not None:
             idf = list(idf_sents)
         self.idf = idf
@@ -290,6 +292,19 @@ class BERTScorer:
     @property
     def rescale_with_baseline(self) -> bool:
         return self.rescale
+
+    @property
+    def device(self) -> str:
+        """The scorer's device, as a string (bert_score's ``device``: ``"cpu"``, ``"cuda:0"``)."""
+        return str(self.encoder.device)
+
+    @property
+    def baseline_path(self) -> str:
+        """The baseline file: the one given, else the one bsloss ships for the model, which may
+        not exist (bert_score's ``baseline_path``, which also names its file either way)."""
+        if self._baseline_path:
+            return str(self._baseline_path)
+        return str(shipped_baseline_path(self.encoder.name))
 
     @property
     def baseline_vals(self) -> Tensor:
@@ -582,6 +597,12 @@ class BERTScorer:
         ahead = TokenizeAhead(
             self._references, window, len(chunks) > 1, threads=None if host_paced else 1
         )
+        # texts with nothing between the special tokens (empty, whitespace, or only what the
+        # tokenizer drops, such as a zero-width space) and pairs with a side of no weight
+        tokenization = self.encoder.tokenization
+        specials = len(tokenization.prefix_ids) + len(tokenization.suffix_ids)
+        tokenless: set[str] = set()
+        weightless = torch.zeros(len(pair_cands), dtype=torch.bool)
         with ahead:
             for k, chunk in enumerate(chunks):
                 texts = pair_cands[chunk] + pair_refs[chunk]
@@ -597,7 +618,8 @@ class BERTScorer:
                     tokenized=tokenized,
                 )
                 long_texts.update(truncated)
-                pair_scores[chunk] = self._score_pairs(
+                tokenless.update(t for t, (_, ids) in embeddings.items() if len(ids) <= specials)
+                pair_scores[chunk], weightless[chunk] = self._score_pairs(
                     pair_cands[chunk],
                     pair_refs[chunk],
                     embeddings,
@@ -609,7 +631,8 @@ class BERTScorer:
             self._warn_truncated(long_texts, cands, groups, offset)
         if self.baseline is not None:
             pair_scores = rescale_with_baseline(pair_scores, self.baseline.float())
-        empty = self._empty_pairs(pair_cands, pair_refs, owner, groups, offset)
+        empty = self._empty_pairs(pair_cands, pair_refs, owner, groups, offset, tokenless)
+        self._warn_weightless(weightless & ~empty, owner, groups, offset)
         best = best_over_references(
             pair_scores.flatten(1), torch.tensor(owner), len(cands), ignore=empty
         )
@@ -619,9 +642,13 @@ class BERTScorer:
         """Layers scored: all of them (embeddings included) with all_layers, else one."""
         return num_hidden_layers(self.encoder.model) + 1 if self.all_layers else 1
 
-    def _score_pairs(self, pair_cands, pair_refs, embeddings, table, batch_size) -> Tensor:
-        """``[num_pairs, layers, 3]`` raw P, R, F, in batches of pairs of similar lengths; the
-        host reads the scores once, after the last batch (no wait for the device per batch)."""
+    def _score_pairs(
+        self, pair_cands, pair_refs, embeddings, table, batch_size
+    ) -> tuple[Tensor, Tensor]:
+        """``[num_pairs, layers, 3]`` raw P, R, F, in batches of pairs of similar lengths, and
+        ``[num_pairs]`` whether a text of the pair has tokens of total weight 0 (its pair scores
+        0: :meth:`_warn_weightless`); the host reads both once, after the last batch (no wait
+        for the device per batch)."""
         tokens = {text: ids.shape[0] for text, (_, ids) in embeddings.items()}
         pair_sizes = [(tokens[c], tokens[r]) for c, r in zip(pair_cands, pair_refs, strict=True)]
         order = sorted(range(len(pair_cands)), key=lambda i: sum(pair_sizes[i]))
@@ -650,31 +677,59 @@ class BERTScorer:
                 matching="hard",
                 normalized=True,
             )
-            stacked = torch.stack(prf, dim=-1).float()  # [layers * B, 3], layer-major
-            batches.append(stacked.view(layers, len(batch), 3).transpose(0, 1))
-        scores = torch.empty(len(pair_cands), layers, 3)
+            no_weight = (cand_w.sum(-1) == 0) | (ref_w.sum(-1) == 0)  # the same in every layer
+            # [layers * B, 4], layer-major: P, R, F and the flag, read back together
+            stacked = torch.stack([*prf, no_weight.to(prf.f1.dtype)], dim=-1).float()
+            batches.append(stacked.view(layers, len(batch), 4).transpose(0, 1))
+        scores = torch.empty(len(pair_cands), layers, 4)
         scores[order] = torch.cat(batches).cpu()
-        return scores
+        return scores[..., :3], scores[:, 0, 3] > 0
 
     @staticmethod
-    def _empty_pairs(pair_cands, pair_refs, owner, groups, offset: int = 0) -> Tensor:
+    def _empty_pairs(
+        pair_cands, pair_refs, owner, groups, offset: int = 0, tokenless: Set[str] = frozenset()
+    ) -> Tensor:
+        """The pairs with an empty text: empty or whitespace-only, or ``tokenless`` (nothing
+        the tokenizer keeps, such as a zero-width space); they score 0, with one warning."""
         empty = torch.tensor(
-            [not c.strip() or not r.strip() for c, r in zip(pair_cands, pair_refs, strict=True)],
+            [
+                not c.strip() or not r.strip() or c in tokenless or r in tokenless
+                for c, r in zip(pair_cands, pair_refs, strict=True)
+            ],
             dtype=torch.bool,
         )
         if empty.any():
-            where = []
-            for pair in empty.nonzero().flatten().tolist():
-                i = owner[pair]
-                k = pair - owner.index(i)
-                at = i + offset
-                where.append(str(at) if len(groups[i]) == 1 else f"{at} (reference {k})")
-            shown = ", ".join(where[:20]) + (", ..." if len(where) > 20 else "")
             warn_user(
-                f"{len(where)} empty or whitespace-only candidate/reference pair(s) "
-                f"score 0: candidate index {shown}"
+                f"{int(empty.sum())} empty or whitespace-only candidate/reference pair(s) "
+                "(or a text with nothing the tokenizer keeps, such as a zero-width space) "
+                f"score 0: candidate index {_pair_positions(empty, owner, groups, offset)}"
             )
         return empty
+
+    @staticmethod
+    def _warn_weightless(weightless: Tensor, owner, groups, offset: int) -> None:
+        """Pairs scored 0 because a text's tokens all weigh 0, as bert_score scores them in F
+        (its P or R of that text is NaN, the other kept)."""
+        if weightless.any():
+            warn_user(
+                f"{int(weightless.sum())} candidate/reference pair(s) score 0 because the idf "
+                "weights of a text's tokens sum to 0 (each of its tokens is in every idf "
+                "sentence: idf=True over one reference weighs every token log(2/2) = 0; "
+                "bert_score gives F 0 there too, and NaN as that text's P or R): candidate index "
+                f"{_pair_positions(weightless, owner, groups, offset)}"
+            )
+
+
+def _pair_positions(pairs: Tensor, owner, groups, offset: int) -> str:
+    """The flagged pairs as a warning names them: the candidate's index, and the reference's
+    within a group of several (``"3 (reference 1)"``), the first 20."""
+    where = []
+    for pair in pairs.nonzero().flatten().tolist():
+        i = owner[pair]
+        k = pair - owner.index(i)
+        at = i + offset
+        where.append(str(at) if len(groups[i]) == 1 else f"{at} (reference {k})")
+    return ", ".join(where[:20]) + (", ..." if len(where) > 20 else "")
 
 
 FIRST_CHUNK = 1024  # pairs in the first chunk of a call: its tokens are made before any encoding

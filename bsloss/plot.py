@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from bsloss.functional.matching import check_temperature
+from bsloss.functional.matching import SMALLEST_TEMPERATURE, check_temperature
 from bsloss.functional.similarity import cosine_similarity
 from bsloss.inputs import check_text
 
@@ -141,7 +141,7 @@ def draw_pair(
     True
     """
     if temperature is not None:
-        temperature = check_temperature(temperature)
+        temperature = check_temperature(temperature, smallest=SMALLEST_TEMPERATURE)
     matplotlib = _matplotlib()
     if fname is not None:
         matplotlib.use("Agg")

@@ -137,8 +137,20 @@ GOOD = [
         ("Some candidate text.", ""),
         ("Some candidate text.", " \n\t "),
         ("", ""),
+        # nothing the tokenizer keeps, though not whitespace: scored (rescaled: -b / (1 - b)),
+        # without a warning, before 2026-11-28
+        ("\u200b", "Some reference text."),
+        ("Some candidate text.", "\u0301"),
     ],
-    ids=["empty-cand", "blank-cand", "empty-ref", "blank-ref", "both-empty"],
+    ids=[
+        "empty-cand",
+        "blank-cand",
+        "empty-ref",
+        "blank-ref",
+        "both-empty",
+        "zwsp-cand",
+        "accent-ref",
+    ],
 )
 def test_empty_text_scores_zero_with_one_warning(scorer, bad_cand, bad_ref):
     cands = [GOOD[0][0], bad_cand, GOOD[1][0], bad_cand]
@@ -398,3 +410,53 @@ def test_labels_of_another_shape_than_the_hidden_states_name_both(scorer):
         )
     )
     assert "target_ids must have shape [2, 5] (hidden_states [2, 5, 8]" in error
+
+
+def test_a_text_the_tokenizer_drops_whole_scores_zero_after_rescaling(scorer):
+    """A zero-width space scored -b / (1 - b) once rescaled, with no warning (docs/metric.md:
+    an empty text's pair scores 0 after rescaling too)."""
+    path = shipped_baseline_path(scorer.encoder.name)
+    if not path.exists():
+        pytest.skip(f"no baseline shipped for {scorer.encoder.name} yet ({path})")
+    rescaled = bsloss.BERTScorer(encoder=scorer.encoder, rescale_with_baseline=True)
+    (p, r, f), caught = record(rescaled.score, [GOOD[0][0], "\u200b"], [GOOD[0][1], "a cat"])
+    assert_exact_zero(p, r, f, 1)
+    (warning,) = bsloss_warnings(caught, EMPTY_MESSAGE)
+    assert named_indices(str(warning.message)) == {1}
+
+
+def test_a_pair_whose_idf_weights_sum_to_zero_is_named(scorer):
+    """idf=True over one reference weighs every token log(2/2) = 0: the pair scores 0 (as
+    bert_score's F; its R is NaN there), now with a warning naming it."""
+    idf_scorer = bsloss.BERTScorer(encoder=scorer.encoder, idf=True)
+    (p, r, f), caught = record(idf_scorer.score, [GOOD[0][0]], [GOOD[0][1]])
+    assert_exact_zero(p, r, f, 0)
+    (warning,) = bsloss_warnings(caught, "idf weights of a text's tokens sum to 0")
+    assert named_indices(str(warning.message)) == {0}
+    # the same candidate among references that differ has weight and no warning
+    (p, r, f), caught = record(idf_scorer.score, [GOOD[0][0]] * 2, [GOOD[0][1], GOOD[1][1]])
+    assert torch.all(f > 0.1) and not bsloss_warnings(caught, "idf weights")
+
+
+@pytest.mark.parametrize("value, same_as", [(None, False), (0, False), (1, True)])
+def test_idf_takes_what_bert_score_takes_as_a_bool(scorer, value, same_as):
+    """bert_score asks ``if idf:``; ``idf=args.idf`` (None by default) or a numpy bool was
+    refused ("idf must be a bool, ...")."""
+    np = pytest.importorskip("numpy")
+    cands = [c for c, _ in GOOD]
+    refs = [r for _, r in GOOD]
+    expected = bsloss.BERTScorer(encoder=scorer.encoder, idf=same_as).score(cands, refs)
+    for idf in (value, np.bool_(same_as)):
+        got = bsloss.BERTScorer(encoder=scorer.encoder, idf=idf).score(cands, refs)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b)
+    with pytest.raises(TypeError, match=re.escape("idf must be a bool (or None, 0, 1)")):
+        bsloss.BERTScorer(encoder=scorer.encoder, idf=2)
+
+
+def test_bert_scores_device_and_baseline_path_are_there(scorer):
+    """bert_score's ``BERTScorer`` has both; code that reads them failed on switching."""
+    assert scorer.device == "cpu"
+    assert scorer.baseline_path == str(shipped_baseline_path(scorer.encoder.name))
+    custom = bsloss.BERTScorer(encoder=scorer.encoder, baseline_path="my.tsv")
+    assert custom.baseline_path == "my.tsv"

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import pytest
 import torch
 from _helpers import head_for
 
-from bsloss import BERTScoreLoss, BERTScorer, BERTScoreReward, Softmax
+import bsloss
+from bsloss import BERTScoreLoss, BERTScorer, BERTScoreReward, LogSumExp, Sinkhorn, Softmax
+from bsloss.functional import Matching
+from bsloss.functional.fused_expectation import fused_token_log_likelihood
+from bsloss.functional.matching.base import SMALLEST_TEMPERATURE
+from bsloss.functional.matching.logsumexp import LARGEST_TEMPERATURE
 from bsloss.integrations import huggingface as hf
 
 
@@ -105,3 +111,162 @@ def test_decision_arguments_are_validated_by_name(encoder, plain_loss):
         plain_loss(**{**fused, "output_embeddings": weight.long()})
     with pytest.raises(TypeError, match="generator_tokenizer must be a Hugging Face tokenizer"):
         BERTScoreLoss(encoder=encoder, generator_tokenizer="gpt2")
+
+
+# Hardening, round 4 (2026-11-28): what an audit of the loss's and the metric's inputs found.
+
+
+def test_bad_target_ids_are_named_at_their_place_in_the_batch(plain_loss):
+    """A target id outside the vocabulary is named ``[b, t]`` in ``target_ids`` (the fused
+    pass named a row of its selection: ``target_ids[9]``, or ``[8]`` with padding)."""
+    from bsloss.integrations.lm_head import token_cross_entropy
+
+    vocab = plain_loss.generator_vocab_size
+    hidden, weight = head_for([2000, 3000, 4000, 2000, 3000, 4000], vocab, width=8)
+    hidden = hidden.expand(2, -1, -1)
+    targets = torch.randint(0, vocab, (2, 6), generator=torch.Generator().manual_seed(0))
+    targets[0, 4:] = -100
+    targets[1, 3] = vocab + 5
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    mask[0, 4:] = False
+    refs = ["a cat sat on the mat", "the dog ran"]
+    where = re.escape(f"outside [0, {vocab}) (and not -100) at target_ids[1, 3]")
+    for candidate_mask in (None, mask):
+        with pytest.raises(ValueError, match=where):
+            plain_loss.loss_and_cross_entropy(
+                bsloss.LMHeadInputs(hidden, weight), targets, refs, candidate_mask=candidate_mask
+            )
+    with pytest.raises(ValueError, match=re.escape("at labels[1, 3]")):
+        token_cross_entropy(targets, hidden_states=hidden, head=weight)
+    # the functional pass on its own [N] rows still names its own index
+    with pytest.raises(ValueError, match=re.escape("at target_ids[9]")):
+        fused_token_log_likelihood(hidden.flatten(0, 1), weight, targets.flatten())
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_token_ids_of_any_integer_dtype_are_read_as_int64(plain_loss, dtype):
+    """uint8 ids compared against the vocabulary size in uint8 (30,522 wraps to 58: a false
+    "outside the vocabulary"), int8 / int16 ids failed in torch's indexing; every integer
+    dtype now gives the int64 ids' values."""
+    from bsloss.integrations.lm_head import token_cross_entropy
+
+    ids = torch.tensor([[101, 1037, 4937, 102], [101, 1996, 3899, 102]])
+    small = ids.clamp(max=127)  # within every dtype's range
+    refs = ["a cat sat on the mat", "the dog ran"]
+    logits = torch.randn(
+        2, 4, plain_loss.generator_vocab_size, generator=torch.Generator().manual_seed(0)
+    )
+    torch.testing.assert_close(
+        plain_loss(bsloss.TokenIds(small.to(dtype)), refs), plain_loss(bsloss.TokenIds(small), refs)
+    )
+    torch.testing.assert_close(
+        plain_loss(logits, reference_ids=small.to(dtype)), plain_loss(logits, reference_ids=small)
+    )
+    vocab = plain_loss.generator_vocab_size
+    hidden, weight = head_for([2000, 3000, 4000, 2000], vocab, width=8)
+    hidden = hidden.expand(2, -1, -1)
+    fused = [
+        plain_loss.loss_and_cross_entropy(bsloss.LMHeadInputs(hidden, weight), targets, refs)
+        for targets in (small.to(dtype), small)
+    ]
+    torch.testing.assert_close(fused[0].loss, fused[1].loss)
+    torch.testing.assert_close(fused[0].cross_entropy, fused[1].cross_entropy)
+    torch.testing.assert_close(
+        token_cross_entropy(small.to(dtype), hidden_states=hidden, head=weight),
+        token_cross_entropy(small, hidden_states=hidden, head=weight),
+    )
+    assert bsloss.TokenIds(small.to(dtype)).ids.dtype == torch.long
+
+
+@pytest.mark.parametrize("matching", [Softmax, LogSumExp, Sinkhorn])
+def test_a_matching_temperature_below_float32s_smallest_normal_is_refused(
+    plain_loss, encoder, matching
+):
+    """At T = 1e-39 the similarities over T overflowed float32 and the loss was NaN; from
+    float32's smallest normal number up it is finite, value and gradient."""
+    with pytest.raises(ValueError, match="at least 1.18e-38 .*smallest normal"):
+        matching(1e-39)
+    with pytest.raises(ValueError, match="at least 1.18e-38"):
+        BERTScoreLoss(encoder=encoder, matching=matching.name, temperature=1e-39)
+    logits = torch.randn(2, 4, plain_loss.generator_vocab_size, requires_grad=True)
+    loss = BERTScoreLoss(encoder=encoder, matching=matching(SMALLEST_TEMPERATURE))
+    value = loss(logits, ["a cat sat on the mat", "the dog ran"])
+    value.backward()
+    assert torch.isfinite(value) and torch.isfinite(logits.grad).all()
+
+
+def test_logsumexp_warns_above_one_and_refuses_a_runaway_temperature(encoder, vocab):
+    """LogSumExp's scores pass the hard ones by up to T log Lr: at T = 1e20 the loss was -inf,
+    at 1e38 NaN. Above T = 1 it warns, above 1e6 it is refused, and at 1e6 it is finite."""
+    with pytest.warns(UserWarning, match=r"above T = 1 its scores pass 1"):
+        LogSumExp(2.0)
+    with pytest.raises(ValueError, match=r"at most 1e\+06"):
+        LogSumExp(1e7)
+    with pytest.raises(ValueError, match=r"at most 1e\+06"):
+        BERTScoreLoss(encoder=encoder, matching="logsumexp", temperature=1e20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        LogSumExp(0.05), LogSumExp(1.0)  # the useful range: no warning
+    with pytest.warns(UserWarning):
+        loss = BERTScoreLoss(encoder=encoder, matching=LogSumExp(LARGEST_TEMPERATURE))
+    assert torch.isfinite(loss(torch.randn(2, 4, vocab), ["a cat sat", "the dog ran"]))
+
+
+def test_a_matching_that_returns_the_wrong_shapes_is_named(encoder, vocab):
+    """A user's Matching returning a scalar broadcast into a wrong P/R (a loss of -1.44);
+    one returning [B, Lc] twice failed deep in torch. Both are now named."""
+
+    class Scalar(Matching):
+        def __call__(self, sim, candidate_mask, reference_mask):
+            return sim.sum(), sim.sum()
+
+    class Transposed(Matching):
+        def __call__(self, sim, candidate_mask, reference_mask):
+            return sim.amax(-1), sim.amax(-1)
+
+    logits = torch.randn(2, 4, vocab)
+    for matching, got in ((Scalar(), r"\(\[\], \[\]\)"), (Transposed(), r"\(\[2, 6\], \[2, 6\]\)")):
+        loss = BERTScoreLoss(encoder=encoder, matching=matching, reduction="none")
+        with pytest.raises(ValueError, match=rf"{type(matching).__name__}\(\) returned {got}"):
+            loss(logits, ["a cat sat on the mat", "the dog ran"])
+
+
+def test_reference_mask_with_reference_texts_is_refused(plain_loss, vocab):
+    """It was ignored: a wrong-shaped, all-False mask gave the value without one."""
+    with pytest.raises(ValueError, match="reference_mask goes with reference_ids"):
+        plain_loss(torch.randn(2, 4, vocab), ["a", "b"], reference_mask=torch.zeros(2, 1).bool())
+
+
+def test_probabilities_without_mass_at_a_scored_position_are_named(plain_loss, vocab):
+    """An all-zero row at a real position scored as a zero embedding of weight 0, silently;
+    a negative entry was refused without its place."""
+    probs = torch.randn(2, 4, vocab, generator=torch.Generator().manual_seed(0)).softmax(-1)
+    refs = ["a cat sat on the mat", "the dog ran"]
+    zero = probs.clone()
+    zero[0, 1] = 0
+    with pytest.raises(ValueError, match=re.escape("probs[0, 1] sums to 0 at a scored position")):
+        plain_loss(bsloss.Probabilities(zero), refs)
+    masked = torch.ones(2, 4, dtype=torch.bool)
+    masked[0, 1] = False  # a padded position may hold anything
+    torch.testing.assert_close(
+        plain_loss(bsloss.Probabilities(zero), refs, candidate_mask=masked),
+        plain_loss(bsloss.Probabilities(probs), refs, candidate_mask=masked),
+    )
+    negative = probs.clone()
+    negative[1, 2, 7] = -0.5
+    with pytest.raises(ValueError, match=re.escape("a negative entry at probs[1, 2]")):
+        plain_loss(bsloss.Probabilities(negative), refs)
+
+
+def test_bytes_are_not_texts(plain_loss, vocab, scorer):
+    """A bytes reference was read as a list of ints ("references[0][0] must be a string, got
+    int")."""
+    logits = torch.randn(2, 4, vocab)
+    with pytest.raises(
+        TypeError, match=re.escape("references[0] must be a string or a list of strings, got bytes")
+    ):
+        plain_loss(logits, [b"a cat", "the dog"])
+    with pytest.raises(TypeError, match="references must be a list .* got bytes"):
+        plain_loss(logits, b"ab")
+    with pytest.raises(TypeError, match="got bytes"):
+        scorer.score([b"a cat"], ["a cat"])

@@ -69,7 +69,8 @@ def test_the_matching_loop_reads_scores_back_once_whatever_the_batch_count(score
         results[batch_size] = scorer.score(cands, refs, batch_size=batch_size)
         monkeypatch.undo()
         counts[batch_size] = dict(reads)
-    # the [pairs, layers, 3] scores of all 12 pairs, read once; no batch's own
-    assert counts[5] == counts[64] == {(12, 1, 3): 1}, counts
+    # the [pairs, layers, 4] scores of all 12 pairs (P, R, F and whether a text of the pair
+    # weighs nothing), read once; no batch's own
+    assert counts[5] == counts[64] == {(12, 1, 4): 1}, counts
     for one, many in zip(results[64], results[5], strict=True):
         torch.testing.assert_close(one, many, rtol=0, atol=1e-6)

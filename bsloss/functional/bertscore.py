@@ -49,7 +49,32 @@ def token_scores(
     match = resolve_matching(matching, temperature, sinkhorn_iterations)
     sim = cosine_similarity(candidates, references, normalized=normalized)
     with torch.autocast(device_type=sim.device.type, enabled=False):
-        return match(sim, candidate_mask.bool(), reference_mask.bool())
+        scores = match(sim, candidate_mask.bool(), reference_mask.bool())
+    _check_scores(match, scores, sim.shape)
+    return scores
+
+
+def _check_scores(match: Matching, scores: object, shape: torch.Size) -> None:
+    """A matching (a user's subclass among them) must return one score per token of each side:
+    a scalar or a wrong shape would broadcast into a wrong P/R, or fail deep in the means."""
+    batch, cand_len, ref_len = shape
+    wanted = ((batch, cand_len), (batch, ref_len))
+    if (
+        isinstance(scores, tuple)
+        and len(scores) == 2
+        and all(isinstance(t, Tensor) for t in scores)
+        and tuple(tuple(t.shape) for t in scores) == wanted
+    ):
+        return
+    if isinstance(scores, tuple) and all(isinstance(t, Tensor) for t in scores):
+        got = "(" + ", ".join(str(list(t.shape)) for t in scores) + ")"
+    else:
+        got = type(scores).__name__
+    raise ValueError(
+        f"the matching {match!r} returned {got}; a Matching returns a tuple (candidate scores "
+        f"[B, Lc], reference scores [B, Lr]), here ({list(wanted[0])}, {list(wanted[1])}) for "
+        f"similarities [B, Lc, Lr] = {list(shape)}"
+    )
 
 
 def _prf(

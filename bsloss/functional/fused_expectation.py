@@ -92,6 +92,7 @@ from bsloss.inputs import check_targets_shape, position_of_first
 __all__ = [
     "FusedHeadOutput",
     "NonFiniteLogitsError",
+    "check_target_ids",
     "fused_expected_inputs",
     "fused_token_log_likelihood",
 ]
@@ -627,7 +628,25 @@ def _split_head(output_embeddings: Tensor | nn.Module, bias: Tensor | None):
     return output_embeddings, bias
 
 
-def _check(hidden: Tensor, weight: Tensor, bias, table, targets, softcap, temperature):
+def check_target_ids(target_ids: Tensor, vocab: int, name: str = "target_ids") -> None:
+    """Refuse target ids outside ``[0, vocab)`` other than ``-100``, naming the first by its
+    index in ``target_ids`` (one read of the device).
+
+    >>> check_target_ids(torch.tensor([[1, -100], [2, 9]]), vocab=5, name="labels")
+    Traceback (most recent call last):
+    ValueError: labels has ids outside [0, 5) (and not -100) at labels[1, 1]
+    """
+    bad = ((target_ids < 0) | (target_ids >= vocab)) & (target_ids != IGNORE_INDEX)
+    if bad.any():
+        raise ValueError(
+            f"{name} has ids outside [0, {vocab}) (and not {IGNORE_INDEX}) at "
+            f"{name}{position_of_first(bad)}"
+        )
+
+
+def _check(
+    hidden: Tensor, weight: Tensor, bias, table, targets, softcap, temperature, check_targets
+):
     if not isinstance(hidden, Tensor) or hidden.dim() != 2 or not hidden.is_floating_point():
         raise ValueError(
             "hidden_states must be a floating [N, d_model] tensor, got "
@@ -656,12 +675,8 @@ def _check(hidden: Tensor, weight: Tensor, bias, table, targets, softcap, temper
         if targets.dtype not in (torch.long, torch.int):
             raise ValueError(f"target_ids must be torch.long or torch.int, got {targets.dtype}")
         check_targets_shape(targets, "target_ids", hidden, "hidden_states")
-        bad = ((targets < 0) | (targets >= vocab)) & (targets != IGNORE_INDEX)
-        if bad.any():
-            raise ValueError(
-                f"target_ids has ids outside [0, {vocab}) (and not {IGNORE_INDEX}) at "
-                f"target_ids{position_of_first(bad)}"
-            )
+        if check_targets:
+            check_target_ids(targets, vocab)
     if softcap is not None:
         check_temperature(softcap, "softcap")
     check_temperature(temperature, "temperature")
@@ -708,6 +723,7 @@ def fused_expected_inputs(
     use_sdpa: bool = False,
     backend: str = "auto",
     check_finite: bool = True,
+    check_targets: bool = True,
 ) -> FusedHeadOutput:
     """``softmax(softcap(h W^T + b) / T) E`` and the targets' log-likelihood, chunked.
 
@@ -746,6 +762,10 @@ def fused_expected_inputs(
             non-finite one (the default); ``False``: return it as ``finite`` unread, for a
             caller that reads it later (on a GPU, a read waits for the whole pass: the loss
             reads after it has queued the scorer's forward) and refuses non-finite rows itself.
+        check_targets: refuse ``target_ids`` outside the vocabulary (the default; one read of
+            the device); ``False`` for a caller that has checked them (:func:`check_target_ids`)
+            where it can name their positions, such as a ``[B, L]`` grid the rows were
+            selected from. Unchecked bad ids fail inside the pass, or read out of bounds.
 
     Returns:
         :class:`FusedHeadOutput` ``(expected [N, c] | None, log_likelihood [N] | None,
@@ -764,7 +784,7 @@ def fused_expected_inputs(
     True
     """
     weight, bias = _split_head(output_embeddings, bias)
-    _check(hidden_states, weight, bias, table, target_ids, softcap, temperature)
+    _check(hidden_states, weight, bias, table, target_ids, softcap, temperature, check_targets)
     candidates = CandidateOptions(top_k, straight_through, gumbel_temperature)
     candidates.check(weight.shape[0])
     if gumbel_temperature is not None:
@@ -1004,9 +1024,11 @@ def fused_token_log_likelihood(
     bias: Tensor | None = None,
     softcap: float | None = None,
     chunk_elements: int | None = None,
+    check_targets: bool = True,
 ) -> Tensor:
     """``log softmax(softcap(h W^T + b))[target]`` per position ``[N]`` (0 where the target is
-    ``-100``), chunked: a cross-entropy without full logits.
+    ``-100``), chunked: a cross-entropy without full logits. ``check_targets``: as
+    :func:`fused_expected_inputs`.
 
     >>> import torch
     >>> h, W, y = torch.randn(4, 8), torch.randn(30, 8), torch.tensor([1, 2, -100, 29])
@@ -1023,4 +1045,5 @@ def fused_token_log_likelihood(
         target_ids=target_ids,
         softcap=softcap,
         chunk_elements=chunk_elements,
+        check_targets=check_targets,
     ).log_likelihood

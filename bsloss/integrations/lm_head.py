@@ -38,8 +38,12 @@ import torch
 from torch import Tensor, nn
 
 from bsloss.candidate_inputs import LMHeadInputs
-from bsloss.functional.fused_expectation import IGNORE_INDEX, fused_token_log_likelihood
-from bsloss.inputs import check_targets_shape
+from bsloss.functional.fused_expectation import (
+    IGNORE_INDEX,
+    check_target_ids,
+    fused_token_log_likelihood,
+)
+from bsloss.inputs import as_token_ids, check_targets_shape
 
 __all__ = ["IGNORE_INDEX", "LMHead", "lm_head_inputs", "lm_head_refusal", "token_cross_entropy"]
 
@@ -373,6 +377,7 @@ def token_cross_entropy(
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     inputs, name = (hidden_states, "hidden_states") if logits is None else (logits, "logits")
+    labels = as_token_ids(labels, "labels")
     check_targets_shape(labels, "labels", inputs, name)
     flat_labels = labels.reshape(-1)
     if logits is not None:
@@ -390,11 +395,18 @@ def token_cross_entropy(
         # (one read of the device for their number; gathered and put back by their ids, which
         # read nothing more, forward or backward, where boolean indexing would each time)
         rows = (flat_labels != IGNORE_INDEX).nonzero().squeeze(1)
+        # the range is checked on the labels, where an error can name [b, t] (the pass would
+        # name a row of the selection); right after the read above, this one waits for little
+        weight = getattr(head, "weight", head)
+        checked_here = isinstance(weight, Tensor) and weight.dim() == 2
+        if checked_here:
+            check_target_ids(labels, weight.shape[0], "labels")
         log_likelihood = fused_token_log_likelihood(
             hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, rows),
             head,
             flat_labels[rows],
             softcap=getattr(head, "softcap", None),
+            check_targets=not checked_here,
         )
         per_token = log_likelihood.new_zeros(flat_labels.shape).index_copy(0, rows, -log_likelihood)
     if reduction == "none":

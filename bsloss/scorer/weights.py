@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 from torch import Tensor
 
 from bsloss.functional.idf import idf_table, table_from_mapping, uniform_table
 from bsloss.inputs import check_texts
 from bsloss.scorer.encoder import ScorerEncoder
 
-__all__ = ["IdfSpec", "weight_table"]
+__all__ = ["IdfSpec", "as_idf_spec", "weight_table"]
 
 IdfSpec = bool | Mapping[int, float] | Sequence[str]
+
+
+def as_idf_spec(idf: object) -> object:
+    """``idf`` with the values bert_score takes as bools (it asks ``if idf:``) made bools:
+    ``None``, 0 and 1, numpy's bools; anything else as it is, for :func:`weight_table` to check.
+
+    >>> as_idf_spec(None), as_idf_spec(np.True_), as_idf_spec(1)
+    (False, True, True)
+    """
+    if idf is None:
+        return False
+    if isinstance(idf, np.bool_) or (
+        isinstance(idf, numbers.Integral) and not isinstance(idf, bool) and idf in (0, 1)
+    ):
+        return bool(idf)
+    return idf
 
 
 def weight_table(encoder: ScorerEncoder, idf: IdfSpec, vocab_size: int) -> Tensor | None:
@@ -31,4 +49,6 @@ def weight_table(encoder: ScorerEncoder, idf: IdfSpec, vocab_size: int) -> Tenso
             # log((0 + 1) / (0 + 1)) = 0 for every token: every score would be 0
             raise ValueError("idf is an empty list: pass the reference sentences to count")
         return idf_table(encoder.tokenization(sentences, name="idf"), vocab_size, specials)
-    raise TypeError(f"idf must be a bool, a dict or a list of sentences, got {type(idf)}")
+    raise TypeError(
+        f"idf must be a bool (or None, 0, 1), a dict or a list of sentences, got {idf!r}"
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from bsloss.functional.matching.base import (
     SHORTHANDS,
+    SMALLEST_TEMPERATURE,
     Matching,
     check_iterations,
     check_temperature,
@@ -71,7 +72,7 @@ def resolve_matching(
     Softmax(temperature=0.05)
     """
     if temperature is not None:
-        temperature = check_temperature(temperature)
+        temperature = check_temperature(temperature, smallest=SMALLEST_TEMPERATURE)
     if sinkhorn_iterations is not None:
         sinkhorn_iterations = check_iterations(sinkhorn_iterations, "sinkhorn_iterations")
     if isinstance(matching, Matching):

@@ -15,21 +15,42 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import ClassVar
 
+import torch
 from torch import Tensor
 
-__all__ = ["Matching", "Tempered", "SHORTHANDS", "check_temperature", "check_iterations"]
+__all__ = [
+    "Matching",
+    "Tempered",
+    "SHORTHANDS",
+    "SMALLEST_TEMPERATURE",
+    "check_temperature",
+    "check_iterations",
+]
 
 DEFAULT_TEMPERATURE = 0.05
 """The one default temperature of every tempered matching (``Softmax()``, ``LogSumExp()``,
 ``Sinkhorn()``) and of their string shorthands in ``bert_score`` and ``BERTScoreLoss``."""
 
+SMALLEST_TEMPERATURE = torch.finfo(torch.float32).tiny
+"""The smallest temperature a matching takes, float32's smallest normal number (1.2e-38): the
+similarities (cosines, at most 1 in size) divided by a smaller one overflow float32 (1 / T would
+pass 3.4e38), and the scores would come out NaN."""
+
 SHORTHANDS: dict[str, type[Matching]] = {}
 """String shorthand -> matching class, filled by the subclasses that set ``name``."""
 
 
-def check_temperature(temperature: float, name: str = "temperature") -> float:
+def check_temperature(
+    temperature: float, name: str = "temperature", smallest: float = 0.0
+) -> float:
     """A temperature must be a finite number > 0 (not a bool, not a string: ``"0.1"`` is a
-    config value that was never parsed)."""
+    config value that was never parsed), and at least ``smallest`` (a matching's:
+    :data:`SMALLEST_TEMPERATURE`).
+
+    >>> check_temperature(1e-39, smallest=SMALLEST_TEMPERATURE)
+    Traceback (most recent call last):
+    ValueError: temperature must be at least 1.18e-38 (float32's smallest normal ...), got 1e-39
+    """
     if isinstance(temperature, (str, bytes)):
         raise TypeError(f"{name} must be a number, got the string {temperature!r}")
     try:
@@ -40,6 +61,11 @@ def check_temperature(temperature: float, name: str = "temperature") -> float:
         raise TypeError(f"{name} must be a number, got {temperature!r}")
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {temperature!r}")
+    if value < smallest:
+        raise ValueError(
+            f"{name} must be at least {smallest:.3g} (float32's smallest normal number: the "
+            f"similarities divided by a smaller one overflow), got {temperature!r}"
+        )
     return value
 
 
@@ -140,7 +166,7 @@ class Tempered(Matching):
     kernel: ClassVar[Callable[..., tuple[Tensor, Tensor]]]
 
     def __init__(self, temperature: float = DEFAULT_TEMPERATURE):
-        self.temperature = check_temperature(temperature)
+        self.temperature = check_temperature(temperature, smallest=SMALLEST_TEMPERATURE)
 
     @classmethod
     def from_shorthand(

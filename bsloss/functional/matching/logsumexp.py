@@ -16,10 +16,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from bsloss._warnings import warn_user
 from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
-from bsloss.functional.matching.base import Tempered
+from bsloss.functional.matching.base import DEFAULT_TEMPERATURE, Tempered
 
-__all__ = ["LogSumExp", "logsumexp_match"]
+__all__ = ["LogSumExp", "logsumexp_match", "LARGEST_TEMPERATURE"]
+
+LARGEST_TEMPERATURE = 1e6
+"""The largest temperature :class:`LogSumExp` takes. Its scores pass the hard ones by up to
+``T log Lr``, so the loss falls without bound as ``T`` grows: about -1.8e6 at ``T = 1e6`` for a
+short reference, and F overflows float32 (a loss of -inf, then NaN) from about ``T = 1e19``."""
 
 
 def _smooth_max(sim: Tensor, valid: Tensor, temperature: float, dim: int) -> Tensor:
@@ -46,7 +52,12 @@ class LogSumExp(Tempered):
             0.05.
 
     Raises:
-        TypeError, ValueError: a ``temperature`` that is not a finite number > 0.
+        TypeError, ValueError: a ``temperature`` that is not a finite number > 0, or above
+            :data:`LARGEST_TEMPERATURE`.
+
+    Warns:
+        UserWarning: for ``T > 1``: the scores then pass 1 by up to ``T log Lr`` (F > 1, a
+            negative loss); the useful range is ``T`` of 0.01 to 0.2 (docs/choosing-matching.md).
 
     >>> LogSumExp(temperature=0.1)
     LogSumExp(temperature=0.1)
@@ -54,3 +65,18 @@ class LogSumExp(Tempered):
 
     name = "logsumexp"
     kernel = staticmethod(logsumexp_match)
+
+    def __init__(self, temperature: float = DEFAULT_TEMPERATURE):
+        super().__init__(temperature)
+        if self.temperature > LARGEST_TEMPERATURE:
+            raise ValueError(
+                f"LogSumExp's temperature must be at most {LARGEST_TEMPERATURE:g}, got "
+                f"{temperature!r}: its scores pass the hard ones by up to T log Lr, so the loss "
+                "falls without bound as T grows (and overflows float32 near T = 1e19)"
+            )
+        if self.temperature > 1:
+            warn_user(
+                f"LogSumExp(temperature={temperature!r}): above T = 1 its scores pass 1 by up to "
+                "T log Lr (the number of reference tokens), so F exceeds 1 and the loss goes "
+                "below 0; the useful temperatures are about 0.01 to 0.2"
+            )

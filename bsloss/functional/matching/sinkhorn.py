@@ -38,6 +38,7 @@ from torch import Tensor
 from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
 from bsloss.functional.matching.base import (
     DEFAULT_TEMPERATURE,
+    SMALLEST_TEMPERATURE,
     Tempered,
     check_iterations,
     check_temperature,
@@ -133,7 +134,7 @@ class Sinkhorn(Tempered):
     self_normalizes = True
 
     def __init__(self, temperature: float = DEFAULT_TEMPERATURE, iterations: int = 1):
-        self.temperature = check_temperature(temperature)
+        self.temperature = check_temperature(temperature, smallest=SMALLEST_TEMPERATURE)
         self.iterations = check_iterations(iterations)
 
     @classmethod
