@@ -3,7 +3,8 @@ baseline`` and ``bsloss models`` (build the offline models once).
 
 A user error (a missing or unreadable file, a bad option value, a model that cannot be loaded)
 prints one line ``bsloss: error: ...`` on stderr and exits with status 2, as argparse does for a
-bad option; ``--debug`` shows the traceback instead.
+bad option; ``--debug`` shows the traceback instead. A warning (an empty line, a truncated text)
+prints as ``bsloss: warning: ...``, in the command line's words, not as Python's source line.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import math
 import re
 import sys
+import warnings
 from pathlib import Path
 
 __all__ = ["main"]
@@ -336,11 +338,21 @@ def in_cli_words(message: str) -> str:
     return message
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as a command line prints one: no Python file and line (those of the
+    ``bsloss`` launcher or of runpy, since the library names its caller's line)."""
+    text = in_cli_words(" ".join(str(message).split()))
+    print(f"bsloss: warning: {text}", file=sys.stderr if file is None else file)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (2 for a user error)."""
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        with warnings.catch_warnings():
+            if not args.debug:
+                warnings.showwarning = _show_warning
+            return args.run(args)
     except _USER_ERRORS as error:
         if args.debug:
             raise

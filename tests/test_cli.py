@@ -246,3 +246,18 @@ def test_rc11_cli_reads_standard_input(files, capsys, monkeypatch):
         capsys,
     )
     assert status == 0 and out == from_files[2] and "F1:" in out
+
+
+def test_a_warning_prints_as_the_command_lines(files, tmp_path, capsys):
+    """The empty-line warning printed as Python's (``<frozen runpy>:88: UserWarning: ...``, or
+    the launcher's ``bin/bsloss:8`` with its source line ``sys.exit(main())``)."""
+    cands = tmp_path / "blank.txt"
+    cands.write_text("a cat sat\n\n")
+    status, err, out = run_cli(
+        ["score", "-c", str(cands), "-r", str(files / "r.txt"), "--progress", "off"], capsys
+    )
+    assert status == 0 and "F1" in out
+    assert err == [
+        "bsloss: warning: 1 empty or whitespace-only candidate/reference pair(s) (or a text "
+        "with nothing the tokenizer keeps, such as a zero-width space) score 0: candidate index 1"
+    ], err
