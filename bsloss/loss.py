@@ -340,6 +340,7 @@ class BERTScoreLoss(nn.Module):
             autocast_dtype="ambient",
             inference_mode=False,
         )
+        self._warned_empty_references = False  # once per loss: a training loop calls often
         # The frozen scorer is not the loss's state: a model holding the loss as a submodule
         # would otherwise save the scorer (87 MB for MiniLM) in every checkpoint.
         self._register_state_dict_hook(_drop_scorer_state)
@@ -437,6 +438,21 @@ class BERTScoreLoss(nn.Module):
             where = [f"texts[{i}]" for i, t in enumerate(texts) if t in truncated]
             self._warn_truncated(where, len(texts))
         return hidden, mask, weights
+
+    def _warn_empty_references(self, groups: list[list[str]]) -> None:
+        """Warn (once per loss) of candidates whose references are all empty or
+        whitespace-only: their pairs score 0, with no gradient (the metric warns too)."""
+        if self._warned_empty_references:
+            return
+        empty = [i for i, group in enumerate(groups) if not any(text.strip() for text in group)]
+        if empty:
+            self._warned_empty_references = True
+            shown = ", ".join(f"references[{i}]" for i in empty[:10])
+            warn_user(
+                f"{len(empty)} of {len(groups)} candidates have only empty or whitespace-only "
+                f"references ({shown}{', ...' if len(empty) > 10 else ''}): their pairs score 0, "
+                "with no gradient (an empty completion in the data?); this loss warns once"
+            )
 
     def _warn_truncated(self, where: list[str], total: int) -> None:
         shown = ", ".join(where[:10]) + (", ..." if len(where) > 10 else "")
@@ -583,6 +599,7 @@ class BERTScoreLoss(nn.Module):
                     "are tokenised by the scorer, which makes their mask"
                 )
             groups = check_reference_groups(references, "references")
+            self._warn_empty_references(groups)
         encoded = self._step("encode")(self, candidates, candidate_mask, target_ids)
         log_likelihood = encoded.log_likelihood
         batch = encoded.hidden.shape[0]

@@ -708,14 +708,16 @@ class BERTScorer:
 
     @staticmethod
     def _warn_weightless(weightless: Tensor, owner, groups, offset: int) -> None:
-        """Pairs scored 0 because a text's tokens all weigh 0, as bert_score scores them in F
-        (its P or R of that text is NaN, the other kept)."""
+        """Pairs scored 0 because a text's tokens all weigh 0 (special tokens only, or idf
+        weights of 0), as bert_score scores them in F (its P or R of that text is NaN, the
+        other kept)."""
         if weightless.any():
             warn_user(
-                f"{int(weightless.sum())} candidate/reference pair(s) score 0 because the idf "
-                "weights of a text's tokens sum to 0 (each of its tokens is in every idf "
-                "sentence: idf=True over one reference weighs every token log(2/2) = 0; "
-                "bert_score gives F 0 there too, and NaN as that text's P or R): candidate index "
+                f"{int(weightless.sum())} candidate/reference pair(s) score 0 because the "
+                "weights of a text's tokens sum to 0 (they are all special tokens, as in the "
+                'literal text "[SEP]"; or, with idf, each is in every idf sentence: idf=True '
+                "over one reference weighs every token log(2/2) = 0; bert_score gives F 0 there "
+                "too, and NaN as that text's P or R): candidate index "
                 f"{_pair_positions(weightless, owner, groups, offset)}"
             )
 

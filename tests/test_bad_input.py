@@ -431,11 +431,11 @@ def test_a_pair_whose_idf_weights_sum_to_zero_is_named(scorer):
     idf_scorer = bsloss.BERTScorer(encoder=scorer.encoder, idf=True)
     (p, r, f), caught = record(idf_scorer.score, [GOOD[0][0]], [GOOD[0][1]])
     assert_exact_zero(p, r, f, 0)
-    (warning,) = bsloss_warnings(caught, "idf weights of a text's tokens sum to 0")
+    (warning,) = bsloss_warnings(caught, "weights of a text's tokens sum to 0")
     assert named_indices(str(warning.message)) == {0}
     # the same candidate among references that differ has weight and no warning
     (p, r, f), caught = record(idf_scorer.score, [GOOD[0][0]] * 2, [GOOD[0][1], GOOD[1][1]])
-    assert torch.all(f > 0.1) and not bsloss_warnings(caught, "idf weights")
+    assert torch.all(f > 0.1) and not bsloss_warnings(caught, "weights of a text")
 
 
 @pytest.mark.parametrize("value, same_as", [(None, False), (0, False), (1, True)])
@@ -460,3 +460,13 @@ def test_bert_scores_device_and_baseline_path_are_there(scorer):
     assert scorer.baseline_path == str(shipped_baseline_path(scorer.encoder.name))
     custom = bsloss.BERTScorer(encoder=scorer.encoder, baseline_path="my.tsv")
     assert custom.baseline_path == "my.tsv"
+
+
+def test_a_text_of_special_tokens_only_is_named_without_blaming_idf(scorer):
+    """The literal text "[SEP]" is the special token: its weight is 0 without idf too."""
+    (p, r, f), caught = record(scorer.score, ["[SEP]", GOOD[0][0]], ["a cat", GOOD[0][1]])
+    assert_exact_zero(p, r, f, 0)
+    assert f[1] > 0.1
+    (warning,) = bsloss_warnings(caught, "weights of a text's tokens sum to 0")
+    assert "all special tokens" in str(warning.message)
+    assert named_indices(str(warning.message)) == {0}

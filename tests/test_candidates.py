@@ -631,3 +631,63 @@ def test_a_streamer_follows_every_answering_call_and_changes_no_answer(vocabular
     without = GreedyAnswers(max_new_tokens=3).answer(model, batch, labels, causal=True, **special)
     assert torch.equal(with_streamer.candidate_labels, without.candidate_labels)
     assert recorder.ends == 1 and 2 <= recorder.puts <= 1 + 3
+
+
+def test_a_row_whose_labels_have_gaps_gets_no_answer(soft_loss, vocabulary_tokenizer, tmp_path):
+    """Labels with -100 between two parts (a multi-turn row, an assistant-only loss): the
+    answer followed the first part's prompt alone and was scored against both parts joined.
+    Refused, the row named; the trainer is usable after."""
+    trainer = causal_trainer(
+        soft_loss, vocabulary_tokenizer, tmp_path, bertscore_candidates="greedy"
+    )
+    model = trainer.model
+    model.train()
+    batch = causal_batch(vocabulary_tokenizer)
+    gapped = {k: v.clone() for k, v in batch.items()}
+    first = int((gapped["labels"][1] != -100).int().argmax())
+    gapped["labels"][1, first + 1] = -100
+    with pytest.raises(
+        ValueError, match=rf"labels row 1 has -100 between its labels \(positions {first} to"
+    ):
+        trainer.compute_loss(model, gapped)
+    assert torch.isfinite(trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()}))
+
+
+def test_answers_are_cut_to_the_models_positions(soft_loss, vocabulary_tokenizer, tmp_path):
+    """A long prompt in one row and a long reference in another, each row within the model's
+    positions: the answers' budget (the batch's longest reference) ran past them, and
+    generation failed inside torch (an embedding index out of range). Now the budget is cut,
+    with a warning naming both lengths."""
+    tokens = lambda text: vocabulary_tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompts = [
+        tokens("summarize : a dog ran in the long park today and then it rained hard"),
+        tokens("say :"),
+    ]
+    answers = [
+        tokens("a dog ran"),
+        tokens("the cat sat on the mat while the rain fell all day long"),
+    ]
+    rows = [p + a for p, a in zip(prompts, answers, strict=True)]
+    width = max(map(len, rows))
+    assert len(prompts[0]) + len(answers[1]) > width  # the case: prompt + budget past the rows
+    sep = vocabulary_tokenizer.pad_token_id
+    batch = {
+        "input_ids": torch.tensor([r + [sep] * (width - len(r)) for r in rows]),
+        "attention_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows]),
+        "labels": torch.tensor(
+            [
+                [-100] * len(p) + a + [-100] * (width - len(p) - len(a))
+                for p, a in zip(prompts, answers, strict=True)
+            ]
+        ),
+    }
+    trainer = causal_trainer(
+        soft_loss, vocabulary_tokenizer, tmp_path, bertscore_candidates="greedy"
+    )
+    trainer.model = model = tiny_gpt2(vocabulary_tokenizer, n_positions=width)
+    model.train()
+    with pytest.warns(
+        UserWarning, match=rf"cut at {width - len(prompts[0])} new tokens .* {width} positions"
+    ):
+        value = trainer.compute_loss(model, batch)
+    assert torch.isfinite(value)

@@ -618,3 +618,97 @@ def record_decoding_and_forward(model, term) -> tuple[list[str], list[list[str]]
 
     model.forward, term.references_from_labels = recorded_forward, recorded_decode
     return events, decoded
+
+
+def _mixin_trainer(loss, tokenizer, tmp_path, model, rows=(), **args):
+    class Trainer(BERTScoreTrainerMixin, transformers.Trainer):
+        pass
+
+    settings = training_args(tmp_path)
+    for key, value in args.items():
+        setattr(settings, key, value)
+    return Trainer(
+        model=model,
+        args=settings,
+        train_dataset=datasets.Dataset.from_list(list(rows)) if rows else None,
+        processing_class=tokenizer,
+        data_collator=transformers.DataCollatorForSeq2Seq(tokenizer),
+        bertscore_loss=loss,
+        bertscore_weight=1.0,
+    )
+
+
+def _prompt_and_answer(tokenizer, prompt: str, answer: str) -> dict:
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    return {
+        "input_ids": prompt_ids + answer_ids,
+        "labels": [-100] * len(prompt_ids) + answer_ids,
+    }
+
+
+def test_logged_ce_and_term_add_up_to_the_loss_over_uneven_micro_batches(loss, tokenizer, tmp_path):
+    """Two accumulated micro-batches of 1 and 10 completion tokens: the trainer's loss weighs
+    them by tokens; the logged ce and bertscore_loss were plain means of the micro-batches'
+    own means, and did not add up to it (11.94 against 13.35 + 0.88)."""
+    rows = [
+        _prompt_and_answer(tokenizer, "say", "cat"),
+        _prompt_and_answer(
+            tokenizer, "say", "the river ran past old stone houses while children played"
+        ),
+    ]
+    assert [sum(t != -100 for t in r["labels"]) for r in rows] == [1, 10]
+    trainer = _mixin_trainer(
+        loss, tokenizer, tmp_path, tiny_gpt2(tokenizer), rows,
+        per_device_train_batch_size=1, max_steps=1, learning_rate=0.0, logging_steps=1,
+    )  # fmt: skip
+    trainer.train()
+    (entry,) = [e for e in trainer.state.log_history if "ce" in e]
+    assert entry["loss"] == pytest.approx(entry["ce"] + entry["bertscore_loss"], rel=1e-5)
+
+
+def test_a_failed_evaluation_leaves_nothing_in_the_next(loss, tokenizer, tmp_path):
+    """An evaluation that failed at its second batch left its first batch's ce and F to be
+    averaged into the next evaluation's."""
+    rows = [_prompt_and_answer(tokenizer, "say", t) for t in ("a cat", "the dog ran")]
+    trainer = _mixin_trainer(
+        loss, tokenizer, tmp_path, tiny_gpt2(tokenizer), per_device_eval_batch_size=1
+    )
+    good = datasets.Dataset.from_list(rows)
+    first = trainer.evaluate(good)
+    broken = [rows[0], {**rows[1], "input_ids": [len(tokenizer) + 5] * len(rows[1]["input_ids"])}]
+    with pytest.raises(IndexError):  # the model's embedding, at the second batch
+        trainer.evaluate(datasets.Dataset.from_list(broken))
+    again = trainer.evaluate(good)
+    for key in ("eval_ce", "eval_bertscore_f", "eval_bertscore_loss"):
+        assert again[key] == pytest.approx(first[key], rel=1e-6), key
+
+
+def test_a_packed_batch_is_scored_document_by_document(loss, tokenizer, tmp_path):
+    """A padding-free row of two examples (position_ids restarting at 0) was scored as one
+    text, against both completions joined. With a model whose logits at a position depend on
+    its token and position only (no layers), the packed batch's loss now equals the padded
+    batch's, and each document is scored against its own completion."""
+    model = tiny_gpt2(tokenizer, n_layer=0).eval()  # eval: no dropout
+    trainer = _mixin_trainer(loss, tokenizer, tmp_path, model)
+    a = _prompt_and_answer(tokenizer, "say", "a cat sat on the mat")
+    b = _prompt_and_answer(tokenizer, "tell me", "the dog ran")
+    packed = {
+        "input_ids": torch.tensor([a["input_ids"] + b["input_ids"]]),
+        "position_ids": torch.tensor(
+            [list(range(len(a["input_ids"]))) + list(range(len(b["input_ids"])))]
+        ),
+        "labels": torch.tensor([a["labels"] + b["labels"]]),
+    }
+    padded = transformers.DataCollatorForSeq2Seq(tokenizer)([a, b])
+    seen = []
+    references_of = trainer.bertscore_term.references_of
+    trainer.bertscore_term.references_of = lambda labels: (
+        seen.append(references_of(labels)) or seen[-1]
+    )
+    with torch.no_grad():
+        packed_loss = trainer.compute_loss(model, dict(packed))
+        padded_loss = trainer.compute_loss(model, dict(padded))
+    assert seen[0] == seen[1] == ["a cat sat on the mat", "the dog ran"], seen
+    torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=1e-6)
+    assert trainer.bertscore_term.pop_metrics(training=False)["bertscore_f"] > 0

@@ -270,3 +270,22 @@ def test_bytes_are_not_texts(plain_loss, vocab, scorer):
         plain_loss(logits, b"ab")
     with pytest.raises(TypeError, match="got bytes"):
         scorer.score([b"a cat"], ["a cat"])
+
+
+def test_an_empty_reference_is_named_once(encoder, vocab):
+    """An empty completion in the data scored F = 0 in training, silently (the metric warned
+    for the same pair). The loss warns once, naming the candidates."""
+    loss = BERTScoreLoss(encoder=encoder, reduction="none")
+    logits = torch.randn(3, 4, vocab)
+    with pytest.warns(
+        UserWarning,
+        match=re.escape(
+            "2 of 3 candidates have only empty or whitespace-only references "
+            "(references[0], references[2])"
+        ),
+    ):
+        value = loss(logits, ["", "a cat", ["  ", ""]])
+    assert value[0] == 1 and value[2] == 1 and value[1] < 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss(logits, ["", "a cat", "b"])  # warned once per loss

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bsloss._warnings import warn_user
 from bsloss.functional.fused_expectation import IGNORE_INDEX
 from bsloss.functional.matching import check_temperature
 from bsloss.inputs import check_int
@@ -249,6 +250,7 @@ class ModelAnswers(CandidateSource):
             )
         prompts = _causal_prompts(input_ids, attention_mask, targets)
         left = _pad_rows(prompts, pad_token_id, side="left")
+        options["max_new_tokens"] = _fitted_budget(model, left.shape[1], max_new_tokens)
         sequences = generate_ids(model, left, _mask(prompts, "left"), **options)
         # generated_labels drops its first column (a seq2seq decoder start): here the last
         # prompt column
@@ -315,7 +317,9 @@ def resolve_candidates(candidates: str | CandidateSource, name: str = "candidate
 
 
 def _causal_prompts(input_ids: Tensor, attention_mask: Tensor, targets: Tensor) -> list[Tensor]:
-    """Each row's prompt: its attended tokens before its first label."""
+    """Each row's prompt: its attended tokens before its first label; a row whose labels have
+    gaps (a multi-turn row with an assistant-only loss) is refused: its answer would follow
+    the first turn's prompt alone and be scored against every turn's completion joined."""
     prompts = []
     for i, (ids, mask, row) in enumerate(zip(input_ids, attention_mask, targets, strict=True)):
         start = int(row.int().argmax()) if row.any() else len(row)
@@ -325,8 +329,51 @@ def _causal_prompts(input_ids: Tensor, attention_mask: Tensor, targets: Tensor) 
                 f"labels row {i}: its completion starts at position {start} with no prompt "
                 f"token before it; the model's answers need a prompt (labels -100 on it)"
             )
+        if row.any():
+            end = len(row) - int(row.flip(0).int().argmax())  # one past the last label
+            if not bool(row[start:end].all()):
+                raise ValueError(
+                    f"labels row {i} has -100 between its labels (positions {start} to "
+                    f"{end - 1}: a multi-turn row, or an assistant-only loss); the model's "
+                    "answer would follow the first part's prompt alone and be scored against "
+                    "every part joined: use the teacher-forced candidates for such batches"
+                )
         prompts.append(prompt)
     return prompts
+
+
+def _position_limit(model) -> int | None:
+    """The most positions the model takes (its text config's ``max_position_embeddings`` or
+    ``n_positions``), or ``None`` where the config names none."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for name in ("max_position_embeddings", "n_positions"):
+        value = getattr(text, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _fitted_budget(model, prompt_width: int, max_new_tokens: int) -> int:
+    """``max_new_tokens``, cut (with a warning) so that the prompts, ``prompt_width`` wide
+    once left-padded, and their answers fit in the model's positions: past them generation
+    failed inside torch (an embedding's index out of range)."""
+    limit = _position_limit(model)
+    if limit is None or prompt_width + max_new_tokens <= limit:
+        return max_new_tokens
+    room = limit - prompt_width
+    if room < 1:
+        raise ValueError(
+            f"the batch's longest prompt has {prompt_width} tokens, all the positions "
+            f"{type(model).__name__} takes ({limit}): no room for the model's answer; shorten "
+            "the prompts or use the teacher-forced candidates"
+        )
+    warn_user(
+        f"the model's answers are cut at {room} new tokens (of max_new_tokens={max_new_tokens}"
+        f"): the batch's longest prompt has {prompt_width} tokens and {type(model).__name__} "
+        f"takes {limit} positions"
+    )
+    return room
 
 
 def _pad_rows(rows: list[Tensor], value: int, side: str, width: int | None = None) -> Tensor:

@@ -45,6 +45,7 @@ from bsloss.integrations.lm_head import (
     lm_head_refusal,
     token_cross_entropy,
 )
+from bsloss.integrations.packing import PackedDocuments
 from bsloss.integrations.term_weights import (
     Fixed,
     TermWeight,
@@ -127,7 +128,9 @@ class BERTScoreTerm:
         self._decoded: OrderedDict[tuple[int, ...], str] = OrderedDict()
         # training and evaluation batches are recorded apart: an evaluation between two
         # logging steps must neither report nor swallow the pending training values
-        self._metrics: dict[str, dict[str, list[Tensor]]] = {
+        # each value as (its sum, its weight) over the micro-batches: a logged mean weighs
+        # them as the loss does (accumulated micro-batches of different token counts)
+        self._metrics: dict[str, dict[str, list[tuple[Tensor | float, Tensor | float]]]] = {
             "train": defaultdict(list),
             "eval": defaultdict(list),
         }
@@ -315,13 +318,16 @@ class BERTScoreTerm:
         # not in Balanced's floor on the term); this is the one place a TermWeight is applied:
         # a checked constant whatever the rule returns, checked before anything is recorded
         weight = evaluate_term_weight(self.weight, ce_sum / label_tokens, term_local)
-        # recorded on the device, read when logged: no wait for the card at every step
-        metrics["ce"].append((ce_sum / label_tokens).detach())
+        # recorded on the device, read when logged: no wait for the card at every step; the
+        # CE and the term weigh by this micro-batch's share of the batch's tokens, as in the
+        # loss, so that the logged loss is ce_weight * ce + weight * bertscore_loss
+        share = (label_tokens / total).detach()
+        metrics["ce"].append((ce_mean.detach(), share))
+        metrics["bertscore_loss"].append((term_mean.detach(), share))
         if kept_rows:
-            metrics["bertscore_f"].append(f1[rows].mean().detach())
-        metrics["bertscore_loss"].append(term_local.detach())
+            metrics["bertscore_f"].append((f1[rows].sum().detach(), len(kept_rows)))
         if not isinstance(self.weight, Fixed):  # a step-by-step weight is logged
-            metrics["bertscore_weight"].append(weight)
+            metrics["bertscore_weight"].append((weight, 1))
         return self.ce_weight * ce_mean + weight * term_mean
 
     def _aligned(self, outputs: Any, labels: Tensor, name: str) -> tuple[Tensor, Tensor]:
@@ -355,8 +361,10 @@ class BERTScoreTerm:
         total = label_tokens if num_items_in_batch is None else num_items_in_batch
         total = torch.as_tensor(total, device=logits.device).clamp(min=1)
         metrics = self._metrics["train" if training else "eval"]
-        metrics["ce"].append((ce_sum / label_tokens).detach())  # read when logged
-        return self.ce_weight * ce_sum / total
+        ce_mean = ce_sum / total
+        # read when logged; weighed by this micro-batch's share of the batch's tokens
+        metrics["ce"].append((ce_mean.detach(), (label_tokens / total).detach()))
+        return self.ce_weight * ce_mean
 
     def _fused_own_scores(
         self, head: LMHead, hidden: Tensor, labels: Tensor, candidate_hidden: Tensor, kept: dict
@@ -378,14 +386,21 @@ class BERTScoreTerm:
         return getattr(prf, self.loss.target), ce
 
     def pop_metrics(self, training: bool = True) -> dict[str, float]:
-        """Mean ``ce`` (per completion token), ``bertscore_f`` and ``bertscore_loss`` (the
-        term's token-weighted ``1 - F`` before its weight) of the training batches
-        (``training=False``: the evaluation batches) since the last call, and
-        ``bertscore_weight``, the term's mean weight, when it changes step by step."""
+        """Mean ``ce`` (per completion token), ``bertscore_f`` (per row) and
+        ``bertscore_loss`` (the term's token-weighted ``1 - F`` before its weight) of the
+        training batches (``training=False``: the evaluation batches) since the last call, and
+        ``bertscore_weight``, the term's mean weight, when it changes step by step. ``ce`` and
+        ``bertscore_loss`` weigh the micro-batches as the loss does (by their share of the
+        accumulated batch's completion tokens), so that at a fixed weight the trainer's logged
+        loss is ``ce_weight * ce + weight * bertscore_loss``."""
         metrics = self._metrics["train" if training else "eval"]
         # the values stay on the device until here (the logging step), read one by one as
         # Python floats: the same sums as reading them at every step
-        means = {k: sum(float(x) for x in v) / len(v) for k, v in metrics.items() if v}
+        means = {}
+        for key, entries in metrics.items():
+            weight = sum(float(w) for _, w in entries)
+            if weight > 0:
+                means[key] = sum(float(v) for v, _ in entries) / weight
         metrics.clear()
         return means
 
@@ -578,33 +593,41 @@ class BERTScoreTrainerMixin:
             inputs["decoder_input_ids"] = unwrapped.prepare_decoder_input_ids_from_labels(
                 labels=labels
             )
+        # a packed (padding-free) batch: the forward runs packed, the term on one row per
+        # document (scored against its own reference, not the row's examples joined)
+        documents = None
+        if joint is None and self.bertscore_term.causal and isinstance(labels, Tensor):
+            documents = PackedDocuments.of(inputs.get("position_ids"), labels)
+        term_labels = labels if documents is None else documents.split(labels, IGNORE_INDEX)
         prefetch = self.bertscore_term.scores and not ce_alone and references is None
-        if prefetch and labels is not None and labels.dim() == 2:
+        if prefetch and term_labels is not None and term_labels.dim() == 2:
             # decoded before the forward: reading the labels after it would wait on a GPU for
             # the whole forward to finish
-            references = self.bertscore_term.references_of(labels)
+            references = self.bertscore_term.references_of(term_labels)
         if self.bertscore_fused and not return_outputs:
             # the forward stops before the LM head: CE and BERTScore from one chunked pass
             with lm_head_inputs(unwrapped) as head:
                 outputs = model(**inputs)
         else:  # return_outputs: the caller (prediction_step) wants the real logits
             head, outputs = None, model(**inputs)
-        own = {}
+        term_outputs, own = outputs, {}
+        if documents is not None:
+            term_outputs = {"logits": documents.split(outputs["logits"])}
         if joint is not None:
             logits, answers = joint.split(outputs["logits"])
-            outputs = {"logits": logits}
+            term_outputs = {"logits": logits}
             own = {"candidate_outputs": {"logits": answers},
                    "candidate_labels": joint.candidate_labels,
                    "candidate_rows": joint.candidate_rows}  # fmt: skip
         if ce_alone:
-            logits, aligned = self.bertscore_term._aligned(outputs, labels, "labels")
+            logits, aligned = self.bertscore_term._aligned(term_outputs, term_labels, "labels")
             loss = self.bertscore_term._cross_entropy_alone(
                 logits, aligned, num_items_in_batch, head, training=True
             )
         else:
             loss = self.bertscore_term(
-                outputs, labels, num_items_in_batch, references, training=model.training,
-                head=head, **own,
+                term_outputs, term_labels, num_items_in_batch, references,
+                training=model.training, head=head, **own,
             )  # fmt: skip
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             # num_items_in_batch counts every process's tokens and DDP averages the gradients
@@ -621,6 +644,8 @@ class BERTScoreTrainerMixin:
     def evaluation_loop(self, *args, **kwargs):
         """The trainer's loop, its metrics joined by the evaluation batches' ``ce`` and
         ``bertscore_f`` (``eval_``-prefixed, or the ``metric_key_prefix`` given)."""
+        # the batches of an evaluation that failed part-way must not count in this one
+        self.bertscore_term.pop_metrics(training=False)
         output = super().evaluation_loop(*args, **kwargs)
         prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
         measured = self.bertscore_term.pop_metrics(training=False)
