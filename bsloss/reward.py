@@ -137,6 +137,24 @@ class BERTScoreReward:
         reference_cache_size = check_int(reference_cache_size, "reference_cache_size", 0)
         if scorer is not None and not isinstance(scorer, BERTScorer):
             raise TypeError(f"scorer must be a BERTScorer, got {type(scorer).__name__}")
+        if scorer is not None:
+            # the scorer holds these; taking one besides it would leave it silently unused
+            given = [
+                name
+                for name, value in (("model", model), ("num_layers", num_layers))
+                if value is not None
+            ] + list(deprecated)
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} and scorer= given together: the scorer's settings are "
+                    f"the reward's; build the scorer with them, BERTScorer(..., {given[0]}=...)"
+                )
+            if scorer.idf is True:
+                raise ValueError(
+                    "scorer has idf=True, which would weigh each call by its own references (the "
+                    "same pair would score differently in another batch); build it with the "
+                    "reference corpus as idf=[...], or call scorer.compute_idf(corpus) first"
+                )
         self.scorer = scorer or BERTScorer(
             model,
             num_layers,

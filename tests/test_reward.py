@@ -92,6 +92,37 @@ def test_idf_true_is_refused(scorer):
         BERTScoreReward(idf=True, scorer=bsloss.BERTScorer(encoder=scorer.encoder))
 
 
+def test_a_scorer_with_idf_from_each_call_is_refused(scorer):
+    """A scorer whose idf comes from each call's references would score the same pair
+    differently in another batch (0 alone: log(2/2) weighs every token 0)."""
+    per_call = bsloss.BERTScorer(encoder=scorer.encoder, idf=True)
+    with pytest.raises(ValueError, match="scorer has idf=True.*idf=\\[...\\]"):
+        BERTScoreReward(scorer=per_call)
+    corpus = bsloss.BERTScorer(encoder=scorer.encoder, idf=list(REFS))
+    reward = BERTScoreReward(scorer=corpus)
+    alone = reward(completions=CANDS[:1], reference=REFS[:1])
+    assert alone == pytest.approx(reward(completions=CANDS, reference=REFS)[:1], abs=1e-6)
+    assert alone[0] > 0.5
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"rescale_with_baseline": True},
+        {"idf": ["a corpus"]},
+        {"model": "roberta-large"},
+        {"num_layers": 3},
+    ],
+)
+@pytest.mark.filterwarnings("ignore:BERTScoreReward.*deprecated:DeprecationWarning")
+def test_scorer_settings_beside_a_scorer_are_refused(scorer, settings):
+    """With scorer= the scorer's settings are the reward's: another one beside it was dropped
+    without a word (rescale_with_baseline=True scored unrescaled)."""
+    name = next(iter(settings))
+    with pytest.raises(ValueError, match=f"^{name} and scorer= given together"):
+        BERTScoreReward(scorer=bsloss.BERTScorer(encoder=scorer.encoder), **settings)
+
+
 def test_trl_grpo_two_steps(reward, scorer, tmp_path):
     """The reward plugged as-is into TRL's GRPOTrainer for two optimisation steps of a tiny
     randomly initialised causal LM that uses the embedded scorer's tokenizer."""
