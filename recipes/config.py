@@ -81,11 +81,22 @@ def base_arguments(description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--stop_after",
-        type=int,
+        type=_step_count,
         default=None,
-        help="stop after this many steps of this invocation, as an interruption would",
+        help="stop after this many steps (>= 1) of this invocation, as an interruption would",
     )
     return parser
+
+
+def _step_count(text: str) -> int:
+    """``--stop_after``'s value: a step is the least a run can stop after (0 ran one step)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 @dataclass

@@ -151,6 +151,20 @@ def test_a_value_its_consumer_refuses_fails_at_load_named(
     assert setting in message and value in message and accepted in message, message
 
 
+@pytest.mark.parametrize("steps", ["0", "-2", "two"])
+def test_stop_after_takes_a_count_of_steps(tmp_path, no_model_loads, capsys, steps):
+    """--stop_after 0 (or -2) ran a step and said 'stopped after step 1': refused now."""
+    import finetune
+
+    with pytest.raises(SystemExit) as refused:
+        finetune.main(["--config", str(STAGE2), "--output_dir", str(tmp_path),
+                       "--stop_after", steps])  # fmt: skip
+    assert refused.value.code == 2
+    assert f"argument --stop_after: {'not an integer' if steps == 'two' else 'must be >= 1'}" in (
+        capsys.readouterr().err
+    )
+
+
 def test_a_balanced_term_without_the_cross_entropy_fails_at_load(tmp_path, no_model_loads):
     """BERTScoreTerm refuses Balanced with ce_weight=0 (nothing to balance against): the
     config says so at load, naming both settings, not at the first step."""
