@@ -54,6 +54,18 @@ def causal_batch(vocabulary_tokenizer, left_pad: bool = False):
     }
 
 
+def causal_answers(model, batch, labels, tokenizer, answers=None):
+    """``answers`` (default greedy) for a causal batch, ending at the tokenizer's [SEP]."""
+    return (answers or GreedyAnswers()).answer(
+        model,
+        batch,
+        labels,
+        causal=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=[tokenizer.sep_token_id],
+    )
+
+
 def answer_one_by_one(model, vocabulary_tokenizer, batch, max_new_tokens):
     """Each row's greedy answer from its prompt alone (no padding anywhere), cut after [SEP]:
     (prompt + answer ids, the answer's labels) per row."""
@@ -87,14 +99,7 @@ def test_joined_batch_equals_the_rows_run_alone(vocabulary_tokenizer, left_pad):
     batch = causal_batch(vocabulary_tokenizer, left_pad)
     labels = batch.pop("labels")
     longest = int((labels != -100).sum(1).max())
-    joint = GreedyAnswers().answer(
-        model,
-        batch,
-        labels,
-        causal=True,
-        pad_token_id=vocabulary_tokenizer.pad_token_id,
-        eos_token_ids=[vocabulary_tokenizer.sep_token_id],
-    )
+    joint = causal_answers(model, batch, labels, vocabulary_tokenizer)
     assert model.training  # its mode is restored after generating
     expected = answer_one_by_one(model, vocabulary_tokenizer, {**batch, "labels": labels}, longest)
     for i, (_, row_labels) in enumerate(expected):
@@ -388,14 +393,7 @@ def scripted_step(soft_loss, vocabulary_tokenizer, pad_token: str):
     model = without_dropout(
         scripted(tiny_gpt2(vocabulary_tokenizer), scripted_answers(vocabulary_tokenizer))
     )
-    joint = GreedyAnswers(max_new_tokens=6).answer(
-        model,
-        batch,
-        labels,
-        causal=True,
-        pad_token_id=padded.pad_token_id,
-        eos_token_ids=[padded.sep_token_id],
-    )
+    joint = causal_answers(model, batch, labels, padded, GreedyAnswers(max_new_tokens=6))
     model.eval()
     with torch.no_grad():
         logits, own = joint.split(model(**joint.inputs).logits)
@@ -475,14 +473,7 @@ def test_a_row_without_labels_gets_no_answer_scored(soft_loss, vocabulary_tokeni
     batch["labels"][1] = -100
     labels = batch["labels"].clone()
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
-    joint = GreedyAnswers().answer(
-        model,
-        inputs,
-        labels,
-        causal=True,
-        pad_token_id=vocabulary_tokenizer.pad_token_id,
-        eos_token_ids=[vocabulary_tokenizer.sep_token_id],
-    )
+    joint = causal_answers(model, inputs, labels, vocabulary_tokenizer)
     assert (joint.candidate_labels[1] == -100).all() and (joint.candidate_labels[0] != -100).any()
     both = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()})
     alone = trainer.compute_loss(model, {k: v[:1].clone() for k, v in batch.items()})
