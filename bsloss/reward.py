@@ -82,7 +82,9 @@ class BERTScoreReward:
         target: ``"f1"``, ``"precision"`` or ``"recall"``.
         reference_cache_size: reference texts whose embeddings are kept across calls.
         scorer: an existing :class:`~bsloss.BERTScorer` to use (its ``idf``,
-            ``rescale_with_baseline``, ``batch_size``, ``device``... are the reward's). If its
+            ``rescale_with_baseline``, ``batch_size``, ``device``... are the reward's: ``model``,
+            ``num_layers`` or a scorer keyword beside it is refused, and so is ``idf=True``,
+            idf from each call's references, which would score a pair by its batch). If its
             reference cache is off, the reward scores with
             :meth:`~bsloss.BERTScorer.with_reference_cache` (the same encoder and settings, its
             own cache of ``reference_cache_size``): the scorer passed in is not changed.
@@ -95,7 +97,8 @@ class BERTScoreReward:
         **columns)``, it returns one float per completion.
 
     Raises:
-        ValueError, TypeError: an argument of the wrong type or out of range, named.
+        ValueError, TypeError: an argument of the wrong type or out of range, a scorer setting
+            beside ``scorer``, or a scorer with ``idf=True``, named.
         KeyError: at call time, no ``reference_column`` among the columns.
 
     >>> import bsloss
