@@ -4,6 +4,8 @@ scorer's tokenizer), its gradient-accumulation normalisation, and the compute_me
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -132,6 +134,54 @@ def test_term_rejects_bad_input(loss, tokenizer):
         term({"logits": torch.randn(2, 5, len(tokenizer))}, torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="needs labels"):
         term({"logits": torch.randn(2, 5, len(tokenizer))}, None)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["dense", "fused"])
+@pytest.mark.parametrize("weight", [1.0, 0.0], ids=["term", "ce-alone"])
+def test_a_label_outside_the_vocabulary_is_named_where_the_caller_put_it(
+    loss, tokenizer, fused, weight
+):
+    """A label id outside the model's vocabulary failed in torch's CE on the dense path
+    (``IndexError: Target 30527 is out of bounds``; on a GPU a device-side assert, which breaks
+    the process's CUDA context), and was named one place too early on the fused path (the
+    model's labels are shifted by one), as ``target_ids`` and by its row among the scored rows.
+    Each path names it ``labels[b, t]``, t in the labels given, and the term works after."""
+    from bsloss.integrations.lm_head import lm_head_inputs
+
+    model = tiny_gpt2(tokenizer)
+    batch = causal_batch(tokenizer)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    bad = batch["labels"].clone()
+    position = int((bad[1] != -100).nonzero()[1])
+    bad[1, position] = vocab + 5
+    term = BERTScoreTerm(loss, tokenizer, weight=weight)
+
+    def step(labels):
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+        if not fused:
+            return term(model(**inputs), labels)
+        with lm_head_inputs(model) as head:
+            outputs = model(**inputs)
+        return term(outputs, labels, head=head)
+
+    where = re.escape(f"outside [0, {vocab}) (the model's vocabulary; and not -100) at ")
+    with pytest.raises(ValueError, match=where + rf"labels\[1, {position}\]$"):
+        step(bad)
+    assert torch.isfinite(step(batch["labels"]))
+
+
+def test_token_cross_entropy_names_a_label_outside_the_vocabulary():
+    """The dense branch left the check to torch (an IndexError without a place; a device-side
+    assert on a GPU); the hidden-states branch already named it."""
+    from bsloss.integrations.lm_head import token_cross_entropy
+
+    labels = torch.tensor([[1, 2, -100], [3, 12, 5]])
+    with pytest.raises(ValueError, match=r"outside \[0, 10\) \(and not -100\) at labels\[1, 1\]"):
+        token_cross_entropy(labels, logits=torch.randn(2, 3, 10))
+    with pytest.raises(ValueError, match=r"at labels\[1, 1\]"):
+        token_cross_entropy(labels, hidden_states=torch.randn(2, 3, 4), head=torch.randn(10, 4))
+    labels[1, 1] = 9
+    assert torch.isfinite(token_cross_entropy(labels, logits=torch.randn(2, 3, 10)))
 
 
 def training_args(tmp_path, cls=None, **extra):

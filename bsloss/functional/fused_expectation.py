@@ -628,6 +628,11 @@ def _split_head(output_embeddings: Tensor | nn.Module, bias: Tensor | None):
     return output_embeddings, bias
 
 
+def ids_outside_vocabulary(target_ids: Tensor, vocab: int) -> Tensor:
+    """Where ``target_ids`` is outside ``[0, vocab)`` and not ``-100`` (no read of the device)."""
+    return ((target_ids < 0) | (target_ids >= vocab)) & (target_ids != IGNORE_INDEX)
+
+
 def check_target_ids(target_ids: Tensor, vocab: int, name: str = "target_ids") -> None:
     """Refuse target ids outside ``[0, vocab)`` other than ``-100``, naming the first by its
     index in ``target_ids`` (one read of the device).
@@ -636,7 +641,7 @@ def check_target_ids(target_ids: Tensor, vocab: int, name: str = "target_ids") -
     Traceback (most recent call last):
     ValueError: labels has ids outside [0, 5) (and not -100) at labels[1, 1]
     """
-    bad = ((target_ids < 0) | (target_ids >= vocab)) & (target_ids != IGNORE_INDEX)
+    bad = ids_outside_vocabulary(target_ids, vocab)
     if bad.any():
         raise ValueError(
             f"{name} has ids outside [0, {vocab}) (and not {IGNORE_INDEX}) at "

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from bsloss.bridge import Bridge
+from bsloss.functional.fused_expectation import ids_outside_vocabulary
 from bsloss.integrations.candidates import CandidateSource, resolve_candidates
 from bsloss.integrations.lm_head import (
     IGNORE_INDEX,
@@ -279,17 +280,26 @@ class BERTScoreTerm:
         keep = (tokens > 0) | mask[candidate_rows].any(dim=1)
         row_weights = tokens.clamp_min(1) * keep
         f1 = torch.zeros(candidate_labels.shape[0], device=logits.device)
-        # the host picks the rows' references: one read of the device, for every use below
-        keep_and_rows = torch.stack([keep.long(), candidate_rows.long()]).tolist()
-        kept_rows = [i for i, kept_row in enumerate(keep_and_rows[0]) if kept_row]
-        host_rows = keep_and_rows[1]
+        # the host picks the rows' references: one read of the device, for every use below,
+        # which also says whether a label is outside the vocabulary (the CE's check, named here
+        # by its place in the labels given; the head's shape is whole outside its unit too)
+        vocab = logits.shape[-1] if head is None else head.weight.shape[0]
+        outside = ids_outside_vocabulary(labels, vocab).any().long()[None]
+        host = torch.cat([keep.long(), candidate_rows.long(), outside]).tolist()
+        answered = keep.shape[0]
+        if host[-1]:
+            raise self._labels_outside(labels, vocab)
+        kept_rows = [i for i, kept_row in enumerate(host[:answered]) if kept_row]
+        host_rows = host[answered : 2 * answered]
         rows = torch.tensor(kept_rows, dtype=torch.long).to(logits.device, non_blocking=True)
         kept = {
             "candidate_mask": candidate_mask[rows],
             "references": [references[host_rows[i]] for i in kept_rows],
         }
         if head is None:
-            ce_sum = token_cross_entropy(labels, logits=logits, reduction="sum")
+            ce_sum = token_cross_entropy(
+                labels, logits=logits, reduction="sum", check_targets=False
+            )
             if kept_rows:
                 prf = self.loss.score(candidate_logits[rows].float(), **kept)
                 f1 = f1.index_put((rows,), getattr(prf, self.loss.target).float())
@@ -343,6 +353,17 @@ class BERTScoreTerm:
             )
         return logits, labels
 
+    def _labels_outside(self, labels: Tensor, vocab: int) -> ValueError:
+        """The error for aligned ``labels`` with an id outside ``[0, vocab)``: the first named
+        at its place in the labels the caller gave (a causal model's are shifted by one here).
+        torch's own check is an ``IndexError`` on the CPU and, on a GPU, a device-side assert
+        that breaks the process's CUDA context."""
+        row, position = ids_outside_vocabulary(labels, vocab).nonzero()[0].tolist()
+        return ValueError(
+            f"labels has ids outside [0, {vocab}) (the model's vocabulary; and not "
+            f"{IGNORE_INDEX}) at labels[{row}, {position + int(self.causal)}]"
+        )
+
     def _cross_entropy_alone(
         self,
         logits: Tensor,
@@ -354,9 +375,13 @@ class BERTScoreTerm:
         """``ce_weight`` times the CE, normalised as the full loss is, and recorded (the term
         under a fixed weight of 0: nothing else is computed)."""
         if head is None:
-            ce_sum = token_cross_entropy(labels, logits=logits, reduction="sum")
+            if ids_outside_vocabulary(labels, logits.shape[-1]).any():
+                raise self._labels_outside(labels, logits.shape[-1])
+            ce_sum = token_cross_entropy(
+                labels, logits=logits, reduction="sum", check_targets=False
+            )
         else:
-            ce_sum = head.run(_fused_cross_entropy_sum, logits, labels)
+            ce_sum = head.run(_fused_cross_entropy_sum, logits, labels, self._labels_outside)
         label_tokens = (labels != IGNORE_INDEX).sum().clamp(min=1)
         total = label_tokens if num_items_in_batch is None else num_items_in_batch
         total = torch.as_tensor(total, device=logits.device).clamp(min=1)
@@ -371,7 +396,7 @@ class BERTScoreTerm:
     ) -> tuple[Tensor, Tensor]:
         """(the CE summed over ``labels``' tokens, the candidates' target score per kept row),
         each chunked over ``head`` (called through :meth:`LMHead.run`)."""
-        ce_sum = _fused_cross_entropy_sum(head, hidden, labels)
+        ce_sum = _fused_cross_entropy_sum(head, hidden, labels, self._labels_outside)
         if not kept["references"]:
             return ce_sum, ce_sum.new_zeros(0)
         prf = self.loss.score(head.inputs(candidate_hidden), **kept)
@@ -405,10 +430,21 @@ class BERTScoreTerm:
         return means
 
 
-def _fused_cross_entropy_sum(head: LMHead, hidden: Tensor, labels: Tensor) -> Tensor:
+def _fused_cross_entropy_sum(
+    head: LMHead,
+    hidden: Tensor,
+    labels: Tensor,
+    labels_outside: Callable[[Tensor, int], ValueError],
+) -> Tensor:
     """The CE summed over ``labels``' tokens, chunked over ``head`` (through
-    :meth:`LMHead.run`)."""
-    return token_cross_entropy(labels, hidden_states=hidden, head=head, reduction="sum")
+    :meth:`LMHead.run`, where the head's weight is whole); ``labels_outside`` names a label
+    outside its vocabulary (in the read the pass's own check would make)."""
+    vocab = head.weight.shape[0]
+    if ids_outside_vocabulary(labels, vocab).any():
+        raise labels_outside(labels, vocab)
+    return token_cross_entropy(
+        labels, hidden_states=hidden, head=head, reduction="sum", check_targets=False
+    )
 
 
 class _WithReferences:

@@ -349,6 +349,7 @@ def token_cross_entropy(
     hidden_states: Tensor | None = None,
     head: LMHead | Tensor | nn.Module | None = None,
     reduction: str = "mean",
+    check_targets: bool = True,
 ) -> Tensor:
     """``-log q(labels)`` per target token (``-100`` ignored), from ``[..., V]`` logits or, without
     them, chunked from the head's input ``hidden_states`` ``[..., d]`` and ``head`` (an
@@ -360,11 +361,15 @@ def token_cross_entropy(
         head: with ``hidden_states``.
         reduction: ``"mean"`` over the target tokens (0 when there are none), ``"sum"``, or
             ``"none"`` (the shape of ``labels``, 0 at ignored positions).
+        check_targets: refuse labels outside ``[0, V)`` (other than ``-100``), naming the
+            first as ``labels[b, t]``: one read of the device (torch's own check fails as an
+            ``IndexError`` on the CPU, a device-side assert that breaks the process's CUDA
+            context on a GPU). ``False`` for a caller that has checked them.
 
     Raises:
         ValueError: not exactly one of ``logits`` / ``hidden_states``, a missing ``head``, an
-            unknown ``reduction``, or ``labels`` of another shape than their leading dimensions
-            (both named).
+            unknown ``reduction``, ``labels`` of another shape than their leading dimensions
+            (both named), or outside the vocabulary (named).
 
     >>> import torch
     >>> logits, labels = torch.randn(2, 3, 10), torch.tensor([[1, 2, -100], [3, 4, 5]])
@@ -381,6 +386,8 @@ def token_cross_entropy(
     check_targets_shape(labels, "labels", inputs, name)
     flat_labels = labels.reshape(-1)
     if logits is not None:
+        if check_targets:
+            check_target_ids(labels, logits.shape[-1], "labels")
         per_token = nn.functional.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(),
             flat_labels,
@@ -399,14 +406,14 @@ def token_cross_entropy(
         # name a row of the selection); right after the read above, this one waits for little
         weight = getattr(head, "weight", head)
         checked_here = isinstance(weight, Tensor) and weight.dim() == 2
-        if checked_here:
+        if checked_here and check_targets:
             check_target_ids(labels, weight.shape[0], "labels")
         log_likelihood = fused_token_log_likelihood(
             hidden_states.reshape(-1, hidden_states.shape[-1]).index_select(0, rows),
             head,
             flat_labels[rows],
             softcap=getattr(head, "softcap", None),
-            check_targets=not checked_here,
+            check_targets=check_targets and not checked_here,
         )
         per_token = log_likelihood.new_zeros(flat_labels.shape).index_copy(0, rows, -log_likelihood)
     if reduction == "none":
