@@ -51,9 +51,27 @@ class ExistingFolder(argparse.Action):
         setattr(namespace, self.dest, path)
 
 
+class ExistingFile(argparse.Action):
+    """``--config``: a file that exists, else one line naming the option and the path (exit
+    status 2, as argparse's errors), not a ``FileNotFoundError`` traceback."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        path = Path(values)
+        if not path.is_file():
+            what = "a folder, not a file" if path.exists() else "no such file"
+            parser.exit(
+                2,
+                f"{parser.prog}: error: {option_string} {values}: {what} (a YAML file, as in "
+                "recipes/configs/)\n",
+            )
+        setattr(namespace, self.dest, path)
+
+
 def base_arguments(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", type=Path, required=True, help="YAML file in recipes/configs/")
+    parser.add_argument(
+        "--config", action=ExistingFile, required=True, help="YAML file in recipes/configs/"
+    )
     parser.add_argument("--output_dir", type=Path, required=True)
     parser.add_argument(
         "--set",

@@ -151,6 +151,18 @@ def test_a_value_its_consumer_refuses_fails_at_load_named(
     assert setting in message and value in message and accepted in message, message
 
 
+@pytest.mark.parametrize("config", ["missing.yaml", "."], ids=["missing", "a-folder"])
+def test_config_must_be_a_file(tmp_path, no_model_loads, capsys, config):
+    """A missing --config ended in a FileNotFoundError traceback: one line, exit status 2."""
+    import finetune
+
+    with pytest.raises(SystemExit) as refused:
+        finetune.main(["--config", str(tmp_path / config), "--output_dir", str(tmp_path / "run")])
+    assert refused.value.code == 2
+    what = "no such file" if config == "missing.yaml" else "a folder, not a file"
+    assert f"error: --config {tmp_path / config}: {what}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("steps", ["0", "-2", "two"])
 def test_stop_after_takes_a_count_of_steps(tmp_path, no_model_loads, capsys, steps):
     """--stop_after 0 (or -2) ran a step and said 'stopped after step 1': refused now."""
