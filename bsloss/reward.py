@@ -130,8 +130,13 @@ class BERTScoreReward:
             )
         options = {**_SCORER_KEYWORDS, **deprecated}
         idf = options["idf"]
-        if target not in _TARGETS:
+        if not isinstance(target, str) or target not in _TARGETS:
             raise ValueError(f"target must be one of {tuple(_TARGETS)}, got {target!r}")
+        if not isinstance(reference_column, str) or not reference_column:
+            raise TypeError(
+                "reference_column must be the name of the dataset column that holds the "
+                f"references (a non-empty string), got {reference_column!r}"
+            )
         if idf is True:
             raise ValueError(
                 "idf=True would weigh each call by its own references; pass the reference "

@@ -432,13 +432,32 @@ def check_loss_matching(loss_section: dict) -> None:
 
 
 def check_grpo(config: RecipeConfig) -> None:
-    """What grpo.py needs of a config beyond every recipe's: whole groups of completions per
-    step, no early stopping and no finetune.py loss weight.
+    """What grpo.py needs of a config beyond every recipe's: whole groups of at least two
+    completions per step, no early stopping, and none of the other recipes' settings it does not
+    use (finetune.py's loss weight and candidates, rl_scst.py's ``rl`` keys).
 
     Raises:
         ValueError: naming the setting and its value.
     """
     train, rl = config.train, config.rl
+    if rl.num_generations < 2:
+        raise ValueError(
+            f"config rl.num_generations: GRPO's advantage compares a prompt's completions with "
+            f"each other; it needs >= 2, got {rl.num_generations}"
+        )
+    # settings of rl_scst.py / finetune.py that grpo.py would run without, silently
+    defaults = RLConfig()
+    for key in ("ce_weight", "sample_top_k"):
+        if getattr(rl, key) != getattr(defaults, key):
+            raise ValueError(
+                f"config rl.{key}: rl_scst.py's setting, which grpo.py does not use (set it to "
+                f"{getattr(defaults, key)}), got {getattr(rl, key)}"
+            )
+    if config.loss.get("candidates", "teacher_forced") != "teacher_forced":
+        raise ValueError(
+            "config loss.candidates: finetune.py's setting; grpo.py samples its own "
+            f"rl.num_generations completions (remove it), got {config.loss['candidates']!r}"
+        )
     if train.batch_size % rl.num_generations:
         raise ValueError(
             f"config train.batch_size ({train.batch_size}) must be a multiple of "

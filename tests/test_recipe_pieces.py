@@ -200,6 +200,25 @@ def test_grpo_needs_whole_groups_of_completions_at_load(tmp_path, no_model_loads
     assert load_config(GRPO, ["train.batch_size=6"]).train.batch_size == 6
 
 
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("rl.num_generations=1", "rl.num_generations: .*>= 2, got 1"),
+        ("rl.ce_weight=5", "rl.ce_weight: rl_scst.py's setting.*got 5"),
+        ("rl.sample_top_k=3", "rl.sample_top_k: rl_scst.py's setting.*got 3"),
+        ("loss.candidates=sample", "loss.candidates: finetune.py's setting.*'sample'"),
+    ],
+)
+def test_grpo_refuses_settings_it_would_run_without(tmp_path, no_model_loads, override, named):
+    """grpo.py ran with rl.ce_weight=5, rl.sample_top_k=3 or loss.candidates=sample exactly as
+    without them, and took rl.num_generations=1 until TRL refused it after the models loaded:
+    each is refused at load now, named."""
+    import grpo
+
+    with pytest.raises(ValueError, match=named):
+        grpo.main(["--config", str(GRPO), "--output_dir", str(tmp_path), "--set", override])
+
+
 def test_init_from_a_missing_folder_is_one_line(tmp_path, capsys, no_model_loads):
     """One line naming --init_from and the path, no traceback with the hub's repo-id message,
     before any model loads."""

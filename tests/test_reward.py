@@ -106,6 +106,23 @@ def test_a_scorer_with_idf_from_each_call_is_refused(scorer):
 
 
 @pytest.mark.parametrize(
+    ("options", "error", "named"),
+    [
+        ({"target": ["f1"]}, ValueError, "target must be one of"),
+        ({"target": {"f1": 1}}, ValueError, "target must be one of"),
+        ({"reference_column": None}, TypeError, "reference_column must be"),
+        ({"reference_column": ""}, TypeError, "reference_column must be"),
+        ({"reference_column": 3}, TypeError, "reference_column must be"),
+    ],
+)
+def test_reward_options_are_checked_when_built(scorer, options, error, named):
+    """target=["f1"] failed as 'unhashable type: list'; reference_column=None was taken and
+    failed at the first call (in GRPO, the first step)."""
+    with pytest.raises(error, match=named):
+        BERTScoreReward(scorer=bsloss.BERTScorer(encoder=scorer.encoder), **options)
+
+
+@pytest.mark.parametrize(
     "settings",
     [
         {"rescale_with_baseline": True},
