@@ -14,6 +14,7 @@ import math
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["main"]
@@ -149,7 +150,10 @@ def _models(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int_at_least(minimum: int):
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``minimum``, else argparse's one-line error (the
+    recipes' command lines use it too)."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -203,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help="hub name or local folder (default: embedded all-MiniLM-L6-v2)",
         )
-        p.add_argument("--batch-size", "-b", "--batch_size", type=_int_at_least(1), default=64)
+        p.add_argument("--batch-size", "-b", "--batch_size", type=int_at_least(1), default=64)
         p.add_argument("--device", default=None)
         p.add_argument(
             "--debug",
@@ -239,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="bert-score's default model for this language (en: roberta-large, zh, tr, en-sci, "
         "others: bert-base-multilingual-cased); needs that model offline-loadable",
     )
-    score.add_argument("--num-layers", "-l", "--num_layers", type=_int_at_least(0), default=None)
+    score.add_argument("--num-layers", "-l", "--num_layers", type=int_at_least(0), default=None)
     score.add_argument("--idf", action="store_true", help="idf weights from the references")
     score.add_argument(
         "--rescale",
@@ -282,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "-f", "--output", "--file", required=True, type=Path, help="image file (.png, .pdf)"
     )
     plot.add_argument("--lang", action=_LangModel, default=None, help="as for `bsloss score`")
-    plot.add_argument("--num-layers", "-l", "--num_layers", type=_int_at_least(0), default=None)
+    plot.add_argument("--num-layers", "-l", "--num_layers", type=int_at_least(0), default=None)
     plot.add_argument(
         "--temperature",
         type=_positive_float,
@@ -295,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     baseline = sub.add_parser("baseline", help="compute a rescaling baseline for any model")
     baseline.add_argument("--corpus", required=True, help="text file, one sentence per line")
     baseline.add_argument("-o", "--output", required=True, type=Path)
-    baseline.add_argument("--num-pairs", type=_int_at_least(1), default=10_000)
+    baseline.add_argument("--num-pairs", type=int_at_least(1), default=10_000)
     baseline.add_argument("--seed", type=int, default=0)
     common(baseline)
     baseline.set_defaults(run=_baseline)

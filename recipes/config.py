@@ -18,6 +18,7 @@ import yaml
 from prompting import chat_template_setting
 from tasks import get_task
 
+from bsloss.cli import int_at_least
 from bsloss.functional.matching import SHORTHANDS, check_iterations, check_temperature
 from bsloss.integrations.term_weights import Balanced, Fixed, check_balance
 
@@ -34,37 +35,40 @@ def check_choice(where: str, value: Any, accepted: Sequence) -> None:
         raise ValueError(f"config {where}: expected one of {tuple(accepted)}, got {value!r}")
 
 
-class ExistingFolder(argparse.Action):
-    """``--init_from``: a folder that exists, else one line naming the option and the path (exit
-    status 2, as argparse's errors), before any model is loaded: not the hub's repo-id message
-    in a traceback."""
+class _ExistingPath(argparse.Action):
+    """A path of the kind ``is_kind`` checks, else one line naming the option and the path (exit
+    status 2, as argparse's errors), before any model is loaded: not a traceback."""
+
+    kind, other, hint = "", "", ""
+
+    def is_kind(self, path: Path) -> bool:
+        raise NotImplementedError
 
     def __call__(self, parser, namespace, values, option_string=None):
         path = Path(values)
-        if not path.is_dir():
-            what = "a file, not a folder" if path.exists() else "no such folder"
-            parser.exit(
-                2,
-                f"{parser.prog}: error: {option_string} {values}: {what} (a saved generator "
-                "folder: a run's model/ or best/)\n",
-            )
+        if not self.is_kind(path):
+            what = f"a {self.other}, not a {self.kind}" if path.exists() else f"no such {self.kind}"
+            message = f"{option_string} {values}: {what} ({self.hint})"
+            parser.exit(2, f"{parser.prog}: error: {message}\n")
         setattr(namespace, self.dest, path)
 
 
-class ExistingFile(argparse.Action):
-    """``--config``: a file that exists, else one line naming the option and the path (exit
-    status 2, as argparse's errors), not a ``FileNotFoundError`` traceback."""
+class ExistingFolder(_ExistingPath):
+    """``--init_from``: a folder that exists (not the hub's repo-id message in a traceback)."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
-        path = Path(values)
-        if not path.is_file():
-            what = "a folder, not a file" if path.exists() else "no such file"
-            parser.exit(
-                2,
-                f"{parser.prog}: error: {option_string} {values}: {what} (a YAML file, as in "
-                "recipes/configs/)\n",
-            )
-        setattr(namespace, self.dest, path)
+    kind, other, hint = "folder", "file", "a saved generator folder: a run's model/ or best/"
+
+    def is_kind(self, path: Path) -> bool:
+        return path.is_dir()
+
+
+class ExistingFile(_ExistingPath):
+    """``--config``: a file that exists (not a ``FileNotFoundError`` traceback)."""
+
+    kind, other, hint = "file", "folder", "a YAML file, as in recipes/configs/"
+
+    def is_kind(self, path: Path) -> bool:
+        return path.is_file()
 
 
 def base_arguments(description: str) -> argparse.ArgumentParser:
@@ -99,22 +103,11 @@ def base_arguments(description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--stop_after",
-        type=_step_count,
+        type=int_at_least(1),  # a step is the least a run can stop after (0 ran one step)
         default=None,
         help="stop after this many steps (>= 1) of this invocation, as an interruption would",
     )
     return parser
-
-
-def _step_count(text: str) -> int:
-    """``--stop_after``'s value: a step is the least a run can stop after (0 ran one step)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 @dataclass

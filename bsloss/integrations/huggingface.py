@@ -364,6 +364,11 @@ class BERTScoreTerm:
             f"{IGNORE_INDEX}) at labels[{row}, {position + int(self.causal)}]"
         )
 
+    def _check_labels(self, labels: Tensor, vocab: int) -> None:
+        """Refuse aligned ``labels`` outside ``[0, vocab)`` (one read of the device), named."""
+        if ids_outside_vocabulary(labels, vocab).any():
+            raise self._labels_outside(labels, vocab)
+
     def _cross_entropy_alone(
         self,
         logits: Tensor,
@@ -375,13 +380,12 @@ class BERTScoreTerm:
         """``ce_weight`` times the CE, normalised as the full loss is, and recorded (the term
         under a fixed weight of 0: nothing else is computed)."""
         if head is None:
-            if ids_outside_vocabulary(labels, logits.shape[-1]).any():
-                raise self._labels_outside(labels, logits.shape[-1])
+            self._check_labels(labels, logits.shape[-1])
             ce_sum = token_cross_entropy(
                 labels, logits=logits, reduction="sum", check_targets=False
             )
         else:
-            ce_sum = head.run(_fused_cross_entropy_sum, logits, labels, self._labels_outside)
+            ce_sum = head.run(_fused_cross_entropy_sum, logits, labels, self._check_labels)
         label_tokens = (labels != IGNORE_INDEX).sum().clamp(min=1)
         total = label_tokens if num_items_in_batch is None else num_items_in_batch
         total = torch.as_tensor(total, device=logits.device).clamp(min=1)
@@ -396,7 +400,7 @@ class BERTScoreTerm:
     ) -> tuple[Tensor, Tensor]:
         """(the CE summed over ``labels``' tokens, the candidates' target score per kept row),
         each chunked over ``head`` (called through :meth:`LMHead.run`)."""
-        ce_sum = _fused_cross_entropy_sum(head, hidden, labels, self._labels_outside)
+        ce_sum = _fused_cross_entropy_sum(head, hidden, labels, self._check_labels)
         if not kept["references"]:
             return ce_sum, ce_sum.new_zeros(0)
         prf = self.loss.score(head.inputs(candidate_hidden), **kept)
@@ -434,14 +438,12 @@ def _fused_cross_entropy_sum(
     head: LMHead,
     hidden: Tensor,
     labels: Tensor,
-    labels_outside: Callable[[Tensor, int], ValueError],
+    check_labels: Callable[[Tensor, int], None],
 ) -> Tensor:
     """The CE summed over ``labels``' tokens, chunked over ``head`` (through
-    :meth:`LMHead.run`, where the head's weight is whole); ``labels_outside`` names a label
-    outside its vocabulary (in the read the pass's own check would make)."""
-    vocab = head.weight.shape[0]
-    if ids_outside_vocabulary(labels, vocab).any():
-        raise labels_outside(labels, vocab)
+    :meth:`LMHead.run`, where the head's weight is whole); ``check_labels`` refuses a label
+    outside its vocabulary, named (in the read the pass's own check would make)."""
+    check_labels(labels, head.weight.shape[0])
     return token_cross_entropy(
         labels, hidden_states=hidden, head=head, reduction="sum", check_targets=False
     )
