@@ -607,7 +607,7 @@ class BridgeMode:
     (:func:`resolve_bridge_mode`), asked by the loss wherever the modes differ.
 
     A subclass states the generator-token table the expectations are taken over
-    (:meth:`tables`), which ids of a token-id candidate are content (:meth:`content_ids`), and
+    (:meth:`tables`), which of its tokens are not content (:meth:`special_tokens`), and
     whether the value is the score of the decoded text (``decodes``: the loss then also encodes
     the argmax tokens through :meth:`retokenize`).
 
@@ -636,9 +636,14 @@ class BridgeMode:
             return scorer_table, scorer_weights
         return self.bridge.embedding_table(scorer_table), self.bridge.weight_table(scorer_weights)
 
-    def content_ids(self, ids: Tensor, mask: Tensor, scorer_special: Tensor) -> Tensor:
-        """The mask of a token-id candidate's positions that are scored as content."""
-        return mask
+    def special_tokens(self, scorer_special: Tensor, scorer_vocab_size: int) -> Tensor:
+        """``[V_gen]``, true on the generator tokens that are not content: the generator's
+        special tokens, those ``decode(skip_special_tokens=True)`` drops (the bridge's
+        ``special``). A candidate position whose token is one of them (a distribution's most
+        probable token) is skipped, as the decoded text drops it: through a bridge its
+        embedding would be 0, a position of its own that the references' tokens could match.
+        ``scorer_special``: the scorer's special token ids."""
+        return self.bridge.special
 
     def vocabulary_error(self, name: str, size: int, expected: int) -> str:
         """The message for a candidate ``name`` over ``size`` tokens instead of ``expected``."""
@@ -651,11 +656,13 @@ class BridgeMode:
 
 class SharedVocabulary(BridgeMode):
     """The generator's vocabulary is the scorer's (no bridge, or an identity one): a candidate
-    token is its scorer piece. Token-id candidates may hold the scorer's own special tokens
-    (``tokenizer(texts)`` adds them), which are skipped: the loss wraps each candidate itself."""
+    token is its scorer piece. Candidates may hold the scorer's own special tokens
+    (``tokenizer(texts)`` adds them, a generator ends on [SEP]), which are skipped: the loss
+    wraps each candidate itself."""
 
-    def content_ids(self, ids: Tensor, mask: Tensor, scorer_special: Tensor) -> Tensor:
-        return mask & ~torch.isin(ids, scorer_special)
+    def special_tokens(self, scorer_special: Tensor, scorer_vocab_size: int) -> Tensor:
+        special = torch.zeros(scorer_vocab_size, dtype=torch.bool, device=scorer_special.device)
+        return special.index_fill_(0, scorer_special, True)
 
 
 class AverageBridge(BridgeMode):

@@ -12,7 +12,9 @@ and shape where they are built; their device and vocabulary are checked here):
   chunk over the vocabulary, never materialising the logits
   (:mod:`bsloss.functional.fused_expectation`), with the targets' log-likelihood from that pass;
 - ``TokenIds`` ``[B, L]``: the rows of the embedding table of the generator's tokens;
-- ``Embeddings`` ``[B, L, d]``: scorer input embeddings, taken as they are.
+- ``Embeddings`` ``[B, L, d]``: the scorer's hidden states (its output, as
+  :meth:`~bsloss.BERTScoreLoss.encode_references` returns them) with their importance weights,
+  taken as they are: no scorer pass.
 
 When the generator's vocabulary is not the scorer's, the table :math:`E` is the bridge's
 (:mod:`bsloss.bridge`, whose mode object decides what is encoded): in ``"retokenize"`` mode the
@@ -87,16 +89,25 @@ class CandidateEncoder:
         encoder: the scorer.
         bridging: the bridge mode (:func:`bsloss.bridge.resolve_bridge_mode`).
         candidates: the resolved candidate transforms.
+        idf: the loss weighs tokens by idf (``Embeddings`` must then bring their weights).
 
     The importance weights of the scorer's tokens are passed to each call (they are the loss's
     buffer, which follows the loss to its device). After a call that decodes (retokenize mode),
     ``last_texts`` holds the decoded candidates that were scored.
     """
 
-    def __init__(self, encoder: ScorerEncoder, bridging: BridgeMode, candidates: CandidateOptions):
+    def __init__(
+        self,
+        encoder: ScorerEncoder,
+        bridging: BridgeMode,
+        candidates: CandidateOptions,
+        idf: bool = False,
+    ):
         self.encoder, self.bridging, self.candidates = encoder, bridging, candidates
+        self.idf = idf
         self.last_texts: list[str] = []
         self._tables: dict[tuple, Tensor] = {}  # the generator table per (device, dtype)
+        self._special: dict[torch.device, Tensor] = {}  # the tokens that are not content
 
     @property
     def generator_vocab_size(self) -> int:
@@ -105,6 +116,7 @@ class CandidateEncoder:
     def clear_cache(self) -> None:
         """Forget the generator embedding tables (built again on the next call)."""
         self._tables.clear()
+        self._special.clear()
 
     def generator_table(self, scorer_weights: Tensor) -> Tensor:
         """``[V_gen, d + 1]``: input embeddings and importance weights of the generator's tokens
@@ -190,7 +202,7 @@ class CandidateEncoder:
         if source.shape[0] == 0:
             return self._encode_nothing(source, name, target_ids)
         if isinstance(candidates, Embeddings):
-            return self._encode_embeddings(source, candidate_mask)
+            return self._encode_embeddings(candidates, candidate_mask)
         if isinstance(candidates, TokenIds):
             return self._encode_ids(source, candidate_mask, name, scorer_weights)
         return self._encode_distributions(candidates, candidate_mask, target_ids, scorer_weights)
@@ -208,15 +220,27 @@ class CandidateEncoder:
         twice = self.bridging.decodes and name not in ("candidate_ids", "embeddings")
         return EncodedCandidates(*encoded, log_likelihood, encoded if twice else None)
 
-    def _encode_embeddings(self, embeddings: Tensor, candidate_mask: Tensor) -> EncodedCandidates:
-        """Scorer hidden states given as the candidates: taken as they are."""
+    def _encode_embeddings(
+        self, candidates: Embeddings, candidate_mask: Tensor
+    ) -> EncodedCandidates:
+        """Scorer hidden states given as the candidates, with their weights: taken as they
+        are (without weights, 1 at every masked position)."""
+        embeddings, weights = candidates.values, candidates.weights
         if embeddings.shape[-1] != self.encoder.hidden_size:
             raise ValueError(
                 f"embeddings must be [B, L, {self.encoder.hidden_size}] scorer "
                 f"hidden states, got {list(embeddings.shape)}"
             )
         check_finite_tensor(embeddings, "embeddings")
-        return EncodedCandidates(embeddings, candidate_mask, candidate_mask.to(torch.float32))
+        if weights is None:
+            if self.idf:
+                raise ValueError(
+                    "this loss weighs tokens by idf, and embeddings come without their tokens: "
+                    "pass Embeddings(hidden, weights) (encode_references returns the weights)"
+                )
+            return EncodedCandidates(embeddings, candidate_mask, candidate_mask.to(torch.float32))
+        check_device(weights, "weights", embeddings.device, "embeddings")
+        return EncodedCandidates(embeddings, candidate_mask, weights.float() * candidate_mask)
 
     def _encode_ids(
         self, candidate_ids: Tensor, candidate_mask: Tensor, name: str, scorer_weights: Tensor
@@ -229,12 +253,10 @@ class CandidateEncoder:
                 f"candidate_ids has ids outside [0, {table.shape[0]}) at "
                 f"candidate_ids{position_of_first(bad & candidate_mask)}"
             )
-        special = self._scorer_special_ids(candidate_ids.device)
-        candidate_mask = self.bridging.content_ids(candidate_ids, candidate_mask, special)
         ids = candidate_ids.clamp(0, table.shape[0] - 1)
         if self.bridging.decodes:  # the decoded text, whole: the scorer's own limit
             return EncodedCandidates(*self._retokenized(ids, candidate_mask, scorer_weights))
-        candidate_mask = self._fit_candidates(candidate_mask, name)
+        candidate_mask = self._fit_candidates(self._content(ids, candidate_mask), name)
         rows = table[ids]
         return EncodedCandidates(
             *self._encode_inputs(rows[..., :-1], rows[..., -1], candidate_mask)
@@ -251,11 +273,8 @@ class CandidateEncoder:
         expected embeddings and weights under the candidate transforms; with a decoding bridge
         also the decoded argmax text's encoding (``exact``, no gradient)."""
         table = self.generator_table(scorer_weights)
-        # in retokenize mode the decoded text is scored whole (the scorer's limit applies to its
-        # pieces); the one-position-per-token encoding that gives the gradient is cut
         name = candidates.name
         whole_mask = candidate_mask
-        candidate_mask = self._fit_candidates(candidate_mask, name)
         log_likelihood = None
         # one seed per call: the dense and the fused path draw the same Gumbel noise from it
         seed = None if self.candidates.gumbel_temperature is None else draw_seed()
@@ -264,12 +283,10 @@ class CandidateEncoder:
             # device: a read here would wait for the whole model's forward
             # a decoding bridge decodes the whole candidate, as from logits: the positions cut
             # from the encoding go through the head too, for their most probable tokens
+            # every masked position goes through the head: which are content (and so which
+            # are cut at the scorer's limit) is known from its most probable token
             inputs, weights, log_likelihood, tokens, check_logits = self._fused_inputs(
-                seed,
-                candidates,
-                target_ids,
-                whole_mask if self.bridging.decodes else candidate_mask,
-                table,
+                seed, candidates, target_ids, whole_mask, table
             )
         else:
             self.check_vocab(candidates.tensor.shape[-1], name)
@@ -279,13 +296,18 @@ class CandidateEncoder:
                 else (None, candidates.values)
             )
             distribution = token_distribution(
-                logits, probs, **self.candidates.keywords(), gumbel_seed=seed, mask=candidate_mask
+                logits, probs, **self.candidates.keywords(), gumbel_seed=seed, mask=whole_mask
             )
             inputs, weights = expected_inputs(distribution, table)
             # float64 logits give float64 expectations; the scorer runs in its own dtype
             inputs = inputs.to(table.dtype)
-            tokens = most_probable_tokens(distribution) if self.bridging.decodes else None
+            tokens = most_probable_tokens(distribution)
             check_logits = _nothing_to_check  # checked before the expectation
+        # a position whose most probable token is a special one is not content, as in the
+        # decoded text; in retokenize mode that text is scored whole (the scorer's limit
+        # applies to its pieces) and the one-position-per-token encoding giving the gradient
+        # is cut
+        candidate_mask = self._fit_candidates(self._content(tokens, whole_mask), name)
         encoded = self._encode_inputs(inputs, weights, candidate_mask)
         check_logits()  # the head pass's finiteness, read once the scorer's forward is queued
         exact = None
@@ -294,10 +316,18 @@ class CandidateEncoder:
                 exact = self._retokenized(tokens, whole_mask, scorer_weights)
         return EncodedCandidates(*encoded, log_likelihood, exact)
 
-    def _scorer_special_ids(self, device: torch.device) -> Tensor:
-        pad = self.encoder.tokenizer.pad_token_id
-        ids = {*self.encoder.tokenization.special_token_ids, pad} - {None}
-        return torch.tensor(sorted(ids), dtype=torch.long, device=device)
+    def _content(self, tokens: Tensor, mask: Tensor) -> Tensor:
+        """``mask`` less the positions whose token (``[B, L]``, in the vocabulary) is not
+        content: the special tokens of :meth:`~bsloss.bridge.BridgeMode.special_tokens`."""
+        device = tokens.device
+        if device not in self._special:
+            pad = self.encoder.tokenizer.pad_token_id
+            ids = {*self.encoder.tokenization.special_token_ids, pad} - {None}
+            scorer_special = torch.tensor(sorted(ids), dtype=torch.long, device=device)
+            scorer_vocab = self.encoder.input_embeddings.num_embeddings
+            special = self.bridging.special_tokens(scorer_special, scorer_vocab)
+            self._special[device] = special.to(device)
+        return mask & ~self._special[device][tokens]
 
     def _retokenized(
         self, tokens: Tensor, mask: Tensor, scorer_weights: Tensor
@@ -402,9 +432,9 @@ class CandidateEncoder:
             return full.index_copy(0, row_ids, rows).view(batch, length, *rows.shape[1:])
 
         full = unselected(expected)
-        tokens = torch.zeros(batch, length, dtype=torch.long, device=hidden_states.device)
-        if out.tokens is not None:
-            tokens = unselected(out.tokens)
+        # the chunked and the Triton pass track the argmax (the SDPA path, which does not, is
+        # not taken here); 0 at the positions that did not go through the head
+        tokens = unselected(out.tokens)
         log_likelihood = None
         if out.log_likelihood is not None:
             log_likelihood = unselected(out.log_likelihood)

@@ -4,7 +4,8 @@ own type and shape once, where it is built.
 - :class:`Logits` ``[B, L, V]`` and :class:`Probabilities` ``[B, L, V]``: the generator's
   distributions (a bare tensor passed as the candidates is :class:`Logits`);
 - :class:`TokenIds` ``[B, L]``: token ids (decoded candidates);
-- :class:`Embeddings` ``[B, L, d]``: scorer input embeddings, taken as they are;
+- :class:`Embeddings` ``[B, L, d]``: the scorer's hidden states, with their importance weights,
+  taken as they are;
 - :class:`LMHeadInputs`: the LM head's input ``[B, L, d_model]`` with the head (its weight, or an
   :class:`~bsloss.integrations.lm_head.LMHead`, whose soft-cap it carries), so that the
   ``[B, L, V]`` logits are never materialised.
@@ -32,11 +33,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from bsloss._warnings import warn_user
 from bsloss.functional.matching.base import check_temperature
-from bsloss.inputs import as_token_ids, check_tensor
+from bsloss.inputs import as_token_ids, check_tensor, position_of_first
 
 __all__ = [
     "CandidateInput",
@@ -105,8 +107,9 @@ class Probabilities(_Values):
 
 @dataclass(frozen=True)
 class TokenIds(CandidateInput):
-    """Token ids ``[B, L]`` of the generator's vocabulary (the scorer's special tokens among them,
-    such as ``tokenizer(texts)``'s ``[CLS]``/``[SEP]``/``[PAD]``, are skipped)."""
+    """Token ids ``[B, L]`` of the generator's vocabulary (special tokens among them, such as
+    ``tokenizer(texts)``'s ``[CLS]``/``[SEP]``/``[PAD]``, are skipped, as for every candidate
+    type: :meth:`bsloss.bridge.BridgeMode.special_tokens`)."""
 
     ids: Tensor
     name: ClassVar[str] = "candidate_ids"
@@ -125,10 +128,43 @@ class TokenIds(CandidateInput):
 
 @dataclass(frozen=True)
 class Embeddings(_Values):
-    """Scorer input embeddings ``[B, L, d]`` of the candidates, taken as they are."""
+    """The candidates as the scorer's hidden states ``[B, L, d]`` (its output, as
+    :meth:`~bsloss.BERTScoreLoss.encode_references` returns them), taken as they are: the loss
+    runs no scorer pass on them.
 
+    Args:
+        values: ``[B, L, d]`` hidden states.
+        weights: ``[B, L]`` their importance weights, non-negative (``encode_references``
+            returns them: 0 on ``[CLS]``/``[SEP]``, the idf elsewhere). Default: 1 at every
+            position of the candidate mask, special tokens included; a loss with ``idf``
+            refuses embeddings without weights (it cannot know their tokens).
+
+    >>> import torch
+    >>> Embeddings(torch.zeros(2, 3, 4), torch.ones(2, 4))
+    Traceback (most recent call last):
+    ValueError: weights must be [B, L] = [2, 3] (of the embeddings), got shape [2, 4]
+    """
+
+    weights: Tensor | None = None
     name: ClassVar[str] = "embeddings"
     shape: ClassVar[str] = "[B, L, d]"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.weights is None:
+            return
+        check_tensor(self.weights, "weights", "float")
+        if tuple(self.weights.shape) != tuple(self.values.shape[:2]):
+            raise ValueError(
+                f"weights must be [B, L] = {list(self.values.shape[:2])} (of the embeddings), "
+                f"got shape {list(self.weights.shape)}"
+            )
+        bad = ~torch.isfinite(self.weights) | (self.weights < 0)
+        if bad.any():
+            raise ValueError(
+                f"weights must be finite and >= 0, got {self.weights[bad][0].item()} at "
+                f"weights{position_of_first(bad)}"
+            )
 
 
 @dataclass(frozen=True)

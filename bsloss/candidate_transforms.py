@@ -107,16 +107,25 @@ class CandidateTransform:
 
 @dataclass(frozen=True)
 class TopK(CandidateTransform):
-    """Keep the ``k`` most probable tokens of each position, renormalised.
+    """Keep the ``k`` most probable tokens of each position, renormalised; ``k >= 2`` (the
+    renormalised top-1 weight is always 1: its gradient would be exactly zero).
 
     >>> TopK(32)
     TopK(k=32)
+    >>> TopK(1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: top_k=1 gives an exactly zero gradient ...
     """
 
     k: int
 
     def __post_init__(self) -> None:
         check_int(self.k, "top_k", 1)
+        if self.k == 1:
+            raise ValueError(
+                "top_k=1 gives an exactly zero gradient (the renormalised top-1 weight is "
+                "always 1); use top_k >= 2, or TokenIds to score decoded tokens"
+            )
 
     def configure(self, options: CandidateOptions) -> CandidateOptions:
         self._refuse_twice(options, "top_k")
@@ -255,6 +264,10 @@ def candidate_weights(
     indices = None
     if options.top_k is not None and values.shape[-1] > options.top_k:
         values, indices = values.topk(options.top_k, dim=-1)
+        # in token order: top-k lists tied values in no set order, and the one-hot's argmax
+        # must pick the smallest tied id, as argmax over the whole vocabulary does
+        indices, order = indices.sort(dim=-1)
+        values = values.gather(-1, order)
     if probabilities:
         tiny = torch.finfo(values.dtype).tiny
         weights = values / values.sum(dim=-1, keepdim=True).clamp_min(tiny)

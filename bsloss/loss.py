@@ -193,8 +193,8 @@ class BERTScoreLoss(nn.Module):
             :class:`~bsloss.bridge.Bridge` ``(tokenizer, mode=None, cache_dir=None,
             vocabulary=None)``, or its shorthand: the generator's tokenizer, or a built
             :class:`~bsloss.bridge.VocabularyBridge`. Its mode: ``"retokenize"`` (exact: the
-            decoded candidate text is scored with the scorer's own tokenisation, gradient
-            straight-through the bridge) or ``"average"`` (one averaged scorer position per
+            decoded candidate text is scored with the scorer's own tokenisation; the gradient
+            is the average mode's score's) or ``"average"`` (one averaged scorer position per
             generator token); see :mod:`bsloss.bridge`. ``None``: ``"retokenize"`` with a
             tokenizer, ``"average"`` for a ``VocabularyBridge`` alone. After a retokenize call,
             ``loss.last_texts`` holds the decoded candidates that were scored.
@@ -202,7 +202,8 @@ class BERTScoreLoss(nn.Module):
             (:mod:`bsloss.candidate_transforms`): :class:`~bsloss.TopK` ``(k)``,
             :class:`~bsloss.StraightThrough` ``()``, :class:`~bsloss.Gumbel` ``(temperature)``,
             one object or several. Stored resolved in ``loss.candidates``. ``TopK(1)`` is
-            refused: the renormalised top-1 weight is always 1, so its gradient is exactly zero.
+            refused where it is built: the renormalised top-1 weight is always 1, so its gradient
+            is exactly zero.
         gradient_checkpointing: recompute the scorer's layer activations in the backward pass:
             ``True``, ``False``, or ``"auto"`` (default): only for the calls whose stored
             activations would exceed 1 GiB (a large scorer or long inputs), where it saves
@@ -289,11 +290,6 @@ class BERTScoreLoss(nn.Module):
             straight_through=old.straight_through,
             gumbel_temperature=old.gumbel_temperature,
         )
-        if candidates.top_k == 1:
-            raise ValueError(
-                "top_k=1 gives an exactly zero gradient (the renormalised top-1 weight is "
-                "always 1); use top_k >= 2, or candidate_ids to score decoded tokens"
-            )
         if long_inputs not in ("truncate", "window"):
             raise ValueError(f"long_inputs must be 'truncate' or 'window', got {long_inputs!r}")
         self.long_inputs = long_inputs
@@ -310,15 +306,17 @@ class BERTScoreLoss(nn.Module):
         self.bridging: BridgeMode = SharedVocabulary()
         if spec is not None:
             self.bridge, self.bridging = spec.resolve(self.encoder)
-        # the first half of the loss: candidates of any source to scorer hidden states
-        self.candidate_encoder = CandidateEncoder(self.encoder, self.bridging, candidates)
-        # the tensor steps compiled by compile(): {"encode": ..., "prf": ...}
-        self._compiled_steps: dict[str, Callable[..., Any]] | None = None
         if idf is True:
             raise ValueError(
                 "idf=True (from each call's references) is for BERTScorer; pass the "
                 "reference corpus as idf=[...] to fix the loss's weights"
             )
+        # the first half of the loss: candidates of any source to scorer hidden states
+        self.candidate_encoder = CandidateEncoder(
+            self.encoder, self.bridging, candidates, idf=idf is not False
+        )
+        # the tensor steps compiled by compile(): {"encode": ..., "prf": ...}
+        self._compiled_steps: dict[str, Callable[..., Any]] | None = None
         vocab = self.encoder.input_embeddings.num_embeddings
         weights = weight_table(self.encoder, idf, vocab)
         # on the scorer's device from the start: a loss built around a CUDA encoder works with
@@ -459,7 +457,9 @@ class BERTScoreLoss(nn.Module):
         warn_user(self.encoder.tokenization.truncation_message(len(where), total, shown))
 
     @torch.no_grad()
-    def encode_reference_ids(self, reference_ids: Tensor, reference_mask: Tensor | None):
+    def encode_reference_ids(
+        self, reference_ids: Tensor, reference_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Hidden states ``[B, L, d]``, mask and importance weights of reference token ids
         (special tokens included, as the scorer's tokenizer adds them).
 
@@ -521,12 +521,14 @@ class BERTScoreLoss(nn.Module):
         Args:
             candidates: one value of :mod:`bsloss.candidate_inputs`: ``Logits`` or
                 ``Probabilities`` ``[B, L, V]`` (a bare tensor is logits), ``TokenIds``
-                ``[B, L]`` (the scorer's special tokens in them, such as the
-                ``[CLS]``/``[SEP]``/``[PAD]`` of ``tokenizer(texts)``, are skipped: the loss
-                wraps each candidate in its own), ``Embeddings`` ``[B, L, d]`` (scorer input
-                embeddings), or ``LMHeadInputs(hidden_states, head, softcap=, temperature=)``
+                ``[B, L]``, ``Embeddings`` ``[B, L, d]`` (the scorer's
+                hidden states, with their weights), or
+                ``LMHeadInputs(hidden_states, head, softcap=, temperature=)``
                 (the ``[B, L, V]`` distributions are never materialised:
-                :mod:`bsloss.functional.fused_expectation`).
+                :mod:`bsloss.functional.fused_expectation`). A position whose token (a
+                distribution's most probable one) is special, such as the
+                ``[CLS]``/``[SEP]``/``[PAD]`` of ``tokenizer(texts)``, is skipped: the loss
+                wraps each candidate in its own.
             references: one reference text, or a non-empty list of them, per sample; or
             reference_ids: ``[B, L_r]`` scorer token ids with special tokens, and
             reference_mask: ``[B, L_r]`` (default: all).

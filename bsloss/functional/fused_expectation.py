@@ -1003,7 +1003,10 @@ def _detach(x: Tensor | None) -> Tensor | None:
 def _top_k_expectation(hidden, weight, bias, table, indices, row_ids, o: _Options):
     """The candidate weights over the k selected tokens (:func:`candidate_weights`: the same
     Gumbel noise at the k tokens, the softmax, the one-hot), recomputed from k gathered rows of
-    the head (differentiable in ``h`` and ``W``), times k gathered rows of the table."""
+    the head (differentiable in ``h`` and ``W``), times k gathered rows of the table. The k
+    tokens are taken in token order, as the dense path's: the one-hot picks the smallest id
+    among tied scores, as an argmax over the whole vocabulary does."""
+    indices = indices.sort(dim=-1).values
     head_rows = weight[indices]  # [N, k, d]
     z = torch.einsum("nd,nkd->nk", hidden.to(o.matmul_dtype), head_rows.to(o.matmul_dtype))
     z = z.to(o.dtype)
