@@ -424,10 +424,44 @@ def check_loss_matching(loss_section: dict) -> None:
         check_iterations(loss_section["sinkhorn_iterations"], "config loss.sinkhorn_iterations")
 
 
+# The training scripts, and the settings only one of them reads: under another script such a
+# setting (not at its default) is refused at load, named, where it would be run without, silently.
+SCRIPTS = ("finetune.py", "rl_scst.py", "grpo.py")
+SCRIPT_SETTINGS = {
+    **{f"loss.{key}": "finetune.py" for key in RECIPE_LOSS_KEYS},
+    "rl.ce_weight": "rl_scst.py",
+    "rl.sample_top_k": "rl_scst.py",
+    "rl.num_generations": "grpo.py",
+    "rl.temperature": "grpo.py",
+    "rl.beta": "grpo.py",
+}
+
+
+def check_script_settings(config: RecipeConfig, script: str) -> None:
+    """Refuse the settings of :data:`SCRIPT_SETTINGS` that another script reads, set away
+    from their defaults, under ``script`` (one of :data:`SCRIPTS`).
+
+    Raises:
+        ValueError: naming the setting, the script that reads it, and its value.
+    """
+    check_choice("script", script, SCRIPTS)
+    defaults = {f"loss.{key}": value for key, value in RECIPE_LOSS_KEYS.items()}
+    defaults |= {f"rl.{f.name}": getattr(RLConfig(), f.name) for f in fields(RLConfig)}
+    for setting, owner in SCRIPT_SETTINGS.items():
+        section, key = setting.split(".")
+        value = config.loss.get(key) if section == "loss" else getattr(config.rl, key)
+        if owner == script or value is None or value == defaults[setting]:
+            continue
+        raise ValueError(
+            f"config {setting}: {owner}'s setting, which {script} does not use (set it to "
+            f"{defaults[setting]!r} or remove it), got {value!r}"
+        )
+
+
 def check_grpo(config: RecipeConfig) -> None:
     """What grpo.py needs of a config beyond every recipe's: whole groups of at least two
-    completions per step, no early stopping, and none of the other recipes' settings it does not
-    use (finetune.py's loss weight and candidates, rl_scst.py's ``rl`` keys).
+    completions per step and no early stopping (the other recipes' settings it does not use:
+    :func:`check_script_settings`).
 
     Raises:
         ValueError: naming the setting and its value.
@@ -437,19 +471,6 @@ def check_grpo(config: RecipeConfig) -> None:
         raise ValueError(
             f"config rl.num_generations: GRPO's advantage compares a prompt's completions with "
             f"each other; it needs >= 2, got {rl.num_generations}"
-        )
-    # settings of rl_scst.py / finetune.py that grpo.py would run without, silently
-    defaults = RLConfig()
-    for key in ("ce_weight", "sample_top_k"):
-        if getattr(rl, key) != getattr(defaults, key):
-            raise ValueError(
-                f"config rl.{key}: rl_scst.py's setting, which grpo.py does not use (set it to "
-                f"{getattr(defaults, key)}), got {getattr(rl, key)}"
-            )
-    if config.loss.get("candidates", "teacher_forced") != "teacher_forced":
-        raise ValueError(
-            "config loss.candidates: finetune.py's setting; grpo.py samples its own "
-            f"rl.num_generations completions (remove it), got {config.loss['candidates']!r}"
         )
     if train.batch_size % rl.num_generations:
         raise ValueError(
@@ -468,10 +489,12 @@ def check_grpo(config: RecipeConfig) -> None:
         )
 
 
-def load_config(path: Path, overrides: list[str], *, grpo: bool = False) -> RecipeConfig:
+def load_config(path: Path, overrides: list[str], *, script: str | None = None) -> RecipeConfig:
     """The YAML file's sections as dataclasses, after ``--set section.key=value`` overrides (the
-    value parsed as YAML), every value checked against what its consumer accepts (``grpo``: and
-    against grpo.py's needs, :func:`check_grpo`), before any model is loaded.
+    value parsed as YAML), every value checked against what its consumer accepts, before any
+    model is loaded. ``script``: the training script that reads it (one of :data:`SCRIPTS`):
+    also refused, the settings it would run without (:func:`check_script_settings`), and for
+    grpo.py what GRPO needs (:func:`check_grpo`).
 
     Raises:
         ValueError, KeyError, TypeError: a bad override, section, key or value, naming the
@@ -508,8 +531,10 @@ def load_config(path: Path, overrides: list[str], *, grpo: bool = False) -> Reci
         loss=dict(loss),
         **{name: section(cls, name, raw.get(name)) for name, cls in SECTIONS.items()},
     )
-    if grpo:
-        check_grpo(config)
+    if script == "grpo.py":
+        check_grpo(config)  # its own messages first (loss.weight: GRPO trains on the reward)
+    if script is not None:
+        check_script_settings(config, script)
     return config
 
 

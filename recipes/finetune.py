@@ -150,7 +150,9 @@ def build_trainer(run: RecipeRun, start: int = 0) -> RecipeTrainer:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    run, trainer, last_step = train_from_command_line(__doc__.splitlines()[0], build_trainer, argv)
+    run, trainer, last_step = train_from_command_line(
+        "finetune.py", __doc__.splitlines()[0], build_trainer, argv
+    )
     settings = recipe_loss_settings(run.config.loss)
     term = f"{trainer.bertscore_term.loss.matching.name} matching, "
     term += CANDIDATE_LABELS[settings["candidates"]]

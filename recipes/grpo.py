@@ -53,7 +53,7 @@ def grpo_settings(run: RecipeRun):
     """TRL's ``GRPOConfig``: the recipes' trainer arguments, and the ``rl`` section's."""
     from trl import GRPOConfig
 
-    rl = run.config.rl  # checked for GRPO at load (config.check_grpo)
+    rl = run.config.rl  # checked for GRPO at load (config.check_grpo, check_script_settings)
     return trainer_arguments(
         run,
         GRPOConfig,
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     from trl import GRPOTrainer
 
     args = base_arguments(__doc__.splitlines()[0]).parse_args(argv)
-    run = RecipeRun(args, grpo=True)
+    run = RecipeRun(args, script="grpo.py")
     if run.config.model.kind == "seq2seq" or getattr(run.model.config, "is_encoder_decoder", False):
         raise ValueError(
             f"model.generator {run.config.model.generator!r} is an encoder-decoder; GRPO here "

@@ -324,9 +324,10 @@ class RecipeRun:
     """What every recipe does around its own training step: config, accelerator, data, scorer,
     generator, collator, evaluator; resume and the test score before training; periodic
     validation and checkpoints; the final model, test score, results file and plot. The config
-    is checked first (``grpo``: for grpo.py too), before any model is loaded."""
+    is checked first (``script``: also against what that training script reads,
+    :func:`config.load_config`), before any model is loaded."""
 
-    def __init__(self, args: argparse.Namespace, grpo: bool = False):
+    def __init__(self, args: argparse.Namespace, script: str | None = None):
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
@@ -336,7 +337,7 @@ class RecipeRun:
         self.args = args
         self.timer = Timer()
         limit_malloc_arenas()
-        self.config = load_config(args.config, args.overrides, grpo=grpo)
+        self.config = load_config(args.config, args.overrides, script=script)
         self.train = self.config.train
         self.output_dir = args.output_dir
         check_fresh_output(self.output_dir, args.resume, getattr(args, "overwrite", False))

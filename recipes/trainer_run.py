@@ -173,10 +173,11 @@ def trainer_inputs(run: RecipeRun, data_collator: Callable) -> dict:
 
 
 def train_from_command_line(
-    description: str, build_trainer: Callable, argv: list[str] | None = None
+    script: str, description: str, build_trainer: Callable, argv: list[str] | None = None
 ) -> tuple[RecipeRun, object, int]:
     """A trainer recipe's run from its command line: the arguments (an ``--output_dir`` that
-    holds a run refused in one line before any model loads), the run, its trainer
+    holds a run refused in one line before any model loads), the run (its config checked
+    against what ``script`` reads), its trainer
     (``build_trainer(run, start)``) resumed where ``--resume`` says, the scores before
     training, then the training. Returns (the run, the trainer, the last step trained)."""
     parser = base_arguments(description)
@@ -185,7 +186,7 @@ def train_from_command_line(
         check_fresh_output(args.output_dir, args.resume, args.overwrite)
     except FileExistsError as refused:
         parser.error(str(refused))
-    run = RecipeRun(args)  # the trainer accumulates the gradients
+    run = RecipeRun(args, script=script)  # the trainer accumulates the gradients
     start, checkpoint = resume_point(run)
     trainer = build_trainer(run, start)
     run.unwrapped = trainer.accelerator.unwrap_model(trainer.model)

@@ -4,6 +4,7 @@ collator giving the decoder inputs the recipes used to build by hand."""
 
 from __future__ import annotations
 
+import importlib
 import io
 import sys
 from pathlib import Path
@@ -32,7 +33,8 @@ CONFIGS = sorted((REPO / "recipes/configs").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
 def test_every_shipped_config_loads_into_the_dataclasses(path):
-    config = load_config(path, [], grpo=path.stem.endswith("-grpo"))
+    script = "grpo.py" if path.stem.endswith("-grpo") else "finetune.py"
+    config = load_config(path, [], script=script)
     assert isinstance(config, RecipeConfig) and isinstance(config.train, TrainConfig)
     # GRPO's config keeps its committed run's linear decay (TRL's default); the others are constant
     expected = "linear" if path.stem.endswith("-grpo") else "constant_with_warmup"
@@ -217,6 +219,35 @@ def test_grpo_refuses_settings_it_would_run_without(tmp_path, no_model_loads, ov
 
     with pytest.raises(ValueError, match=named):
         grpo.main(["--config", str(GRPO), "--output_dir", str(tmp_path), "--set", override])
+
+
+@pytest.mark.parametrize(
+    ("script", "override", "named"),
+    [
+        ("rl_scst", "loss.weight=10", r"loss.weight: finetune.py's setting, which rl_scst.py "
+         r"does not use \(set it to 0.0 or remove it\), got 10"),
+        ("rl_scst", "loss.candidates=sample", "loss.candidates: finetune.py's .* got 'sample'"),
+        ("rl_scst", "rl.temperature=5", "rl.temperature: grpo.py's setting.*got 5"),
+        ("rl_scst", "rl.beta=1", "rl.beta: grpo.py's setting.*got 1"),
+        ("rl_scst", "rl.num_generations=8", "rl.num_generations: grpo.py's setting.*got 8"),
+        ("finetune", "rl.ce_weight=0.5", "rl.ce_weight: rl_scst.py's setting, which finetune.py"),
+        ("finetune", "rl.beta=0.1", "rl.beta: grpo.py's setting, which finetune.py"),
+    ],
+)  # fmt: skip
+def test_each_script_refuses_the_settings_it_would_run_without(
+    tmp_path, no_model_loads, script, override, named
+):
+    """rl_scst.py ran with loss.weight=10, loss.candidates=sample, rl.temperature=5, rl.beta=1
+    or rl.num_generations=8 exactly as without them (loss 0.671658, reward 0.141536 in each
+    log), and finetune.py with rl_scst.py's and grpo.py's keys: each is refused at load, named
+    with the script that reads it. A script's own settings load."""
+    module = importlib.import_module(script)
+    with pytest.raises(ValueError, match=named):
+        module.main(["--config", str(STAGE2), "--output_dir", str(tmp_path), "--set", override])
+    own = {"rl_scst": ["rl.ce_weight=0.5", "rl.sample_top_k=3"], "finetune": ["loss.weight=1"]}
+    assert load_config(STAGE2, own[script], script=f"{script}.py").task == "translation"
+    # the config recipes/README.md runs rl_scst.py with
+    load_config(REPO / "recipes/configs/xsum-bert2bert.yaml", [], script="rl_scst.py")
 
 
 def test_init_from_a_missing_folder_is_one_line(tmp_path, capsys, no_model_loads):
