@@ -15,6 +15,7 @@ from torch.torch_version import TorchVersion
 import bsloss
 from bsloss.integrations.candidates import (
     GreedyAnswers,
+    ModelAnswers,
     SampledAnswers,
     TeacherForced,
     generated_labels,
@@ -353,6 +354,26 @@ def test_answer_options_take_any_number_type_and_refuse_bools_named():
             SampledAnswers(**{field: value})
     with pytest.raises(ValueError, match=r"GreedyAnswers\(top_p\) must be in \(0, 1\]"):
         GreedyAnswers(top_p=float("nan"))
+
+
+def test_answer_options_are_keywords_and_the_class_fixes_sample():
+    """SampledAnswers(64) set the first field, sample, to 64 (a truthy "sample"), and
+    GreedyAnswers(True) sampled; GreedyAnswers(top_k=5) decoded greedily without it. Each is
+    refused, named; ModelAnswers still takes sample=, a bool."""
+    for build in (lambda: SampledAnswers(64), lambda: GreedyAnswers(True)):
+        with pytest.raises(TypeError, match="positional argument"):
+            build()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sample'"):
+        GreedyAnswers(sample=True)
+    with pytest.raises(TypeError, match=r"ModelAnswers\(sample\) must be a bool, got 0"):
+        ModelAnswers(sample=0)
+    assert ModelAnswers(sample=False).sample is False and GreedyAnswers().sample is False
+    assert SampledAnswers(max_new_tokens=64).sample is True
+    for option, value in (("top_k", 5), ("top_p", 0.9), ("temperature", 0.7)):
+        with pytest.raises(ValueError, match=rf"GreedyAnswers\({option}=.*greedy decoding"):
+            GreedyAnswers(**{option: value})
+        with pytest.raises(ValueError, match=rf"ModelAnswers\({option}="):
+            ModelAnswers(sample=False, **{option: value})
 
 
 def test_generated_labels_end_at_the_first_end_token():

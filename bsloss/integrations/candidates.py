@@ -99,12 +99,14 @@ class JointBatch:
         return own[:, : self.width], answers[:, : self.candidate_labels.shape[1]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelAnswers(CandidateSource):
-    """The model's own answers, generated without gradient, as the candidates.
+    """The model's own answers, generated without gradient, as the candidates. Every option is
+    a keyword (``SampledAnswers(64)`` would say nothing of which one 64 is).
 
     Args:
-        sample: sample the answers (``False``: greedy).
+        sample: sample the answers (``False``: greedy); fixed by :class:`SampledAnswers` and
+            :class:`GreedyAnswers`, which do not take it.
         max_new_tokens: the answers' length limit; ``None``: the batch's longest reference.
         top_k: sample among the ``top_k`` most likely tokens (``0``: the whole vocabulary).
         top_p: nucleus sampling's mass (``1.0``: off).
@@ -124,13 +126,15 @@ class ModelAnswers(CandidateSource):
             equality or the repr.
 
     Raises:
-        TypeError: ``max_new_tokens``, ``top_k``, ``rows`` or ``every`` not an integer (a
-            bool, a float), ``top_p`` or ``temperature`` not a number (a bool, a string);
-            each named. Integers and numbers of any type (numpy's included) are stored as
-            Python ``int`` / ``float``.
+        TypeError: ``sample`` not a bool; ``max_new_tokens``, ``top_k``, ``rows`` or
+            ``every`` not an integer (a bool, a float), ``top_p`` or ``temperature`` not a
+            number (a bool, a string); each named; an option passed by position. Integers
+            and numbers of any type (numpy's included) are stored as Python ``int`` /
+            ``float``.
         ValueError: a ``max_new_tokens``, ``rows`` or ``every`` below 1, a negative
             ``top_k``, ``top_p`` outside ``(0, 1]`` or a ``temperature`` that is not a
-            finite number ``> 0``.
+            finite number ``> 0``; a sampling option (``top_k``, ``top_p``,
+            ``temperature``) away from its default on greedy answers.
     """
 
     sample: bool = True
@@ -145,6 +149,8 @@ class ModelAnswers(CandidateSource):
 
     def __post_init__(self):
         name = type(self).__name__
+        if not isinstance(self.sample, bool):  # a truthy 0.0 or "no" must not decide it
+            raise TypeError(f"{name}(sample) must be a bool, got {self.sample!r}")
         # numbers of any numeric type (numpy's included) are stored as Python ones, so that
         # generate() and the repr see plain values; a bool is refused (True is not a length)
         checked = {
@@ -160,6 +166,13 @@ class ModelAnswers(CandidateSource):
         if not 0 < self.top_p <= 1:  # NaN fails this too
             raise ValueError(f"{name}(top_p) must be in (0, 1], got {self.top_p!r}")
         checked["top_p"] = float(self.top_p)
+        if not self.sample:  # generate() would run greedy without them, silently
+            for option, default in (("top_k", 0), ("top_p", 1.0), ("temperature", 1.0)):
+                if checked[option] != default:
+                    raise ValueError(
+                        f"{name}({option}={checked[option]!r}): a sampling option, which greedy "
+                        "decoding does not use (SampledAnswers samples)"
+                    )
         for option, value in checked.items():  # a frozen dataclass: set past its __setattr__
             object.__setattr__(self, option, value)
 
@@ -283,17 +296,26 @@ class ModelAnswers(CandidateSource):
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SampledAnswers(ModelAnswers):
     """The model's sampled answers (from the whole distribution by default): the study's
-    ``sampled`` arm."""
+    ``sampled`` arm. The options of :class:`ModelAnswers`, as keywords, less ``sample``.
+
+    >>> SampledAnswers(64)
+    Traceback (most recent call last):
+    TypeError: SampledAnswers.__init__() takes 1 positional argument but 2 were given
+    """
+
+    sample: bool = field(default=True, init=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GreedyAnswers(ModelAnswers):
-    """The model's greedy answers."""
+    """The model's greedy answers. The options of :class:`ModelAnswers`, as keywords, less
+    ``sample`` (and the sampling ones, ``top_k``, ``top_p``, ``temperature``, which greedy
+    decoding does not use)."""
 
-    sample: bool = False
+    sample: bool = field(default=False, init=False)
 
 
 CANDIDATE_SOURCES = {
@@ -303,7 +325,9 @@ CANDIDATE_SOURCES = {
 }
 
 
-def resolve_candidates(candidates: str | CandidateSource, name: str = "candidates"):
+def resolve_candidates(
+    candidates: str | CandidateSource, name: str = "candidates"
+) -> CandidateSource:
     """A :class:`CandidateSource` from itself or its name (``teacher_forced``, ``sample``,
     ``greedy``); anything else refused, named."""
     if isinstance(candidates, CandidateSource):
