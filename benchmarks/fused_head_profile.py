@@ -11,7 +11,7 @@ Wall time with a synchronisation per pass, the median of three after one warm-up
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
 if not __package__:  # run as `python benchmarks/fused_head_profile.py`
@@ -96,5 +96,18 @@ def main(backends: list[str]) -> None:
     print(f"CCE linear_cross_entropy: median {median_ms(cce):.1f} ms", flush=True)
 
 
+def parse_backends(argv: list[str] | None = None) -> list[str]:
+    """The backends to time, from the command line (default: both on a GPU, torch on a CPU)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "backends",
+        nargs="*",
+        choices=["triton", "torch"],
+        help="the fused pass's backends to time (default: triton and torch on a GPU, torch on "
+        "a CPU)",
+    )
+    return parser.parse_args(argv).backends or (["triton", "torch"] if CUDA else ["torch"])
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:] or (["triton", "torch"] if CUDA else ["torch"]))
+    main(parse_backends())

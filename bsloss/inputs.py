@@ -195,7 +195,9 @@ def validate_pairs(cands: object, refs: object) -> tuple[list[str], list[list[st
     return check_texts(cands, "cands"), check_reference_groups(refs, "refs")
 
 
-def flatten_groups(cands: list[str], groups: list[list[str]]):
+def flatten_groups(
+    cands: list[str], groups: list[list[str]]
+) -> tuple[list[str], list[str], list[int]]:
     """One (candidate, reference) pair per reference, and each pair's group index."""
     pair_cands, pair_refs, owner = [], [], []
     for i, (cand, group) in enumerate(zip(cands, groups, strict=True)):

@@ -17,6 +17,7 @@ import time
 import warnings
 from collections.abc import Sequence, Set
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -35,7 +36,13 @@ from bsloss.scorer.layers import num_hidden_layers
 from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder, TokenizeAhead
 from bsloss.scorer.weights import IdfSpec, as_idf_spec, weight_table
 
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
 __all__ = ["BERTScorer", "score", "LANG_TO_MODEL", "model_for_lang", "get_hash"]
+
+# what score() returns: (P, R, F), or ((P, R, F), hash) with return_hash
+ScoreResult = tuple[Tensor, Tensor, Tensor] | tuple[tuple[Tensor, Tensor, Tensor], str]
 
 # bert_score 0.3.13's ``lang2model``: the model each language gets when no model is named.
 LANG_TO_MODEL: dict[str, str] = {
@@ -150,8 +157,9 @@ class BERTScorer:
         idf_sents: sentences to compute idf weights from when ``idf=True`` (bert_score's name).
         device: default CUDA when available, else CPU.
         lang: pick bert_score's default model for this language when ``model_type`` is None
-            (``"en"``: roberta-large, ``"zh"``: bert-base-chinese, others:
-            bert-base-multilingual-cased); see :func:`model_for_lang`.
+            (``"en"``: roberta-large, ``"zh"``: bert-base-chinese, ``"tr"``:
+            dbmdz/bert-base-turkish-cased, ``"en-sci"``: allenai/scibert_scivocab_uncased,
+            others: bert-base-multilingual-cased); see :func:`model_for_lang`.
         rescale_with_baseline: rescale with ``(x - b) / (1 - b)``.
         baseline_path: a bert_score-format baseline file; default: the one shipped for the model.
         use_fast_tokenizer: accepted for bert_score compatibility; bsloss always tokenises with
@@ -174,6 +182,11 @@ class BERTScorer:
             On a GPU a call's first chunks are smaller (1,024 pairs, then twice the one
             before: :func:`chunk_slices`), so that the encoder starts after a short
             tokenisation.
+        encoder: a loaded :class:`~bsloss.scorer.encoder.ScorerEncoder` to score with (shared
+            with a loss, or built once for several scorers) instead of loading ``model_type``;
+            used as it is (no dtype change under ``autocast_dtype``); ``model_type``, ``model``,
+            ``num_layers``, ``lang`` and ``device`` beside it are refused (they would not be
+            used).
         reference_cache_size: keep the embeddings of up to this many reference texts across
             :meth:`score` calls (oldest evicted first), for a validation set or an RL reward that
             scores new candidates against the same references again and again. ``0``: no cache.
@@ -240,6 +253,15 @@ class BERTScorer:
             )
         if encoder is not None and not isinstance(encoder, ScorerEncoder):
             raise TypeError(f"encoder must be a ScorerEncoder, got {type(encoder).__name__}")
+        if encoder is not None:
+            loading = {"model_type": model_type, "model": model, "num_layers": num_layers,
+                       "lang": lang, "device": device}  # fmt: skip
+            given = [name for name, value in loading.items() if value is not None]
+            if given:
+                raise ValueError(
+                    f"encoder= is the loaded scorer; {', '.join(given)} would not be used (pass "
+                    "them to ScorerEncoder.from_pretrained, or drop encoder=)"
+                )
         if encoder is not None and all_layers and not encoder.all_layers:
             raise ValueError(
                 "all_layers=True needs an encoder that keeps every layer: "
@@ -340,7 +362,7 @@ class BERTScorer:
             self.idf = list(sents)
             self._weight_table = table
 
-    def plot_example(self, candidate: str, reference: str, fname: str = ""):
+    def plot_example(self, candidate: str, reference: str, fname: str = "") -> Figure:
         """The similarity heatmap of one pair (:func:`bsloss.plot.draw_pair`), saved to
         ``fname`` when given. Returns the matplotlib figure."""
         return draw_pair(self, candidate, reference, fname or None)
@@ -472,7 +494,7 @@ class BERTScorer:
         return_hash: bool = False,
         *,
         progress: bool | None = None,
-    ):
+    ) -> ScoreResult:
         """BERTScore of each candidate against its reference(s).
 
         Args:
@@ -796,7 +818,7 @@ def score(
     model: str | None = None,
     progress: bool | None = None,
     distributed: bool = False,
-):
+) -> ScoreResult:
     """One-shot BERTScore, a drop-in for ``bert_score.score`` (same keywords and returns).
 
     Args:

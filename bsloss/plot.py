@@ -14,13 +14,18 @@ from bsloss.functional.similarity import cosine_similarity
 from bsloss.inputs import check_text
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
     from bsloss.metric import BERTScorer
 
 __all__ = ["pair_similarity", "pair_scores", "draw_pair", "check_image_path"]
 
 
 @torch.inference_mode()
-def pair_similarity(scorer: BERTScorer, candidate: str, reference: str):
+def pair_similarity(
+    scorer: BERTScorer, candidate: str, reference: str
+) -> tuple[Tensor, list[str], list[str]]:
     """Cosine similarities ``[Lc, Lr]`` of one pair (special tokens dropped), and the tokens.
 
     Raises:
@@ -111,8 +116,8 @@ def draw_pair(
     reference: str,
     fname: str | Path | None = None,
     temperature: float | None = None,
-    ax=None,
-):
+    ax: Axes | None = None,
+) -> Figure:
     """Heatmap of the token similarities of one pair under ``scorer``; a dot marks each
     candidate token's best reference token (precision), a ring each reference token's best
     candidate token (recall). With ``temperature``, the cell shading is the row softmax

@@ -18,9 +18,13 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from bsloss.metric import LANG_TO_MODEL, MULTILINGUAL_MODEL, get_hash
 from bsloss.scorer.layers import DEFAULT_LAYERS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = [
     "lang2model",
@@ -79,7 +83,7 @@ def get_idf_dict(arr: Sequence[str], tokenizer, nthreads: int = 4) -> defaultdic
     return idf_dict
 
 
-def get_tokenizer(model_type: str, use_fast: bool = False):
+def get_tokenizer(model_type: str, use_fast: bool = False) -> PreTrainedTokenizerBase:
     """The scorer's tokenizer as bsloss loads it (``use_fast`` is accepted; bsloss uses the
     fast tokenizer, whose ids match)."""
     from transformers import AutoTokenizer
@@ -94,7 +98,9 @@ def get_tokenizer(model_type: str, use_fast: bool = False):
     return tokenizer
 
 
-def get_model(model_type: str, num_layers: int | None, all_layers: bool | None = None):
+def get_model(
+    model_type: str, num_layers: int | None, all_layers: bool | None = None
+) -> PreTrainedModel:
     """The scorer's Hugging Face encoder, cut at ``num_layers`` (kept whole with
     ``all_layers``), in eval mode."""
     from bsloss.scorer.loading import load_scorer

@@ -16,11 +16,11 @@ seeds whose own difference is positive.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import hashlib
 import json
 import os
-import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -318,12 +318,23 @@ def grpo_table(folder: Path, store: Path | None = None) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> None:
-    """The tables of the runs under ``argv[0]`` (default ``recipes/results``; the re-run with the
-    fixed training signal: ``recipes/results/fixed-gradient``), one folder a task."""
-    results = Path(argv[0]) if argv else RESULTS
+def main(argv: list[str] | None = None) -> None:
+    """The tables of the runs under the folder ``argv`` names (default ``recipes/results``; the
+    re-run with the fixed training signal: ``recipes/results/fixed-gradient``), one folder a
+    task, printed as Markdown."""
+    parser = argparse.ArgumentParser(
+        prog="summarize_results", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "results",
+        nargs="?",
+        type=Path,
+        default=RESULTS,
+        help="the study's outputs, one folder a task (default: recipes/results)",
+    )
+    results = parser.parse_args(argv).results
     if not results.is_dir():
-        raise SystemExit(f"summarize_results: no folder {results}")
+        parser.error(f"no folder {results}")
     for name in CONFIGS:
         task = results / name
         if task.is_dir():
@@ -341,4 +352,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

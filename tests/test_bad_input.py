@@ -462,6 +462,19 @@ def test_bert_scores_device_and_baseline_path_are_there(scorer):
     assert custom.baseline_path == "my.tsv"
 
 
+@pytest.mark.parametrize(
+    "loading",
+    [{"model_type": "roberta-large"}, {"num_layers": 3}, {"lang": "en"}, {"device": "cpu"}],
+    ids=lambda d: next(iter(d)),
+)
+def test_loading_settings_beside_an_encoder_are_refused(scorer, loading):
+    """BERTScorer(model_type="roberta-large", encoder=e) scored with e, silently (so did
+    num_layers=3: layer 6's scores under a layer-3 name in nobody's hash but the encoder's)."""
+    name = next(iter(loading))
+    with pytest.raises(ValueError, match=f"encoder= is the loaded scorer; {name} would not be"):
+        bsloss.BERTScorer(encoder=scorer.encoder, **loading)
+
+
 def test_a_text_of_special_tokens_only_is_named_without_blaming_idf(scorer):
     """The literal text "[SEP]" is the special token: its weight is 0 without idf too."""
     (p, r, f), caught = record(scorer.score, ["[SEP]", GOOD[0][0]], ["a cat", GOOD[0][1]])
