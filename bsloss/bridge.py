@@ -281,16 +281,16 @@ def _digest(tensors: dict[str, Tensor]) -> str:
 
 
 def _check_cache_dir(folder: Path) -> None:
-    """``bridge_cache_dir`` can hold the cache: a folder (made if missing) we may write in."""
+    """The bridge's ``cache_dir`` can hold the cache: a folder (made if missing) we may write in."""
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"bridge_cache_dir {str(folder)!r} is a file, not a folder")
+        raise ValueError(f"cache_dir {str(folder)!r} is a file, not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ValueError(f"bridge_cache_dir {str(folder)!r} cannot be created: {error}") from None
+        raise ValueError(f"cache_dir {str(folder)!r} cannot be created: {error}") from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(
-            f"bridge_cache_dir {str(folder)!r} is not writable: pass a folder you can write in "
+            f"cache_dir {str(folder)!r} is not writable: pass a folder you can write in "
             "(or None for no cache)"
         )
 

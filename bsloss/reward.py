@@ -10,11 +10,14 @@ the ``content`` of the last message is scored). The references come from the dat
 by ``reference_column``; each is one string or a list of strings (the best one counts, as in
 :meth:`bsloss.BERTScorer.score`). The score is the exact, hard-matching BERTScore of
 :class:`~bsloss.BERTScorer`, whose reference embeddings are cached across calls: a reward is asked
-for the same references over and over.
+for the same references over and over. The scorer's warnings (an empty completion scores 0, a
+text cut at the model's maximum, ...) are given once per kind and reward, not at every step.
 """
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -174,6 +177,7 @@ class BERTScoreReward:
         self.target = target
         # trainers log each reward function under its __name__
         self.__name__ = f"bertscore_{target}"
+        self._warned: set[tuple[type, str]] = set()  # the kinds of warning given already
 
     def __call__(
         self,
@@ -198,10 +202,16 @@ class BERTScoreReward:
             )
         if self.reference_column not in columns:
             given = sorted(k for k in columns if k not in _TRAINER_KEYWORDS)
+            why = ""
+            if self.reference_column in ("prompt", "completion", "prompts", "completions"):
+                why = (
+                    f" (TRL passes the prompt and completion columns as prompts= and "
+                    f"completions=, never as {self.reference_column!r})"
+                )
             raise KeyError(
                 f"no reference column {self.reference_column!r} among the dataset columns "
-                f"passed to the reward ({given}); set reference_column= to the column that holds "
-                "the references"
+                f"passed to the reward ({given}){why}; set reference_column= to the column that "
+                "holds the references"
             )
         references = columns[self.reference_column]
         check_reference_groups(references, self.reference_column)
@@ -211,8 +221,22 @@ class BERTScoreReward:
                 f"{self.reference_column!r}"
             )
         texts = [completion_text(c, i) for i, c in enumerate(completions)]
-        scores = self.scorer.score(texts, list(references), progress=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            scores = self.scorer.score(texts, list(references), progress=False)
+        self._warn_once_per_kind(caught)
         return scores[_TARGETS[self.target]].tolist()
+
+    def _warn_once_per_kind(self, caught: list[warnings.WarningMessage]) -> None:
+        """The scorer's warnings of one call, each kind once per reward: their text names the
+        call's positions, so Python's own filter would repeat them at every training step."""
+        for warning in caught:
+            message = str(warning.message)
+            kind = (warning.category, re.sub(r"\d+", "#", message.split(": candidate index")[0]))
+            if kind in self._warned:
+                continue
+            self._warned.add(kind)
+            warn_user(f"{message} (this reward gives this warning once)", warning.category)
 
     def clear_cache(self) -> None:
         """Forget the cached reference embeddings."""

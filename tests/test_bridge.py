@@ -541,12 +541,12 @@ def test_decision_bridge_cache_dir_checked_before_the_build_and_ids_on_load(
     )
     a_file = tmp_path / "not-a-folder"
     a_file.write_text("x")
-    with pytest.raises(ValueError, match="bridge_cache_dir .*not-a-folder.* is a file"):
+    with pytest.raises(ValueError, match="cache_dir .*not-a-folder.* is a file"):
         BERTScoreLoss(encoder=encoder, generator_tokenizer=small_tokenizer, bridge_cache_dir=a_file)
     if hasattr(os, "geteuid") and os.geteuid() != 0:  # root writes anywhere
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
-        with pytest.raises(ValueError, match="bridge_cache_dir .* is not writable"):
+        with pytest.raises(ValueError, match="cache_dir .* is not writable"):
             VocabularyBridge.build(small_tokenizer, encoder, cache_dir=locked)
     assert calls == []
     cache = tmp_path / "cache"

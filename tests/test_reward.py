@@ -261,3 +261,31 @@ def test_decision_scorer_and_reward_pickle(scorer):
     assert copy(completions=pairs[0], reference=pairs[1]) == pytest.approx(
         reward(completions=pairs[0], reference=pairs[1]), abs=1e-6
     )
+
+
+def test_the_scorers_warnings_come_once_per_kind(scorer):
+    """A reward is called at every step, and the scorer's warning names the call's positions,
+    so Python repeated it (14 warnings in 20 calls with an empty completion at varying
+    places): each kind comes once per reward now, a second kind once too."""
+    import warnings
+
+    reward = BERTScoreReward(scorer=scorer)
+    references = ["a cat sat on the mat", "the dog ran", "hello there"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(20):
+            completions = ["a cat sat", "a dog", "hi"]
+            completions[step % 3] = ""  # scores 0, with the scorer's warning
+            scores = reward(completions=completions, reference=references)
+            assert scores[step % 3] == 0.0
+        reward(completions=["[SEP]", "a dog", "hi"], reference=references)  # weights sum to 0
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 2, messages
+    assert "empty or whitespace-only" in messages[0] and "once" in messages[0]
+    assert "weights of a text's tokens sum to 0" in messages[1]
+
+
+def test_a_prompt_or_completion_reference_column_says_why_it_is_missing(scorer):
+    reward = BERTScoreReward(scorer=scorer, reference_column="completion")
+    with pytest.raises(KeyError, match="TRL passes the prompt and completion columns as"):
+        reward(prompts=["p"], completions=["a cat"], reference=["a cat"])
