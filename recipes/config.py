@@ -435,11 +435,15 @@ SCRIPT_SETTINGS = {
     "rl.temperature": "grpo.py",
     "rl.beta": "grpo.py",
 }
+# BERTScoreLoss keywords of the loss section that shape finetune.py's term, at the values that
+# leave the RL scripts' reward as it is (the metric's hard F_BERT): other values are refused there
+TERM_SETTINGS = {"matching": "hard", "top_k": None, "straight_through": False, "center": False}
 
 
 def check_script_settings(config: RecipeConfig, script: str) -> None:
     """Refuse the settings of :data:`SCRIPT_SETTINGS` that another script reads, set away
-    from their defaults, under ``script`` (one of :data:`SCRIPTS`).
+    from their defaults, under ``script`` (one of :data:`SCRIPTS`); under the RL scripts, the
+    term's :data:`TERM_SETTINGS` away from the values their hard reward has.
 
     Raises:
         ValueError: naming the setting, the script that reads it, and its value.
@@ -456,6 +460,15 @@ def check_script_settings(config: RecipeConfig, script: str) -> None:
             f"config {setting}: {owner}'s setting, which {script} does not use (set it to "
             f"{defaults[setting]!r} or remove it), got {value!r}"
         )
+    if script == "finetune.py":
+        return
+    for key, neutral in TERM_SETTINGS.items():
+        value = config.loss.get(key, neutral)
+        if value != neutral:
+            raise ValueError(
+                f"config loss.{key}: a setting of finetune.py's BERTScore term; {script}'s reward "
+                f"is the metric's hard F_BERT (set it to {neutral!r} or remove it), got {value!r}"
+            )
 
 
 def check_grpo(config: RecipeConfig) -> None:

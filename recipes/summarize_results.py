@@ -322,9 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     """The tables of the runs under the folder ``argv`` names (default ``recipes/results``; the
     re-run with the fixed training signal: ``recipes/results/fixed-gradient``), one folder a
     task, printed as Markdown."""
-    parser = argparse.ArgumentParser(
-        prog="summarize_results", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="summarize_results", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "results",
         nargs="?",

@@ -230,6 +230,8 @@ def test_grpo_refuses_settings_it_would_run_without(tmp_path, no_model_loads, ov
         ("rl_scst", "rl.temperature=5", "rl.temperature: grpo.py's setting.*got 5"),
         ("rl_scst", "rl.beta=1", "rl.beta: grpo.py's setting.*got 1"),
         ("rl_scst", "rl.num_generations=8", "rl.num_generations: grpo.py's setting.*got 8"),
+        ("rl_scst", "loss.matching=softmax", "loss.matching: a setting of finetune.py's BERT"),
+        ("rl_scst", "loss.top_k=32", "rl_scst.py's reward is the metric's hard F_BERT .*got 32"),
         ("finetune", "rl.ce_weight=0.5", "rl.ce_weight: rl_scst.py's setting, which finetune.py"),
         ("finetune", "rl.beta=0.1", "rl.beta: grpo.py's setting, which finetune.py"),
     ],
@@ -248,6 +250,8 @@ def test_each_script_refuses_the_settings_it_would_run_without(
     assert load_config(STAGE2, own[script], script=f"{script}.py").task == "translation"
     # the config recipes/README.md runs rl_scst.py with
     load_config(REPO / "recipes/configs/xsum-bert2bert.yaml", [], script="rl_scst.py")
+    with pytest.raises(ValueError, match="loss.straight_through: .*grpo.py's reward"):
+        load_config(GRPO, ["loss.straight_through=true"], script="grpo.py")
 
 
 def test_init_from_a_missing_folder_is_one_line(tmp_path, capsys, no_model_loads):
