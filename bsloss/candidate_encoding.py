@@ -281,10 +281,9 @@ class CandidateEncoder:
         if isinstance(candidates, LMHeadInputs):
             # hidden states are checked where the pass uses them, by its one read of the
             # device: a read here would wait for the whole model's forward
-            # a decoding bridge decodes the whole candidate, as from logits: the positions cut
-            # from the encoding go through the head too, for their most probable tokens
-            # every masked position goes through the head: which are content (and so which
-            # are cut at the scorer's limit) is known from its most probable token
+            # every masked position goes through the head, for its most probable token: it
+            # decides which positions are content (and so which the scorer's limit cuts), and
+            # a decoding bridge decodes the whole candidate, as from logits
             inputs, weights, log_likelihood, tokens, check_logits = self._fused_inputs(
                 seed, candidates, target_ids, whole_mask, table
             )

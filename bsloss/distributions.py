@@ -234,11 +234,9 @@ def most_probable_tokens(distribution: TokenDistribution) -> Tensor:
     (whose perturbed scores the distribution holds)."""
     if distribution.weights is None:
         return distribution.logits.argmax(dim=-1)
-    weights = distribution.weights.detach()
+    # the first of tied weights: the top-k indices are in token order (candidate_weights), so
+    # ties go to the smallest id, as argmax over the whole vocabulary breaks them
+    best = distribution.weights.detach().argmax(dim=-1, keepdim=True)
     if distribution.indices is None:
-        return weights.argmax(dim=-1)
-    # among tied weights the smallest token id, as argmax over the whole vocabulary (and the
-    # fused pass) breaks ties: top-k lists tied tokens in no set order
-    tied = weights == weights.max(dim=-1, keepdim=True).values
-    beyond = torch.iinfo(distribution.indices.dtype).max
-    return torch.where(tied, distribution.indices, beyond).min(dim=-1).values
+        return best.squeeze(-1)
+    return distribution.indices.gather(-1, best).squeeze(-1)
