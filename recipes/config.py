@@ -436,8 +436,20 @@ SCRIPT_SETTINGS = {
     "rl.beta": "grpo.py",
 }
 # BERTScoreLoss keywords of the loss section that shape finetune.py's term, at the values that
-# leave the RL scripts' reward as it is (the metric's hard F_BERT): other values are refused there
-TERM_SETTINGS = {"matching": "hard", "top_k": None, "straight_through": False, "center": False}
+# leave the RL scripts' reward as it is (the metric's hard F1 of the text, without idf or
+# baseline): other values are refused there. temperature and sinkhorn_iterations are inert under
+# the hard matching, as in finetune.py.
+TERM_SETTINGS = {
+    "matching": "hard",
+    "target": "f1",
+    "idf": False,
+    "rescale_with_baseline": False,
+    "center": False,
+    "top_k": None,
+    "straight_through": False,
+    "gumbel_temperature": None,
+    "bridge_mode": None,
+}
 
 
 def check_script_settings(config: RecipeConfig, script: str) -> None:
@@ -467,7 +479,8 @@ def check_script_settings(config: RecipeConfig, script: str) -> None:
         if value != neutral:
             raise ValueError(
                 f"config loss.{key}: a setting of finetune.py's BERTScore term; {script}'s reward "
-                f"is the metric's hard F_BERT (set it to {neutral!r} or remove it), got {value!r}"
+                f"is the metric's hard F_BERT of the text, its F1 without idf or baseline (set "
+                f"it to {neutral!r} or remove it), got {value!r}"
             )
 
 

@@ -762,3 +762,36 @@ def test_a_packed_batch_is_scored_document_by_document(loss, tokenizer, tmp_path
     assert seen[0] == seen[1] == ["a cat sat on the mat", "the dog ran"], seen
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=1e-6)
     assert trainer.bertscore_term.pop_metrics(training=False)["bertscore_f"] > 0
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["dense", "fused"])
+@pytest.mark.parametrize("weight", [1.0, 0.0], ids=["term", "ce-alone"])
+def test_a_label_outside_the_vocabulary_in_a_packed_batch_is_named_in_the_packed_row(
+    loss, tokenizer, tmp_path, fused, weight
+):
+    """A packed (padding-free) batch is scored one document a row; a label outside the
+    vocabulary was named by its place in that split, ``labels[1, t]`` (the document's row and
+    its own position), a row the caller's ``[1, T]`` labels do not have. It is named where the
+    caller put it, and the trainer works after."""
+    model = tiny_gpt2(tokenizer, n_layer=0).eval()
+    trainer = _mixin_trainer(loss, tokenizer, tmp_path, model)
+    trainer.bertscore_fused = fused
+    trainer.bertscore_term.weight = weight
+    a = _prompt_and_answer(tokenizer, "say", "a cat sat on the mat")
+    b = _prompt_and_answer(tokenizer, "tell me", "the dog ran")
+    packed = {
+        "input_ids": torch.tensor([a["input_ids"] + b["input_ids"]]),
+        "position_ids": torch.tensor(
+            [list(range(len(a["input_ids"]))) + list(range(len(b["input_ids"])))]
+        ),
+        "labels": torch.tensor([a["labels"] + b["labels"]]),
+    }
+    vocab = model.get_output_embeddings().weight.shape[0]
+    bad = {k: v.clone() for k, v in packed.items()}
+    position = len(a["labels"]) + len(b["labels"]) - 1  # b's last completion token
+    bad["labels"][0, position] = vocab + 5
+    where = re.escape(f"outside [0, {vocab}) (the model's vocabulary; and not -100) at ")
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=where + rf"labels\[0, {position}\]$"):
+            trainer.compute_loss(model, bad)
+        assert torch.isfinite(trainer.compute_loss(model, dict(packed)))

@@ -232,6 +232,12 @@ def test_grpo_refuses_settings_it_would_run_without(tmp_path, no_model_loads, ov
         ("rl_scst", "rl.num_generations=8", "rl.num_generations: grpo.py's setting.*got 8"),
         ("rl_scst", "loss.matching=softmax", "loss.matching: a setting of finetune.py's BERT"),
         ("rl_scst", "loss.top_k=32", "rl_scst.py's reward is the metric's hard F_BERT .*got 32"),
+        ("rl_scst", "loss.target=precision", r"loss.target: .*rl_scst.py's reward .*\(set it "
+         r"to 'f1' or remove it\), got 'precision'"),
+        ("rl_scst", "loss.idf=true", "loss.idf: .*rl_scst.py's reward.*got True"),
+        ("rl_scst", "loss.gumbel_temperature=0.1", "loss.gumbel_temperature: .*got 0.1"),
+        ("rl_scst", "loss.rescale_with_baseline=true", "loss.rescale_with_baseline: .*got True"),
+        ("rl_scst", "loss.bridge_mode=average", "loss.bridge_mode: .*got 'average'"),
         ("finetune", "rl.ce_weight=0.5", "rl.ce_weight: rl_scst.py's setting, which finetune.py"),
         ("finetune", "rl.beta=0.1", "rl.beta: grpo.py's setting, which finetune.py"),
     ],
@@ -242,7 +248,10 @@ def test_each_script_refuses_the_settings_it_would_run_without(
     """rl_scst.py ran with loss.weight=10, loss.candidates=sample, rl.temperature=5, rl.beta=1
     or rl.num_generations=8 exactly as without them (loss 0.671658, reward 0.141536 in each
     log), and finetune.py with rl_scst.py's and grpo.py's keys: each is refused at load, named
-    with the script that reads it. A script's own settings load."""
+    with the script that reads it. A script's own settings load. The RL scripts' reward is the
+    metric's F1 without idf or baseline, on the text: the term's target, idf, Gumbel noise,
+    baseline and bridge were run without, silently (temperature and Sinkhorn iterations are
+    inert under the hard matching they keep, as in finetune.py)."""
     module = importlib.import_module(script)
     with pytest.raises(ValueError, match=named):
         module.main(["--config", str(STAGE2), "--output_dir", str(tmp_path), "--set", override])

@@ -29,6 +29,7 @@ Three pieces:
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -202,6 +203,7 @@ class BERTScoreTerm:
         candidate_outputs: Any = None,
         candidate_labels: Tensor | None = None,
         candidate_rows: Tensor | None = None,
+        documents: PackedDocuments | None = None,
     ) -> Tensor:
         """The loss of one micro-batch (see the module docstring); records CE and mean F.
 
@@ -232,6 +234,9 @@ class BERTScoreTerm:
             candidate_rows: ``[R]`` the batch rows the ``R`` candidates answer (a subset of
                 the batch answered, :class:`~bsloss.integrations.candidates.ModelAnswers`'
                 ``rows``): the term is over those rows only; default: all rows, in order.
+            documents: where ``outputs`` and ``labels`` come from when they are the documents
+                of a packed batch (:meth:`~bsloss.integrations.packing.PackedDocuments.split`):
+                a label is then named by its place in the packed labels.
 
         Raises:
             ValueError: ``labels`` missing or of the wrong shape, ``references`` of the wrong
@@ -248,7 +253,9 @@ class BERTScoreTerm:
         if training is None:
             training = torch.is_grad_enabled() and logits.requires_grad
         if not self.scores:
-            return self._cross_entropy_alone(logits, labels, num_items_in_batch, head, training)
+            return self._cross_entropy_alone(
+                logits, labels, num_items_in_batch, head, training, documents
+            )
         own = candidate_outputs is not None
         if own:
             candidate_logits, candidate_labels = self._aligned(
@@ -288,7 +295,7 @@ class BERTScoreTerm:
         host = torch.cat([keep.long(), candidate_rows.long(), outside]).tolist()
         answered = keep.shape[0]
         if host[-1]:
-            raise self._labels_outside(labels, vocab)
+            raise self._labels_outside(labels, vocab, documents)
         kept_rows = [i for i, kept_row in enumerate(host[:answered]) if kept_row]
         host_rows = host[answered : 2 * answered]
         rows = torch.tensor(kept_rows, dtype=torch.long).to(logits.device, non_blocking=True)
@@ -353,21 +360,29 @@ class BERTScoreTerm:
             )
         return logits, labels
 
-    def _labels_outside(self, labels: Tensor, vocab: int) -> ValueError:
+    def _labels_outside(
+        self, labels: Tensor, vocab: int, documents: PackedDocuments | None = None
+    ) -> ValueError:
         """The error for aligned ``labels`` with an id outside ``[0, vocab)``: the first named
-        at its place in the labels the caller gave (a causal model's are shifted by one here).
-        torch's own check is an ``IndexError`` on the CPU and, on a GPU, a device-side assert
-        that breaks the process's CUDA context."""
+        at its place in the labels the caller gave (a causal model's are shifted by one here;
+        the documents of a packed batch are rows of their own here). torch's own check is an
+        ``IndexError`` on the CPU and, on a GPU, a device-side assert that breaks the process's
+        CUDA context."""
         row, position = ids_outside_vocabulary(labels, vocab).nonzero()[0].tolist()
+        position += int(self.causal)
+        if documents is not None:
+            row, position = documents.place(row, position)
         return ValueError(
             f"labels has ids outside [0, {vocab}) (the model's vocabulary; and not "
-            f"{IGNORE_INDEX}) at labels[{row}, {position + int(self.causal)}]"
+            f"{IGNORE_INDEX}) at labels[{row}, {position}]"
         )
 
-    def _check_labels(self, labels: Tensor, vocab: int) -> None:
+    def _check_labels(
+        self, labels: Tensor, vocab: int, documents: PackedDocuments | None = None
+    ) -> None:
         """Refuse aligned ``labels`` outside ``[0, vocab)`` (one read of the device), named."""
         if ids_outside_vocabulary(labels, vocab).any():
-            raise self._labels_outside(labels, vocab)
+            raise self._labels_outside(labels, vocab, documents)
 
     def _cross_entropy_alone(
         self,
@@ -376,16 +391,18 @@ class BERTScoreTerm:
         num_items_in_batch: Tensor | int | None,
         head: LMHead | None,
         training: bool,
+        documents: PackedDocuments | None = None,
     ) -> Tensor:
         """``ce_weight`` times the CE, normalised as the full loss is, and recorded (the term
         under a fixed weight of 0: nothing else is computed)."""
+        check_labels = functools.partial(self._check_labels, documents=documents)
         if head is None:
-            self._check_labels(labels, logits.shape[-1])
+            check_labels(labels, logits.shape[-1])
             ce_sum = token_cross_entropy(
                 labels, logits=logits, reduction="sum", check_targets=False
             )
         else:
-            ce_sum = head.run(_fused_cross_entropy_sum, logits, labels, self._check_labels)
+            ce_sum = head.run(_fused_cross_entropy_sum, logits, labels, check_labels)
         label_tokens = (labels != IGNORE_INDEX).sum().clamp(min=1)
         total = label_tokens if num_items_in_batch is None else num_items_in_batch
         total = torch.as_tensor(total, device=logits.device).clamp(min=1)
@@ -660,12 +677,12 @@ class BERTScoreTrainerMixin:
         if ce_alone:
             logits, aligned = self.bertscore_term._aligned(term_outputs, term_labels, "labels")
             loss = self.bertscore_term._cross_entropy_alone(
-                logits, aligned, num_items_in_batch, head, training=True
+                logits, aligned, num_items_in_batch, head, training=True, documents=documents
             )
         else:
             loss = self.bertscore_term(
                 term_outputs, term_labels, num_items_in_batch, references,
-                training=model.training, head=head, **own,
+                training=model.training, head=head, documents=documents, **own,
             )  # fmt: skip
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             # num_items_in_batch counts every process's tokens and DDP averages the gradients

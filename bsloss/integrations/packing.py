@@ -31,10 +31,11 @@ __all__ = ["PackedDocuments"]
 class PackedDocuments:
     """Where each document of a packed batch sits: ``index`` ``[D, W]`` flat positions into
     the batch's ``[B, T]`` grid (document ``d``'s tokens in order, padded), ``valid`` ``[D, W]``
-    which of them are the document's."""
+    which of them are the document's, ``width`` the grid's ``T``."""
 
     index: Tensor
     valid: Tensor
+    width: int
 
     @classmethod
     def of(cls, position_ids: Tensor | None, labels: Tensor) -> PackedDocuments | None:
@@ -68,7 +69,13 @@ class PackedDocuments:
         offsets = torch.arange(int(lengths.max()))[None]
         valid = offsets < lengths
         index = torch.where(valid, first + offsets, first)
-        return cls(index.to(labels.device), valid.to(labels.device))
+        return cls(index.to(labels.device), valid.to(labels.device), width)
+
+    def place(self, document: int, position: int) -> tuple[int, int]:
+        """``(b, t)``: where ``position`` of ``document`` (a place in :meth:`split`'s rows) sits
+        in the packed batch, so that an error names it where the caller put it. One read of
+        the device."""
+        return divmod(int(self.index[document, position]), self.width)
 
     def split(self, values: Tensor, fill: float | int | None = None) -> Tensor:
         """``values`` ``[B, T, ...]`` as ``[D, W, ...]``, one document a row; after each
