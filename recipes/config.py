@@ -508,11 +508,6 @@ def check_grpo(config: RecipeConfig) -> None:
             "config train.early_stopping_patience: grpo.py runs train.steps steps (no early "
             f"stopping); set it to 0 or null, got {train.early_stopping_patience}"
         )
-    if config.loss.get("weight", 0.0):
-        raise ValueError(
-            "config loss.weight: grpo.py trains on the F_BERT reward alone; loss.weight is "
-            f"finetune.py's (set it to 0), got {config.loss['weight']}"
-        )
 
 
 def load_config(path: Path, overrides: list[str], *, script: str | None = None) -> RecipeConfig:
@@ -558,7 +553,7 @@ def load_config(path: Path, overrides: list[str], *, script: str | None = None) 
         **{name: section(cls, name, raw.get(name)) for name, cls in SECTIONS.items()},
     )
     if script == "grpo.py":
-        check_grpo(config)  # its own messages first (loss.weight: GRPO trains on the reward)
+        check_grpo(config)
     if script is not None:
         check_script_settings(config, script)
     return config

@@ -209,7 +209,11 @@ def test_grpo_on_the_recipe_stack_resumes_and_refuses_bad_settings(tiny_gemma_fo
 
     for override, message in (
         ("train.batch_size=3", r"train.batch_size \(3\) must be a multiple of rl.num_generations"),
-        ("loss.weight=1.0", "config loss.weight: grpo.py trains on the F_BERT reward alone"),
+        (
+            "loss.weight=1.0",
+            "config loss.weight: finetune.py's setting, which grpo.py does not "
+            r"use \(set it to 0.0 or remove it\), got 1.0",
+        ),
     ):
         failed = run_recipe(
             "grpo.py", "--config", config, "--output_dir", tmp_path / "bad", *common,
