@@ -304,7 +304,7 @@ def test_compute_metrics_scores_predict_outputs(scorer, tokenizer, tmp_path):
     model = tiny_gpt2(tokenizer)
     batch = causal_batch(tokenizer)
     rows = [{k: v[i].tolist() for k, v in batch.items()} for i in range(2)]
-    metrics = bertscore_compute_metrics(tokenizer, scorer)
+    metrics = bertscore_compute_metrics(tokenizer, scorer, causal=True)
     trainer = transformers.Trainer(
         model=model, args=training_args(tmp_path), compute_metrics=metrics
     )
@@ -312,14 +312,64 @@ def test_compute_metrics_scores_predict_outputs(scorer, tokenizer, tmp_path):
     assert {"test_bertscore_precision", "test_bertscore_recall", "test_bertscore_f1"} <= set(
         out.metrics
     )
-    predicted = out.predictions.argmax(-1)
-    labels = np.where(out.label_ids == -100, tokenizer.pad_token_id, out.label_ids)
-    cands = [t.strip() for t in tokenizer.batch_decode(predicted, skip_special_tokens=True)]
-    refs = [t.strip() for t in tokenizer.batch_decode(labels, skip_special_tokens=True)]
+    # a causal LM's position t predicts label t + 1; only the labelled positions are its answer
+    predicted, labels = out.predictions.argmax(-1)[:, :-1], out.label_ids[:, 1:]
+    cands = [tokenizer.decode(p[y != -100], skip_special_tokens=True).strip()
+             for p, y in zip(predicted, labels, strict=True)]  # fmt: skip
+    refs = [tokenizer.decode(y[y != -100], skip_special_tokens=True).strip() for y in labels]
     expected = scorer.score(cands, refs)[2].mean().item()
     assert abs(out.metrics["test_bertscore_f1"] - expected) < 1e-6
     # identical ids score 1
-    assert metrics((out.label_ids, out.label_ids))["bertscore_f1"] == pytest.approx(1.0, abs=1e-6)
+    same = bertscore_compute_metrics(tokenizer, scorer)
+    assert same((out.label_ids, out.label_ids))["bertscore_f1"] == pytest.approx(1.0, abs=1e-6)
+
+
+def _word_tokenizer(pad: bool):
+    """A vocabulary whose id 0 is an ordinary word, as GPT-2's and Qwen's "!"."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["!", "<eos>", "the", "cat", "sat", "a", "dog", "ran"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<eos>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<eos>", pad_token="<eos>" if pad else None
+    )
+
+
+def _one_hot_logits(rows, width, vocab=8):
+    """Logits whose argmax is each row's ids, padded with -100 (as the evaluation loop pads
+    batches of different lengths)."""
+    logits = np.full((len(rows), width, vocab), -100.0, dtype=np.float32)
+    for b, row in enumerate(rows):
+        for t, token in enumerate(row):
+            logits[b, t] = -5.0
+            logits[b, t, token] = 5.0
+    return logits
+
+
+@pytest.mark.parametrize("pad", [True, False], ids=["pad-token", "no-pad-token"])
+def test_compute_metrics_decodes_only_what_the_labels_mark(scorer, pad):
+    """Teacher-forced logits were decoded at every position: the evaluation loop's -100 padding
+    (argmax 0: "!" in GPT-2's vocabulary) and the prompt's or padding's predictions joined the
+    answer (F 0.910 and 0.896 for predictions equal to the labels); generated ids and labels
+    had -100 mapped to the padding id, or to 0 without one. Each now decodes only what the
+    labels mark (teacher-forced) or what is not -100 (generated): F 1 for equal texts."""
+    tokenizer = _word_tokenizer(pad)
+    metrics = bertscore_compute_metrics(tokenizer, scorer)
+    labels = np.array([[2, 3, 4, -100, -100], [5, 6, 7, 2, 3]])
+    padded = _one_hot_logits([[2, 3, 4], [5, 6, 7, 2, 3]], 5)
+    assert metrics((padded, labels))["bertscore_f1"] == pytest.approx(1.0, abs=1e-6)
+    predicted_past_labels = _one_hot_logits([[2, 3, 4, 6, 7], [5, 6, 7, 2, 3]], 5)
+    assert metrics((predicted_past_labels, labels))["bertscore_f1"] == pytest.approx(1.0, abs=1e-6)
+    assert metrics((labels, labels))["bertscore_f1"] == pytest.approx(1.0, abs=1e-6)
+    # argmax ids from preprocess_logits_for_metrics, a causal LM's: position t predicts t + 1
+    shifted = np.array([[3, 4, 6, 0, 0], [6, 7, 2, 3, 0]])
+    causal = bertscore_compute_metrics(tokenizer, scorer, causal=True)
+    assert causal((shifted, labels))["bertscore_f1"] == pytest.approx(1.0, abs=1e-6)
+    with pytest.raises(ValueError, match=r"must be \[N, L\] as the labels, \[2, 5\]; got \[2, 4\]"):
+        metrics((padded[:, :4], labels))
+    with pytest.raises(ValueError, match="causal=True is for teacher-forced"):
+        bertscore_compute_metrics(tokenizer, scorer, teacher_forced=False, causal=True)
 
 
 def test_mixin_needs_the_tokenizer(loss, tokenizer, tmp_path):

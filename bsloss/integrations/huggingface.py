@@ -757,28 +757,42 @@ def _with_end_of_sequence(processing_class, args):
 
 
 def bertscore_compute_metrics(
-    tokenizer, scorer: BERTScorer | None = None, prefix: str = "bertscore_"
+    tokenizer,
+    scorer: BERTScorer | None = None,
+    prefix: str = "bertscore_",
+    *,
+    teacher_forced: bool | None = None,
+    causal: bool = False,
 ) -> Callable[[Any], dict[str, float]]:
     """A ``compute_metrics`` for ``Trainer`` / ``Seq2SeqTrainer``: mean BERTScore P, R and F of
-    the decoded predictions against the decoded labels.
+    the decoded predictions against the decoded labels (``-100`` in the labels: not part of
+    the reference).
 
-    Predictions may be token ids (``Seq2SeqTrainer(predict_with_generate=True)``) or logits
-    ``[N, L, V]`` (their argmax is taken, shifted by one for a causal LM's next-token logits is
-    up to the caller: pass ``preprocess_logits_for_metrics``). ``-100`` marks ignored
-    positions in both.
+    Predictions are either
+    - generated token ids (``Seq2SeqTrainer(predict_with_generate=True)``), decoded whole
+      (``-100``, the evaluation loop's padding, skipped); or
+    - teacher-forced: logits ``[N, L, V]`` or their argmax ``[N, L]`` (what a
+      ``preprocess_logits_for_metrics`` returning ``logits.argmax(-1)`` leaves), aligned with
+      the labels, of which only the positions with a label are decoded (the prompt's and the
+      padding's predictions are not the model's answer).
 
     Args:
         tokenizer: the generator's tokenizer.
         scorer: the :class:`~bsloss.BERTScorer`; default: the embedded all-MiniLM-L6-v2.
         prefix: prefix of the metric names.
+        teacher_forced: whether the predictions are teacher-forced; default: logits are,
+            token ids are not (generated).
+        causal: teacher-forced predictions of a causal LM, whose position ``t`` predicts the
+            label at ``t + 1`` (``True`` implies ``teacher_forced``).
 
     Returns:
         A function of an ``EvalPrediction`` (or ``(predictions, label_ids)``) returning
         ``{prefix + "precision": ..., prefix + "recall": ..., prefix + "f1": ...}``.
 
     Raises:
-        ValueError: predictions and labels differ in number of rows (from the returned
-            function).
+        ValueError: predictions and labels differ in number of rows, or teacher-forced
+            predictions not of the labels' ``[N, L]`` (from the returned function);
+            ``teacher_forced=False`` with ``causal=True``.
 
     >>> import numpy as np, bsloss
     >>> from bsloss.integrations.huggingface import bertscore_compute_metrics
@@ -789,22 +803,40 @@ def bertscore_compute_metrics(
     1.0
     """
     scorer = scorer or BERTScorer()
+    if teacher_forced is False and causal:
+        raise ValueError("causal=True is for teacher-forced predictions: teacher_forced=False")
 
-    def decode(rows) -> list[str]:
-        rows = torch.as_tensor(rows)
-        if rows.dim() == 3:
-            rows = rows.argmax(dim=-1)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        rows = rows.masked_fill(rows == IGNORE_INDEX, pad)
-        return [t.strip() for t in tokenizer.batch_decode(rows.tolist(), skip_special_tokens=True)]
+    def decode(rows: Tensor, keep: Tensor) -> list[str]:
+        # each row's kept ids alone: -100 mapped to a padding id would decode as a token in a
+        # vocabulary whose padding is an ordinary token (or that has none: id 0, GPT-2's "!")
+        texts = tokenizer.batch_decode(
+            [row[kept].tolist() for row, kept in zip(rows, keep, strict=True)],
+            skip_special_tokens=True,
+        )
+        return [t.strip() for t in texts]
 
     def compute_metrics(eval_prediction) -> dict[str, float]:
         predictions, label_ids = eval_prediction[0], eval_prediction[1]
         if isinstance(predictions, tuple):
             predictions = predictions[0]
-        candidates, references = decode(predictions), decode(label_ids)
-        if len(candidates) != len(references):
-            raise ValueError(f"{len(candidates)} predictions but {len(references)} label rows")
+        predictions, label_ids = torch.as_tensor(predictions), torch.as_tensor(label_ids)
+        if len(predictions) != len(label_ids):
+            raise ValueError(f"{len(predictions)} predictions but {len(label_ids)} label rows")
+        forced = predictions.dim() == 3 if teacher_forced is None and not causal else True
+        if predictions.dim() == 3:
+            predictions = predictions.argmax(dim=-1)
+        if forced:
+            if predictions.shape != label_ids.shape:
+                raise ValueError(
+                    f"teacher-forced predictions must be [N, L] as the labels, "
+                    f"{list(label_ids.shape)}; got {list(predictions.shape)}"
+                )
+            if causal:  # position t predicts the label at t + 1
+                predictions, label_ids = predictions[:, :-1], label_ids[:, 1:]
+            candidates = decode(predictions, label_ids != IGNORE_INDEX)
+        else:
+            candidates = decode(predictions, predictions != IGNORE_INDEX)
+        references = decode(label_ids, label_ids != IGNORE_INDEX)
         P, R, F = scorer.score(candidates, references, progress=False)
         return {
             prefix + "precision": P.mean().item(),
