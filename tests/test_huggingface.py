@@ -845,3 +845,39 @@ def test_a_label_outside_the_vocabulary_in_a_packed_batch_is_named_in_the_packed
         with pytest.raises(ValueError, match=where + rf"labels\[0, {position}\]$"):
             trainer.compute_loss(model, bad)
         assert torch.isfinite(trainer.compute_loss(model, dict(packed)))
+
+
+def test_a_reference_column_reaches_no_generate(loss, scorer, tokenizer, tmp_path):
+    """The reference column rides in every batch for compute_loss to take out; a prediction
+    step that does not call it (Seq2SeqTrainer's with predict_with_generate) passed it to
+    generate(): ``ValueError: The following model_kwargs are not used by the model:
+    ['bertscore_references']``, although docs/huggingface.md shows the two together. That step
+    runs without it now (as a split without labels does), and the generated answers are
+    scored."""
+
+    class Trainer(BERTScoreTrainerMixin, transformers.Seq2SeqTrainer):
+        pass
+
+    model = tiny_bert2bert(tokenizer)
+    rows = [
+        {
+            "input_ids": tokenizer(prompt)["input_ids"],
+            "labels": tokenizer(reference)["input_ids"][1:],
+            "reference": reference,
+        }
+        for prompt, reference in zip(PROMPTS, REFERENCES, strict=True)
+    ]
+    args = training_args(tmp_path, transformers.Seq2SeqTrainingArguments)
+    args.predict_with_generate, args.generation_max_length = True, 8
+    trainer = Trainer(
+        model=model,
+        args=args,
+        data_collator=transformers.DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+        compute_metrics=bertscore_compute_metrics(tokenizer, scorer),
+        bertscore_loss=loss,
+        bertscore_weight=1.0,
+        bertscore_reference_column="reference",
+    )
+    metrics = trainer.evaluate(datasets.Dataset.from_list(rows))
+    assert 0 < metrics["eval_bertscore_f1"] <= 1 and np.isfinite(metrics["eval_loss"])

@@ -689,6 +689,23 @@ class BERTScoreTrainerMixin:
             loss = loss * self.accelerator.num_processes
         return (loss, outputs) if return_outputs else loss
 
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **kwargs):
+        """The trainer's prediction step; the reference column is for :meth:`compute_loss`,
+        which takes it out of the batch, and is dropped where the step does not call it
+        (``Seq2SeqTrainer``'s generation with ``predict_with_generate``, a split without
+        labels): ``generate()`` and the model's forward refuse an argument they do not know.
+        There the evaluation loss is the model's own, and no ``eval_ce`` / ``eval_bertscore_f``
+        is recorded."""
+        generating = getattr(self.args, "predict_with_generate", False) and not (
+            prediction_loss_only
+        )
+        labelled = all(inputs.get(name) is not None for name in self.label_names)
+        if REFERENCES_KEY in inputs and (generating or not labelled):
+            inputs = {k: v for k, v in inputs.items() if k != REFERENCES_KEY}
+        return super().prediction_step(
+            model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **kwargs
+        )
+
     def evaluate(self, *args, **kwargs) -> dict[str, float]:
         self._bertscore_evaluating = True  # its log() call carries evaluation metrics only
         try:
