@@ -67,7 +67,7 @@ from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.checkpointing import Checkpointing, set_gradient_checkpointing
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder
-from bsloss.scorer.weights import IdfSpec, weight_table
+from bsloss.scorer.weights import IdfSpec, as_idf_spec, weight_table
 
 __all__ = ["BERTScoreLoss", "LossAndCrossEntropy"]
 
@@ -184,7 +184,9 @@ class BERTScoreLoss(nn.Module):
             string shorthand ``"hard"``, ``"softmax"``, ``"logsumexp"`` or ``"sinkhorn"``
             (default temperature 0.05). Stored resolved, as an object, in ``loss.matching``.
         target: which score the loss is ``1 -`` of: ``"f1"``, ``"precision"`` or ``"recall"``.
-        idf: ``False``, a list of sentences, or a ``{scorer_token_id: weight}`` dict.
+        idf: ``False`` (or ``None``, ``0``, as the metric takes them), a list of sentences, or
+            a ``{scorer_token_id: weight}`` dict (``True`` and ``1``, the metric's idf from each
+            call's references, are refused: pass the corpus).
         center: subtract the batch mean of the candidates' and of the references' token vectors
             (Chen et al., 2020), over all processes under torch.distributed.
         rescale_with_baseline: baseline rescaling of the score: ``True`` (the packaged baseline
@@ -266,7 +268,7 @@ class BERTScoreLoss(nn.Module):
         *,
         matching: str | Matching = "softmax",
         target: str = "f1",
-        idf: IdfSpec = False,
+        idf: IdfSpec | None = False,
         center: bool = False,
         rescale_with_baseline: bool | str | os.PathLike = False,
         bridge: Bridge | VocabularyBridge | object | None = None,
@@ -306,9 +308,10 @@ class BERTScoreLoss(nn.Module):
         self.bridging: BridgeMode = SharedVocabulary()
         if spec is not None:
             self.bridge, self.bridging = spec.resolve(self.encoder)
+        given_idf, idf = idf, as_idf_spec(idf)  # None, 0 -> False and 1 -> True, as the metric
         if idf is True:
             raise ValueError(
-                "idf=True (from each call's references) is for BERTScorer; pass the "
+                f"idf={given_idf!r} (from each call's references) is for BERTScorer; pass the "
                 "reference corpus as idf=[...] to fix the loss's weights"
             )
         # the first half of the loss: candidates of any source to scorer hidden states

@@ -927,3 +927,25 @@ def test_the_compiled_loss_through_the_head_gives_the_same_values(encoder):
         torch._dynamo.reset()
     torch.testing.assert_close(value, eager, rtol=0, atol=1e-6)
     torch.testing.assert_close(hidden.grad, eager_grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("idf, same_as", [(None, False), (0, False)])
+def test_the_loss_takes_what_its_idf_message_says(encoder, vocab, idf, same_as):
+    """``idf=None`` / ``0`` were refused by a message saying "(or None, 0, 1)" are taken; they
+    are the metric's (and bert_score's) False now: the same loss, with no idf on the
+    candidates' side either (``Embeddings`` without weights are taken)."""
+    logits = torch.randn(2, 3, vocab)
+    refs = ["a cat sat", "the dog ran"]
+    loss = BERTScoreLoss(encoder=encoder, idf=idf)
+    expected = BERTScoreLoss(encoder=encoder, idf=same_as)(logits, refs)
+    torch.testing.assert_close(loss(logits, refs), expected, rtol=0, atol=0)
+    hidden, mask, _ = loss.encode_references(refs)
+    loss(bsloss.Embeddings(hidden), refs, candidate_mask=mask)  # idf off: no weights needed
+
+
+@pytest.mark.parametrize("idf", [True, 1])
+def test_idf_true_or_one_is_refused_with_what_to_pass(encoder, idf):
+    """``idf=1`` was refused as "not a bool (or None, 0, 1)"; like ``True`` (the metric's
+    idf from each call's references), it is refused with what the loss takes instead."""
+    with pytest.raises(ValueError, match=r"is for BERTScorer; pass the reference corpus"):
+        BERTScoreLoss(encoder=encoder, idf=idf)
