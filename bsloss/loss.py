@@ -66,7 +66,7 @@ from bsloss.inputs import (
 from bsloss.scorer.batching import pad_embedded
 from bsloss.scorer.checkpointing import Checkpointing, set_gradient_checkpointing
 from bsloss.scorer.encoder import ScorerEncoder
-from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder
+from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder, Tokenized
 from bsloss.scorer.weights import IdfSpec, as_idf_spec, weight_table
 
 __all__ = ["BERTScoreLoss", "LossAndCrossEntropy"]
@@ -85,6 +85,21 @@ class LossAndCrossEntropy(NamedTuple):
 
 def _float32(hidden: Tensor) -> Tensor:
     return hidden.float()
+
+
+class _TokenizedAhead(dict):
+    """The references' tokens, tokenised by the loss before the embedder encodes them, so that
+    the loss sees each new reference's ids on the host (their weights: no read of the device).
+    Filled ahead with the texts not in the cache; a text the embedder encodes all the same
+    (the cache started over: a new device or autocast) is tokenised when it is asked for."""
+
+    def __init__(self, embedder: ReferenceEmbedder, texts: list[str], window: bool):
+        super().__init__(embedder.tokenize(texts, window) if texts else {})
+        self._embedder, self._window = embedder, window
+
+    def __missing__(self, text: str) -> tuple[list[int], bool]:
+        self.update(self._embedder.tokenize([text], self._window))
+        return self[text]
 
 
 # BERTScoreLoss's keywords folded into the 13 it takes, each with its replacement
@@ -186,7 +201,9 @@ class BERTScoreLoss(nn.Module):
         target: which score the loss is ``1 -`` of: ``"f1"``, ``"precision"`` or ``"recall"``.
         idf: ``False`` (or ``None``, ``0``, as the metric takes them), a list of sentences, or
             a ``{scorer_token_id: weight}`` dict (``True`` and ``1``, the metric's idf from each
-            call's references, are refused: pass the corpus).
+            call's references, are refused: pass the corpus). A candidate whose references'
+            tokens all weigh 0 (each in every idf sentence, or only special tokens) scores 0
+            with no gradient; the loss warns of it once.
         center: subtract the batch mean of the candidates' and of the references' token vectors
             (Chen et al., 2020), over all processes under torch.distributed.
         rescale_with_baseline: baseline rescaling of the score: ``True`` (the packaged baseline
@@ -326,6 +343,9 @@ class BERTScoreLoss(nn.Module):
         # no .to() (and _placed() keeps it there when only the encoder is moved later)
         device = self.encoder.device
         self.register_buffer("scorer_weights", weights.float().to(device), persistent=False)
+        # which tokens weigh 0, on the host: a reference whose tokens all do scores 0 with no
+        # gradient (warned once: _warn_weightless), found from its host token ids, no device read
+        self._zero_weight = (weights.float() == 0).numpy()
         self.baseline: Tensor | None = None
         baseline_path = old.baseline_path
         if isinstance(rescale_with_baseline, (str, os.PathLike)):
@@ -342,6 +362,10 @@ class BERTScoreLoss(nn.Module):
             inference_mode=False,
         )
         self._warned_empty_references = False  # once per loss: a training loop calls often
+        self._warned_weightless = False
+        # the cached references found weightless when they were tokenised (a cached text is not
+        # tokenised again); pruned to the cache's texts, cleared once the loss has warned
+        self._weightless_texts: set[str] = set()
         # The frozen scorer is not the loss's state: a model holding the loss as a submodule
         # would otherwise save the scorer (87 MB for MiniLM) in every checkpoint.
         self._register_state_dict_hook(_drop_scorer_state)
@@ -412,18 +436,45 @@ class BERTScoreLoss(nn.Module):
         return self.candidate_encoder.encode(self._placed(), candidates, candidate_mask)[:3]
 
     # ------------------------------------------------------------------ references
-    def _embed_references(self, texts: list[str]) -> tuple[Tensor, Tensor, Tensor, set[str]]:
+    def _embed_references(
+        self, texts: list[str]
+    ) -> tuple[Tensor, Tensor, Tensor, set[str], set[str]]:
+        """Padded hidden states, mask and weights of ``texts``, the texts truncated, and those
+        whose tokens all weigh 0 (looked for until the loss has warned of them)."""
+        window = self.long_inputs == "window"
+        tokenized = None
+        if not self._warned_weightless:
+            # the embedder tokenises the texts it has not cached; done here instead, the ids
+            # are on the host for the check (no extra tokenisation, no read of the device)
+            cache = self._references.cache
+            new = [t for t in dict.fromkeys(texts) if t not in cache]
+            tokenized = _TokenizedAhead(self._references, new, window)
         # no progress bar: a training step's references are one small batch, and a bar per step
         # would flicker over the trainer's own bar on a terminal
         embedded, truncated = self._references.embed(
             texts,
             cache_texts=texts,
-            window=self.long_inputs == "window",
+            window=window,
             batch_size=64,
             progress=False,
+            tokenized=tokenized,
         )
+        weightless: set[str] = set()
+        if tokenized is not None:
+            weightless = self._weightless_among(texts, tokenized)
         hidden, mask, weights = pad_embedded([embedded[t] for t in texts], self._placed())
-        return hidden, mask, weights, truncated
+        return hidden, mask, weights, truncated, weightless
+
+    def _weightless_among(self, texts: list[str], tokenized: Tokenized) -> set[str]:
+        """The texts whose tokens all weigh 0: those just tokenised, by their host ids, and the
+        cached ones found so when they were tokenised."""
+        known = self._weightless_texts
+        known.update(text for text, (ids, _) in tokenized.items() if self._zero_weight[ids].all())
+        found = {text for text in texts if text in known}
+        if len(known) > self.reference_cache.max_size:
+            # only the cached ones are not tokenised again: the others are checked when met
+            known.intersection_update(self.reference_cache)
+        return found
 
     @_entry_point
     def encode_references(self, texts: Sequence[str]) -> tuple[Tensor, Tensor, Tensor]:
@@ -434,7 +485,7 @@ class BERTScoreLoss(nn.Module):
             TypeError, ValueError: ``texts`` is not a list of valid strings (position named).
         """
         texts = check_texts(texts, "texts")
-        hidden, mask, weights, truncated = self._embed_references(texts)
+        hidden, mask, weights, truncated, _ = self._embed_references(texts)
         if truncated:
             where = [f"texts[{i}]" for i, t in enumerate(texts) if t in truncated]
             self._warn_truncated(where, len(texts))
@@ -455,6 +506,21 @@ class BERTScoreLoss(nn.Module):
                 "with no gradient (an empty completion in the data?); this loss warns once"
             )
 
+    def _warn_weightless(self, where: list[str], total: int) -> None:
+        """Warn (once per loss) of candidates whose references' tokens all weigh 0 (``where``
+        names them): their pairs score 0, with no gradient, as the metric warns."""
+        if self._warned_weightless or not where:
+            return
+        self._warned_weightless = True
+        self._weightless_texts.clear()
+        shown = ", ".join(where[:10]) + (", ..." if len(where) > 10 else "")
+        warn_user(
+            f"{len(where)} of {total} candidates score 0, with no gradient, because the weights "
+            f"of their references' tokens sum to 0 ({shown}): they are all special tokens, as "
+            'in the literal text "[SEP]"; or, with idf, each is in every idf sentence; this '
+            "loss warns once"
+        )
+
     def _warn_truncated(self, where: list[str], total: int) -> None:
         shown = ", ".join(where[:10]) + (", ..." if len(where) > 10 else "")
         warn_user(self.encoder.tokenization.truncation_message(len(where), total, shown))
@@ -470,6 +536,14 @@ class BERTScoreLoss(nn.Module):
             TypeError, ValueError: a wrong dtype, shape or device, ids outside the scorer's
                 vocabulary, or a row with more tokens than the scorer takes (all named).
         """
+        return self._encode_reference_ids(reference_ids, reference_mask)[:3]
+
+    @torch.no_grad()
+    def _encode_reference_ids(
+        self, reference_ids: Tensor, reference_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor, list[int]]:
+        """:meth:`encode_reference_ids` and the rows whose weights all vanish (read with the
+        ids' range check: no read of the device of its own)."""
         reference_ids = as_token_ids(reference_ids, "reference_ids")
         if reference_ids.dim() != 2:
             raise ValueError(f"reference_ids must be [B, L], got {list(reference_ids.shape)}")
@@ -485,11 +559,16 @@ class BERTScoreLoss(nn.Module):
         mask = reference_mask.to(reference_ids.device).bool()
         vocab = self.encoder.input_embeddings.num_embeddings
         bad = ((reference_ids < 0) | (reference_ids >= vocab)) & mask
-        if bad.any():
+        weights = self._placed()[reference_ids.clamp(0, vocab - 1)] * mask
+        # one read for both: the range check and the rows whose weights all vanish (their
+        # candidates score 0 with no gradient: _warn_weightless)
+        flags = torch.cat([bad.any()[None], weights.sum(dim=1) == 0]).tolist()
+        if flags[0]:
             raise ValueError(
                 f"reference_ids has ids outside the scorer's vocabulary [0, {vocab}) at "
                 f"reference_ids{position_of_first(bad)}"
             )
+        weightless = [row for row, flag in enumerate(flags[1:]) if flag]
         # padding after the last real column is dropped: a long padded batch of short rows fits
         if mask.shape[1] > self.encoder.max_length:
             columns = mask.any(dim=0).nonzero()
@@ -502,9 +581,10 @@ class BERTScoreLoss(nn.Module):
                     "references=[...] (long_inputs='window' scores them whole) or shorten them"
                 )
             reference_ids, mask = reference_ids[:, :width], mask[:, :width]
+            weights = weights[:, :width]
         ids = reference_ids.clamp(0, vocab - 1)
         hidden = self.encoder(input_ids=ids, attention_mask=mask.long()).float()
-        return hidden, mask, self._placed()[ids] * mask
+        return hidden, mask, weights, weightless
 
     # ------------------------------------------------------------------ scoring
     @_entry_point
@@ -644,9 +724,21 @@ class BERTScoreLoss(nn.Module):
                     if ref in truncated
                 ]
                 self._warn_truncated(where, len(flat_refs))
+            if references[4]:
+                # a candidate with one reference that weighs something still trains; one with
+                # only empty references was warned of as such
+                weightless = references[4]
+                where = [
+                    f"references[{i}]"
+                    for i, group in enumerate(groups)
+                    if all(ref in weightless for ref in group) and any(ref.strip() for ref in group)
+                ]
+                self._warn_weightless(where, batch)
             references = references[:3]
         else:
-            references = self.encode_reference_ids(reference_ids, reference_mask)
+            *encoded_refs, weightless = self._encode_reference_ids(reference_ids, reference_mask)
+            references = tuple(encoded_refs)
+            self._warn_weightless([f"reference_ids[{row}]" for row in weightless], batch)
         # one reference per candidate, in order: no gather, no max over references
         one_each = owner == list(range(batch))
         index = None if one_each else torch.tensor(owner, device=encoded.hidden.device)

@@ -929,6 +929,80 @@ def test_the_compiled_loss_through_the_head_gives_the_same_values(encoder):
     torch.testing.assert_close(hidden.grad, eager_grad, rtol=1e-5, atol=1e-7)
 
 
+IDF_CORPUS = ["the cat sat", "the dog sat", "the sat cat"]  # "the", "sat": in every one, idf 0
+WEIGHTLESS_MESSAGE = "because the weights of their references' tokens sum to 0"
+
+
+def test_a_reference_whose_idf_weights_all_vanish_is_named_once(encoder, vocab):
+    """A reference made only of tokens that are in every idf sentence weighs 0: its candidate
+    scored 1 - F = 1.0 with an all-zero gradient, silently (the metric warned for the same
+    pair). The loss warns once, naming the candidates; not for a candidate that another
+    reference still trains, nor for an empty reference (warned of on its own)."""
+    loss = BERTScoreLoss(encoder=encoder, idf=IDF_CORPUS, reduction="none")
+    logits = torch.randn(4, 3, vocab, requires_grad=True)
+    refs = ["the sat", "the dog sat", ["the", "a dog"], ["the the sat", "sat"]]
+    value, caught = caught_warnings(loss, logits, refs)
+    named = [m for m in caught if WEIGHTLESS_MESSAGE in m]
+    assert len(named) == 1, caught
+    assert "2 of 4 candidates" in named[0] and "(references[0], references[3])" in named[0]
+    assert value[0] == 1 and value[3] == 1 and value[1] < 1 and value[2] < 1
+    value.sum().backward()
+    assert (logits.grad[0] == 0).all() and (logits.grad[1] != 0).any()
+    _, caught = caught_warnings(loss, logits[:2], ["the sat", "sat"])  # warned once per loss
+    assert not [m for m in caught if WEIGHTLESS_MESSAGE in m], caught
+    # an empty reference has its own warning, and only it
+    fresh = BERTScoreLoss(encoder=encoder, idf=IDF_CORPUS, reduction="none")
+    _, caught = caught_warnings(fresh, logits[:2], ["", "the dog"])
+    assert [m for m in caught if "empty or whitespace-only" in m], caught
+    assert not [m for m in caught if WEIGHTLESS_MESSAGE in m], caught
+
+
+def test_a_cached_weightless_reference_is_named_when_it_stands_alone(encoder, vocab):
+    """The check reads the tokens the references are encoded from (host lists, no read of the
+    device), so a reference served from the cache is known from its first call: met first next
+    to a reference that trains (no warning), then alone (warned)."""
+    loss = BERTScoreLoss(encoder=encoder, idf=IDF_CORPUS, reduction="none")
+    logits = torch.randn(1, 3, vocab)
+    _, caught = caught_warnings(loss, logits, [["the sat", "a dog"]])
+    assert not [m for m in caught if WEIGHTLESS_MESSAGE in m], caught
+    assert "the sat" in loss.reference_cache
+    _, caught = caught_warnings(loss, logits, ["the sat"])
+    assert [m for m in caught if WEIGHTLESS_MESSAGE in m], caught
+
+
+def test_weightless_reference_ids_are_named_once(encoder, vocab):
+    """``reference_ids`` rows whose weights all vanish (idf 0, or only [CLS]/[SEP]) scored
+    1 - F = 1.0 silently; named by row, in the same read as the ids' range check."""
+    loss = BERTScoreLoss(encoder=encoder, idf=IDF_CORPUS, reduction="none")
+    batch = encoder.tokenizer(["the sat", "the dog sat"], return_tensors="pt", padding=True)
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    value, caught = caught_warnings(
+        loss, torch.randn(2, 3, vocab), reference_ids=ids, reference_mask=mask
+    )
+    named = [m for m in caught if WEIGHTLESS_MESSAGE in m]
+    assert len(named) == 1 and "1 of 2 candidates" in named[0], caught
+    assert "(reference_ids[0])" in named[0]
+    assert value[0] == 1 and value[1] < 1
+
+
+def test_the_weightless_check_reads_nothing_from_the_device(encoder, vocab, monkeypatch):
+    """New references every step (tokenised on the host, then encoded): the check adds no read
+    of the device to forward + backward, whose reads stay the logits' finiteness check and the
+    scorer's pass over the new references (tests/test_host_reads.py counts the cached case)."""
+    from _helpers import HostReads
+
+    import bsloss.scorer.encoder as scorer_encoder
+
+    monkeypatch.setattr(scorer_encoder, "paced_by_host", lambda device: True)
+    loss = BERTScoreLoss(model=encoder, idf=IDF_CORPUS)
+    logits = torch.randn(2, 5, vocab, requires_grad=True)
+    loss(logits, ["a warm-up", "reference"]).backward()
+    with HostReads() as reads:
+        loss(logits, ["the cat ran home", "the sat"]).backward()
+    places = {where.rsplit(" from ", 1)[1].split(":")[0] for where in reads.where}
+    assert places <= {"distributions.py", "inference.py"}, reads.where
+
+
 @pytest.mark.parametrize("idf, same_as", [(None, False), (0, False)])
 def test_the_loss_takes_what_its_idf_message_says(encoder, vocab, idf, same_as):
     """``idf=None`` / ``0`` were refused by a message saying "(or None, 0, 1)" are taken; they
