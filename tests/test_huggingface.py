@@ -702,21 +702,21 @@ def test_a_seq2seq_mixin_reads_its_unshifted_labels_before_the_forward(loss, tok
 
 
 def record_decoding_and_forward(model, term) -> tuple[list[str], list[list[str]]]:
-    """Wrap ``model.forward`` and ``term.references_from_labels`` (on the instances) to record
+    """Wrap ``model.forward`` and the term's decoding of labels (on the instances) to record
     the order of their calls (``"forward"``, ``"decode"``) and the references decoded."""
     events, decoded = [], []
-    forward, decode = model.forward, term.references_from_labels
+    forward, decode = model.forward, term._decoded_rows
 
     def recorded_forward(*args, **kwargs):
         events.append("forward")
         return forward(*args, **kwargs)
 
-    def recorded_decode(rows):
+    def recorded_decode(*args):
         events.append("decode")
-        decoded.append(decode(rows))
+        decoded.append(decode(*args))
         return decoded[-1]
 
-    model.forward, term.references_from_labels = recorded_forward, recorded_decode
+    model.forward, term._decoded_rows = recorded_forward, recorded_decode
     return events, decoded
 
 
@@ -803,8 +803,8 @@ def test_a_packed_batch_is_scored_document_by_document(loss, tokenizer, tmp_path
     padded = transformers.DataCollatorForSeq2Seq(tokenizer)([a, b])
     seen = []
     references_of = trainer.bertscore_term.references_of
-    trainer.bertscore_term.references_of = lambda labels: (
-        seen.append(references_of(labels)) or seen[-1]
+    trainer.bertscore_term.references_of = lambda *args: (
+        seen.append(references_of(*args)) or seen[-1]
     )
     with torch.no_grad():
         packed_loss = trainer.compute_loss(model, dict(packed))
@@ -843,7 +843,10 @@ def test_a_label_outside_the_vocabulary_in_a_packed_batch_is_named_in_the_packed
     where = re.escape(f"outside [0, {vocab}) (the model's vocabulary; and not -100) at ")
     with torch.no_grad():
         with pytest.raises(ValueError, match=where + rf"labels\[0, {position}\]$"):
-            trainer.compute_loss(model, bad)
+            trainer.compute_loss(model, dict(bad))
+        bad["labels"][0, position] = -1  # with the term: decoded before the forward, named there
+        with pytest.raises(ValueError, match=rf" at labels\[0, {position}\]$"):
+            trainer.compute_loss(model, dict(bad))
         assert torch.isfinite(trainer.compute_loss(model, dict(packed)))
 
 
@@ -881,3 +884,38 @@ def test_a_reference_column_reaches_no_generate(loss, scorer, tokenizer, tmp_pat
     )
     metrics = trainer.evaluate(datasets.Dataset.from_list(rows))
     assert 0 < metrics["eval_bertscore_f1"] <= 1 and np.isfinite(metrics["eval_loss"])
+
+
+def test_labels_of_the_wrong_kind_and_negative_ids_are_named(loss, tokenizer, tmp_path):
+    """A negative label other than -100 (labels padded with -1) crashed inside the tokenizer's
+    decode (``OverflowError: number too small to fit in target type``), in the term and in the
+    mixin's step; 1-D, float, numpy or list labels crashed in torch or in decode; a single
+    string as ``references`` was read as one reference per character. Each is named now, and
+    the term works after."""
+    model = tiny_gpt2(tokenizer)
+    batch = causal_batch(tokenizer)
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask")}
+    labels = batch["labels"]
+    term = BERTScoreTerm(loss, tokenizer)
+    outputs = model(**inputs)
+    bad = labels.clone()
+    position = int((bad[1] != -100).nonzero()[0])
+    bad[1, position] = -1
+    negative = (
+        r"labels has a negative id \(-1; -100 marks a position without a label\) at "
+        rf"labels\[1, {position}\]$"
+    )
+    with pytest.raises(ValueError, match=negative):
+        term(outputs, bad)
+    trainer = _mixin_trainer(loss, tokenizer, tmp_path, model)
+    with pytest.raises(ValueError, match=negative):
+        trainer.compute_loss(model, {**inputs, "labels": bad})
+    with pytest.raises(ValueError, match=r"labels must be \[B, L\] token ids, got shape \[16\]"):
+        term(outputs, labels[0])
+    with pytest.raises(TypeError, match="labels must have an integer dtype, got torch.float32"):
+        term(outputs, labels.float())
+    with pytest.raises(TypeError, match="labels must be a torch.Tensor, got ndarray"):
+        term(outputs, labels.numpy())
+    with pytest.raises(TypeError, match="references must be a list of strings"):
+        term(outputs, labels, references="ab")
+    assert torch.isfinite(term(outputs, labels))

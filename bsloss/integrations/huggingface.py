@@ -39,6 +39,7 @@ from torch import Tensor
 
 from bsloss.bridge import Bridge
 from bsloss.functional.fused_expectation import ids_outside_vocabulary
+from bsloss.inputs import as_token_ids, check_reference_groups
 from bsloss.integrations.candidates import CandidateSource, resolve_candidates
 from bsloss.integrations.lm_head import (
     IGNORE_INDEX,
@@ -166,10 +167,11 @@ class BERTScoreTerm:
         check_balance(self._weight, ce_weight)
         self._ce_weight = ce_weight
 
-    def references_of(self, labels: Tensor) -> list[str]:
+    def references_of(self, labels: Tensor, documents: PackedDocuments | None = None) -> list[str]:
         """The references scored against when none are given: each row's targets (``labels``
-        as given to :meth:`__call__`, shifted by one for a causal model) decoded."""
-        return self.references_from_labels(self._targets(labels))
+        as given to :meth:`__call__`, shifted by one for a causal model) decoded. ``documents``:
+        as :meth:`__call__`'s (where a bad label is named)."""
+        return self._decoded_rows(self._targets(labels), int(self.causal), documents)
 
     def _targets(self, labels: Tensor) -> Tensor:
         """``labels`` against the positions that predict them (a causal model's shifted by
@@ -178,10 +180,33 @@ class BERTScoreTerm:
 
     def references_from_labels(self, labels: Tensor) -> list[str]:
         """Each row's completion tokens (``!= -100``) decoded, each distinct row once (the
-        latest ``DECODED_CACHE_SIZE`` distinct rows are kept)."""
+        latest ``DECODED_CACHE_SIZE`` distinct rows are kept).
+
+        Raises:
+            ValueError: a negative id other than ``-100``, named (the tokenizer's own decode
+                fails on it with an ``OverflowError``).
+        """
+        return self._decoded_rows(labels, 0, None)
+
+    def _decoded_rows(
+        self, labels: Tensor, shift: int, documents: PackedDocuments | None
+    ) -> list[str]:
+        """:meth:`references_from_labels`; a bad id is named ``shift`` positions on (the
+        caller's labels before a causal model's shift), in the packed batch of ``documents``."""
         texts = []
-        for row in labels.tolist():
+        for b, row in enumerate(labels.tolist()):
             key = tuple(t for t in row if t != IGNORE_INDEX)
+            if key and min(key) < 0:  # on the host already: no read of the device
+                position = next(
+                    t for t, token in enumerate(row) if token < 0 and token != IGNORE_INDEX
+                )
+                where = (b, position + shift)
+                if documents is not None:
+                    where = documents.place(*where)
+                raise ValueError(
+                    f"labels has a negative id ({row[position]}; {IGNORE_INDEX} marks a "
+                    f"position without a label) at labels[{where[0]}, {where[1]}]"
+                )
             if key in self._decoded:
                 self._decoded.move_to_end(key)
             else:
@@ -276,7 +301,9 @@ class BERTScoreTerm:
         total = mask.sum() if num_items_in_batch is None else num_items_in_batch
         total = torch.as_tensor(total, device=logits.device).clamp(min=1)
         if references is None:
-            references = self.references_from_labels(labels)
+            references = self._decoded_rows(labels, int(self.causal), documents)
+        else:
+            check_reference_groups(references, "references")
         if len(references) != labels.shape[0]:
             raise ValueError(f"{len(references)} references for a batch of {labels.shape[0]}")
         candidate_mask = candidate_labels != IGNORE_INDEX
@@ -350,6 +377,9 @@ class BERTScoreTerm:
     def _aligned(self, outputs: Any, labels: Tensor, name: str) -> tuple[Tensor, Tensor]:
         """(logits or hidden states, labels), position t against label t (a causal model's
         shifted by one), their shapes checked."""
+        labels = as_token_ids(labels, name)
+        if labels.dim() != 2:
+            raise ValueError(f"{name} must be [B, L] token ids, got shape {list(labels.shape)}")
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs.logits
         if self.causal:
             logits = logits[:, :-1]
@@ -658,7 +688,7 @@ class BERTScoreTrainerMixin:
         if prefetch and term_labels is not None and term_labels.dim() == 2:
             # decoded before the forward: reading the labels after it would wait on a GPU for
             # the whole forward to finish
-            references = self.bertscore_term.references_of(term_labels)
+            references = self.bertscore_term.references_of(term_labels, documents)
         if self.bertscore_fused and not return_outputs:
             # the forward stops before the LM head: CE and BERTScore from one chunked pass
             with lm_head_inputs(unwrapped) as head:
