@@ -69,7 +69,10 @@ def table_from_mapping(
     """``[V]`` weights from a user's ``{token_id: weight}``.
 
     Ids missing from the mapping get its ``default_factory()`` for a ``defaultdict``, else the
-    largest weight in it (an unseen token is at least as rare as the rarest one seen).
+    largest weight in it (an unseen token is at least as rare as the rarest one seen). A table
+    whose largest weight is past ``2^100`` (or below ``2^-100``), out of float32's reach once
+    summed, is multiplied by a power of two that brings it to ``[0.5, 1)``: exact, and the
+    scores, which depend only on the weights' ratios, are unchanged.
 
     Raises:
         TypeError: a key that is not an integer or a weight that is not a number.
@@ -92,4 +95,27 @@ def table_from_mapping(
             )
         table[int(token_id)] = _weight(value, f"weight of token id {token_id}")
     table[list(special_token_ids)] = 0.0
-    return table
+    return _in_float32_range(table)
+
+
+# A text's weights are summed in float32 (the loss's table is float32, the scores are computed
+# in it), so a table is kept within 2^-100 .. 2^100 of 1: a text of up to 2^27 tokens then sums
+# to a finite, non-zero weight.
+_SCALE_BITS = 100
+
+
+def _in_float32_range(table: Tensor) -> Tensor:
+    """``table`` times a power of two that brings its largest weight into ``[0.5, 1)``, where that
+    weight is above ``2^100`` or below ``2^-100``; else ``table`` as it is.
+
+    Why: 1e39 (finite in float64, where the weights are checked) is inf in float32, and every
+    weighted mean inf / inf = NaN; 1e-50 is 0 there, a text of such tokens weightless. The
+    scores depend only on the weights' ratios, and a power of two changes no ratio, no rounding
+    (an exact scaling): the same scores as the same weights divided by any constant."""
+    largest = float(table.max()) if table.numel() else 0.0
+    if largest == 0.0 or 2.0**-_SCALE_BITS <= largest <= 2.0**_SCALE_BITS:
+        return table
+    _, exponent = math.frexp(largest)  # largest = m * 2^exponent, m in [0.5, 1)
+    # in two factors: 2^1073 (for a subnormal largest) is past float64's range, its halves not
+    half = -exponent // 2
+    return table * math.ldexp(1.0, half) * math.ldexp(1.0, -exponent - half)
