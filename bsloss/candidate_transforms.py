@@ -145,6 +145,9 @@ class StraightThrough(CandidateTransform):
 @dataclass(frozen=True)
 class Gumbel(CandidateTransform):
     """Gumbel-softmax samples at ``temperature`` instead of the probabilities (needs logits).
+    Any ``temperature > 0``: the scores are shifted by their maximum before the division
+    (:func:`~bsloss.functional.gumbel_noise.gumbel_scores`), so a tiny one samples the
+    perturbed argmax rather than overflowing.
 
     >>> Gumbel(0.5)
     Gumbel(temperature=0.5)

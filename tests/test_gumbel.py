@@ -11,8 +11,8 @@ import pytest
 import torch
 from _tokenizers import brown_lines, train_sentencepiece_bpe
 
-from bsloss import BERTScoreLoss
-from bsloss.distributions import most_probable_tokens, token_distribution
+from bsloss import BERTScoreLoss, Gumbel, LMHeadInputs
+from bsloss.distributions import expected_embeddings, most_probable_tokens, token_distribution
 from bsloss.functional.fused_expectation import fused_expected_inputs
 from bsloss.functional.gumbel_noise import gumbel_noise
 
@@ -36,11 +36,69 @@ def test_noise_is_standard_gumbel_and_independent_across_positions_tokens_and_se
 
 
 def test_dense_distribution_uses_that_noise_at_flat_positions():
+    """The scores are ``(s + g) / tau`` shifted by their row maximum (the same softmax)."""
     logits = torch.randn(2, 3, 40, dtype=torch.float64)
     tau = 0.7
     dist = token_distribution(logits=logits, gumbel_temperature=tau, gumbel_seed=5)
     noise = gumbel_noise(5, torch.arange(6)[:, None], torch.arange(40)[None], torch.float64)
-    torch.testing.assert_close(dist.logits, (logits + noise.reshape(2, 3, 40)) / tau)
+    perturbed = logits + noise.reshape(2, 3, 40)
+    expected = (perturbed - perturbed.amax(-1, keepdim=True)) / tau
+    torch.testing.assert_close(dist.logits, expected)
+    assert (dist.logits.amax(-1) == 0).all()
+
+
+GUMBEL_OPTIONS = [
+    {},
+    {"top_k": 5},
+    {"straight_through": True},
+    {"top_k": 5, "straight_through": True},
+]
+
+
+@pytest.mark.parametrize("options", GUMBEL_OPTIONS, ids=["plain", "top_k", "st", "top_k+st"])
+@pytest.mark.parametrize("tau", [1e-30, 1e-38, 1e-45])
+def test_a_tiny_gumbel_temperature_samples_the_perturbed_argmax_on_both_paths(tau, options):
+    """``(s + g) / tau`` overflowed below tau ~1e-37: the dense expectation was NaN (with
+    top-k too; straight-through a non-finite gradient) and the fused pass refused the logits as
+    non-finite, naming the generator temperature. The scores are shifted by their row maximum
+    before the division now (the fused pass: by its running maximum), which cannot overflow:
+    at any tau > 0 both paths take the perturbed argmax's row, with a finite gradient."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(6, 8, generator=g, requires_grad=True)
+    weight = torch.randn(300, 8, generator=g, requires_grad=True)
+    table = torch.randn(300, 4, generator=g)
+    logits = h @ weight.T
+    noise = gumbel_noise(3, torch.arange(6)[:, None], torch.arange(300)[None], torch.float32)
+    sampled = table[(logits + noise).argmax(-1)]
+    dense = expected_embeddings(
+        token_distribution(logits=logits[None], gumbel_temperature=tau, gumbel_seed=3, **options),
+        table,
+    )[0]
+    fused = fused_expected_inputs(
+        h, weight, table, gumbel_temperature=tau, gumbel_seed=3, chunk_elements=6 * 64, **options
+    ).expected
+    for expected in (dense, fused):
+        torch.testing.assert_close(expected, sampled, rtol=0, atol=1e-6)
+        grads = torch.autograd.grad(expected.sum(), [h, weight])
+        assert all(torch.isfinite(grad).all() for grad in grads)
+
+
+def test_a_tiny_gumbel_temperature_gives_a_finite_loss_on_both_paths(scorer):
+    """The audit's case: ``BERTScoreLoss(candidate_transforms=Gumbel(1e-38))`` gave a NaN loss
+    from logits and, from the LM head's input, an error blaming ``generator_temperature``."""
+    loss = BERTScoreLoss(encoder=scorer.encoder, candidate_transforms=Gumbel(1e-38))
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(2, 4, 16, generator=g, requires_grad=True)
+    weight = torch.randn(loss.generator_vocab_size, 16, generator=g)
+    references = ["a cat sat on the mat", "the dog ran fast"]
+    torch.manual_seed(5)
+    dense = loss(h @ weight.T, references)
+    torch.manual_seed(5)
+    fused = loss(LMHeadInputs(h, weight), references)
+    assert torch.isfinite(dense) and 0 < dense < 1
+    torch.testing.assert_close(fused, dense, rtol=0, atol=1e-5)
+    (grad,) = torch.autograd.grad(dense + fused, [h])
+    assert torch.isfinite(grad).all()
 
 
 def test_fresh_noise_each_call_and_reproducible_under_manual_seed():

@@ -42,7 +42,10 @@ followed by :func:`~bsloss.distributions.expected_inputs`):
   running maximum), the backward pass that of the expected row;
 - ``gumbel_temperature`` :math:`\tau`: Gumbel-softmax, :math:`s_{iv} = (z_{iv} / T + g_{iv}) /
   \tau` with the noise :math:`g_{iv}` of :mod:`bsloss.functional.gumbel_noise`, a function of
-  (seed, position, token) that each chunk, and the backward pass, recomputes.
+  (seed, position, token) that each chunk, and the backward pass, recomputes. The chunks keep
+  :math:`t_{iv} = z_{iv} / T + g_{iv}` and its running maximum, and divide by :math:`\tau` only
+  after the shift, :math:`e^{(t_{iv} - m_i) / \tau}`: at most 1 for any :math:`\tau > 0`, where
+  :math:`t / \tau` overflowed below :math:`\tau \approx 10^{-37}`.
 
 Softmax arithmetic is float32 (float64 for float64 inputs) whatever the caller's autocast; the
 ``h W^T`` products and the table products (``p E`` and ``g E^T``) run in the autocast dtype when
@@ -84,7 +87,7 @@ from torch import Tensor, nn
 
 from bsloss.candidate_transforms import CandidateOptions, candidate_weights
 from bsloss.functional.chunk_budget import logits_share
-from bsloss.functional.gumbel_noise import draw_seed, gumbel_scores
+from bsloss.functional.gumbel_noise import draw_seed, gumbel_perturbed, gumbel_scores
 from bsloss.functional.matching.base import check_temperature
 from bsloss.functional.table_chunks import TableChunks
 from bsloss.inputs import check_targets_shape, position_of_first
@@ -234,8 +237,9 @@ def _logits(
     h: Tensor, weight: Tensor, bias: Tensor | None, o: _Options, rows: Tensor | None, v0: int
 ) -> tuple[Tensor, Tensor]:
     """Soft-capped logits ``z`` of one chunk (vocabulary ids from ``v0``) and the scores
-    ``s = z / T``, or ``(z / T + g) / tau`` with the Gumbel noise ``g`` of positions ``rows``
-    (``s is z`` at T = 1 without noise).
+    ``s = z / T``, or ``z / T + g`` with the Gumbel noise ``g`` of positions ``rows`` (``s is z``
+    at T = 1 without noise). With noise the softmax divides by ``tau`` after its shift
+    (:func:`_exp_shifted`): ``(z / T + g) / tau`` overflows for a small ``tau``.
 
     ``z`` stays in the matmul dtype (bf16 under autocast) when nothing elementwise follows the
     product: the softmax statistics read it and upcast on the fly, so no softmax-dtype copy of
@@ -251,28 +255,33 @@ def _logits(
     s = z if o.temperature == 1.0 else z / o.temperature
     if o.gumbel is not None:
         tokens = torch.arange(v0, v0 + z.shape[1], device=z.device)[None]
-        s = gumbel_scores(s, o.gumbel, o.seed, rows[:, None], tokens)
+        s = gumbel_perturbed(s, o.seed, rows[:, None], tokens)
     return z, s
-
-
-def _score_scale(o: _Options) -> float:
-    """``ds / dz``: the scores are the logits over ``T`` (and over ``tau`` with noise)."""
-    return o.temperature * (1.0 if o.gumbel is None else o.gumbel)
 
 
 def _scores_are_logits(o: _Options) -> bool:
     """Whether the expectation's softmax is the model's own (T = 1, no noise): then the CE shares
-    its normaliser and its probabilities. Not ``_score_scale(o) == 1``: T = 2 with tau = 0.5
-    scales by 1 and still perturbs the scores."""
+    its normaliser and its probabilities. Not ``T * tau == 1``: T = 2 with tau = 0.5 scales by 1
+    and still perturbs the scores."""
     return o.temperature == 1.0 and o.gumbel is None
 
 
-def _exp_shifted(x: Tensor, shift: Tensor, dtype: torch.dtype) -> Tensor:
-    """``exp(x - shift[:, None])`` in ``dtype``: in place when ``x`` already has that dtype (the
-    caller no longer needs it), else one upcasting subtraction into a fresh chunk."""
-    if x.dtype == dtype:
-        return x.sub_(shift[:, None]).exp_()
-    return torch.sub(x, shift[:, None]).exp_()
+def _exp_shifted(
+    x: Tensor, shift: Tensor, dtype: torch.dtype, divisor: float | None = None
+) -> Tensor:
+    """``exp((x - shift[:, None]) / divisor)`` in ``dtype`` (the Gumbel temperature as
+    ``divisor``: divided after the shift, which cannot overflow): in place when ``x`` already
+    has that dtype (the caller no longer needs it), else one upcasting subtraction into a fresh
+    chunk."""
+    x = x.sub_(shift[:, None]) if x.dtype == dtype else torch.sub(x, shift[:, None])
+    if divisor is not None:
+        x = x.div_(divisor)
+    return x.exp_()
+
+
+def _exp_scaled(x: Tensor, divisor: float | None) -> Tensor:
+    """``exp(x / divisor)`` (``exp(x)`` without one): the online softmax's rescaling factor."""
+    return torch.exp(x if divisor is None else x / divisor)
 
 
 class _TargetSlots:
@@ -386,8 +395,8 @@ def _forward_rows(
         if want_norm:
             # on the first chunk (over the whole vocabulary, where it fits: a plain softmax)
             # nothing is rescaled
-            scale = None if m is None else torch.exp(m - new)
-            p = _exp_shifted(s, new, dt)  # s (and z) are not read again
+            scale = None if m is None else _exp_scaled(m - new, o.gumbel)
+            p = _exp_shifted(s, new, dt, o.gumbel)  # s (and z) are not read again
             del z, s  # (p's storage, when the shift ran in place)
             total = p.sum(dim=1)
             norm = total if scale is None else torch.addcmul(total, norm, scale)
@@ -454,7 +463,13 @@ class _FusedHead(torch.autograd.Function):
         # the one host synchronisation of the pass (unless the caller reads `finite` later)
         if o.check_finite and not bool(finite.all()):
             raise NonFiniteLogitsError(int((~finite).nonzero()[0]))
-        log_z = (out.max + torch.log(out.norm)) if want_norm else None
+        log_z = norm = None
+        if want_norm and o.gumbel is None:
+            log_z = out.max + torch.log(out.norm)
+        elif want_norm:
+            # with noise p = exp((t - m) / tau) / norm: m / tau + log(norm) would overflow for
+            # a small tau, so the backward pass gets the shift m and the normaliser apart
+            log_z, norm = out.max, out.norm
         expected = (out.acc / out.norm[:, None]) if want_e else None
         log_z1 = out.log_z1 if separate_ce else log_z
         log_likelihood = None
@@ -473,6 +488,7 @@ class _FusedHead(torch.autograd.Function):
             log_z,
             log_z1 if separate_ce else None,
             expected,
+            norm,
         )
         argmax = out.argmax
         outputs = (
@@ -487,7 +503,9 @@ class _FusedHead(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_expected, grad_ll, _argmax, _top, _finite):
-        hidden, weight, bias, table, targets, rows, log_z, log_z1, expected = ctx.saved_tensors
+        hidden, weight, bias, table, targets, rows, log_z, log_z1, expected, norm = (
+            ctx.saved_tensors
+        )
         o: _Options = ctx.options
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         use_e = ctx.want_e and grad_expected is not None
@@ -520,8 +538,12 @@ class _FusedHead(torch.autograd.Function):
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             fold_ce = use_e and use_ll and ctx.shared_ce
             if use_e:
-                g = grad_expected.to(dt) / _score_scale(o)
+                # ds/dz = 1 / T, and with noise 1 / (T tau): the 1 / tau scales each chunk's ds
+                # (where p has vanished, 0 stays 0); folded into g it made g inf for a small tau
+                g = grad_expected.to(dt) / o.temperature
                 offset = -(g * expected).sum(dim=1)
+                if norm is not None:  # p = exp((t - m) / tau) / norm: 1 / norm in the row factors
+                    g, offset = g / norm[:, None], offset / norm
                 g = g.to(mm)
             if use_ll:
                 gl = torch.where(targets == IGNORE_INDEX, 0.0, grad_ll.to(dt))
@@ -552,12 +574,14 @@ class _FusedHead(torch.autograd.Function):
                         # the CE's -gl q; z is not read again (s is, only when it is not z)
                         dz = _exp_shifted(z, lz1[r0:r1], dt).mul_(minus_gl[r0:r1])
                     if use_e:
-                        ds = _exp_shifted(s, log_z[r0:r1], dt)
+                        ds = _exp_shifted(s, log_z[r0:r1], dt, o.gumbel)
                         z = s = None  # read for the last time (ds may be their storage)
                         # g E^T + offset in one product: the offset is the GEMM's added term
                         centred = torch.addmm(offset[r0:r1], g[r0:r1], e.T)
                         ds.mul_(centred)
                         del centred
+                        if o.gumbel is not None:
+                            ds.div_(o.gumbel)
                         dz = ds if dz is None else dz.add_(ds)
                         del ds
                     if use_ll:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["draw_seed", "gumbel_noise", "gumbel_scores"]
+__all__ = ["draw_seed", "gumbel_noise", "gumbel_perturbed", "gumbel_scores"]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -73,10 +73,23 @@ def gumbel_noise(seed: int, rows: Tensor, tokens: Tensor, dtype: torch.dtype) ->
     return (-torch.log(-torch.log(u))).to(dtype)
 
 
+def gumbel_perturbed(scores: Tensor, seed: int, rows: Tensor, tokens: Tensor) -> Tensor:
+    """``scores + g``, ``g`` the noise of ``rows`` x ``tokens`` (broadcast to ``scores``): the one
+    place the dense path, the fused chunks and the fused top-k recomputation perturb their
+    scores. Not yet over the temperature: see :func:`gumbel_scores`."""
+    return scores + gumbel_noise(seed, rows, tokens, scores.dtype)
+
+
 def gumbel_scores(
     scores: Tensor, temperature: float, seed: int, rows: Tensor, tokens: Tensor
 ) -> Tensor:
-    """``(scores + g) / temperature``: Gumbel-softmax's scores, ``g`` the noise of ``rows`` x
-    ``tokens`` (broadcast to ``scores``); the one place the dense path, the fused chunks and
-    the fused top-k recomputation perturb their scores."""
-    return (scores + gumbel_noise(seed, rows, tokens, scores.dtype)).div_(temperature)
+    """``(scores + g - max) / temperature``: Gumbel-softmax's scores over whole rows (the last
+    dimension), shifted by each row's maximum before the division (the softmax is the same).
+
+    Why the shift: ``(s + g) / tau`` overflows to inf below tau ~1e-37 (NaN after the softmax);
+    ``s + g - max`` is at most 0, so over any tau > 0 it is at most 0 too (-inf at worst, a weight
+    of 0). The maximum is a constant of the gradient (detached): the derivative is ``1 / tau``
+    as without it. The chunked pass, which never holds a whole row, shifts by its running
+    maximum instead (:mod:`bsloss.functional.fused_expectation`)."""
+    perturbed = gumbel_perturbed(scores, seed, rows, tokens)
+    return perturbed.sub_(perturbed.detach().amax(dim=-1, keepdim=True)).div_(temperature)
