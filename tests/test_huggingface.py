@@ -919,3 +919,41 @@ def test_labels_of_the_wrong_kind_and_negative_ids_are_named(loss, tokenizer, tm
     with pytest.raises(TypeError, match="references must be a list of strings"):
         term(outputs, labels, references="ab")
     assert torch.isfinite(term(outputs, labels))
+
+
+@pytest.mark.parametrize("given", ["path", "peft-head"])
+def test_the_default_path_is_chosen_on_the_model_the_trainer_trains(
+    loss, tokenizer, tmp_path, given
+):
+    """``bertscore_fused=None`` was decided on the ``model=`` argument before the trainer
+    loaded or wrapped it: a model given as a path took the dense path silently (a string has
+    no LM head), and ``peft_config`` with ``modules_to_save=["lm_head"]`` (a head the fused
+    pass refuses) chose the fused path and failed at the first step. It is decided on the
+    model the trainer holds: fused for the loaded model, dense for the wrapped head, and a
+    step trains."""
+    trl = pytest.importorskip("trl")
+    peft = pytest.importorskip("peft")
+
+    class Trainer(BERTScoreTrainerMixin, trl.SFTTrainer):
+        pass
+
+    model, extra = tiny_gpt2(tokenizer), {}
+    if given == "path":
+        model.save_pretrained(tmp_path / "model")
+        model = str(tmp_path / "model")
+    else:
+        extra["peft_config"] = peft.LoraConfig(
+            r=2, target_modules=["c_attn"], modules_to_save=["lm_head"], task_type="CAUSAL_LM"
+        )
+    data = datasets.Dataset.from_dict({"prompt": PROMPTS * 2, "completion": REFERENCES * 2})
+    trainer = Trainer(
+        model=model,
+        args=training_args(tmp_path, trl.SFTConfig, max_length=48, bf16=False, max_steps=1),
+        train_dataset=data,
+        processing_class=tokenizer,
+        bertscore_loss=loss,
+        **extra,
+    )
+    assert trainer.bertscore_fused is (given == "path")
+    trainer.train()
+    assert all(np.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
