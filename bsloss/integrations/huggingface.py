@@ -468,7 +468,9 @@ class BERTScoreTerm:
         ``bertscore_weight``, the term's mean weight, when it changes step by step. ``ce`` and
         ``bertscore_loss`` weigh the micro-batches as the loss does (by their share of the
         accumulated batch's completion tokens), so that at a fixed weight the trainer's logged
-        loss is ``ce_weight * ce + weight * bertscore_loss``."""
+        training loss is ``ce_weight * ce + weight * bertscore_loss``. An evaluation weighs
+        each batch as one (it has no accumulated batch), where the trainer's ``eval_loss``
+        weighs batches by their rows: with batches of unequal size the two differ a little."""
         metrics = self._metrics["train" if training else "eval"]
         # the values stay on the device until here (the logging step), read one by one as
         # Python floats: the same sums as reading them at every step
