@@ -27,6 +27,7 @@ def pair_similarity(
     scorer: BERTScorer, candidate: str, reference: str
 ) -> tuple[Tensor, list[str], list[str]]:
     """Cosine similarities ``[Lc, Lr]`` of one pair (special tokens dropped), and the tokens.
+    With ``all_layers``, those of the scorer's layer ``num_layers``.
 
     Raises:
         TypeError, ValueError: a text that is not a string, or has no token to draw.
@@ -35,8 +36,11 @@ def pair_similarity(
         check_text(text, name)
     embedded = scorer.embed([candidate, reference])
     (cand, cand_ids), (ref, ref_ids) = embedded[candidate], embedded[reference]
-    keep_c = ~torch.isin(cand_ids, torch.tensor(scorer.encoder.tokenization.special_token_ids))
-    keep_r = ~torch.isin(ref_ids, torch.tensor(scorer.encoder.tokenization.special_token_ids))
+    cand, ref = _drawn_layer(scorer, cand), _drawn_layer(scorer, ref)
+    # on the ids' device: a CUDA scorer's ids cannot be compared with a CPU tensor
+    special = torch.tensor(scorer.encoder.tokenization.special_token_ids, device=cand_ids.device)
+    keep_c = ~torch.isin(cand_ids, special)
+    keep_r = ~torch.isin(ref_ids, special)
     sim = cosine_similarity(cand[keep_c][None], ref[keep_r][None], normalized=True)[0]
     for kept, name in ((keep_c, "candidate"), (keep_r, "reference")):
         if not kept.any():
@@ -51,13 +55,20 @@ def pair_scores(
 ) -> tuple[float, float, float]:
     """P, R, F of one pair: the scorer's (hard matching) or, with ``temperature``, the softmax
     matching's at that temperature, with the scorer's weights and baseline alike, so a heatmap's
-    title gives the scores of the matching it shades."""
+    title gives the scores of the matching it shades. With ``all_layers``, those of layer
+    ``num_layers`` (the layer :func:`pair_similarity` gives)."""
     if temperature is None:
-        return tuple(x.item() for x in scorer.score([candidate], [reference]))
+        prf = scorer.score([candidate], [reference])
+        if scorer.all_layers:  # [layers, 1] each: the drawn layer's row
+            prf = tuple(x[scorer.num_layers] for x in prf)
+        return tuple(x.item() for x in prf)
     from bsloss.functional import bert_score, rescale_with_baseline
     from bsloss.scorer.batching import pad_embedded
 
-    embedded = scorer.embed([candidate, reference])
+    embedded = {
+        text: (_drawn_layer(scorer, emb), ids)
+        for text, (emb, ids) in scorer.embed([candidate, reference]).items()
+    }
     table = scorer._weight_table  # idf=True: counted from the references, as score() does
     if table is None:
         table = scorer._idf_from_references([reference])
@@ -70,8 +81,20 @@ def pair_scores(
     )  # fmt: skip
     scores = torch.stack(prf, dim=-1).float().cpu()
     if scorer.baseline is not None:
-        scores = rescale_with_baseline(scores, scorer.baseline.float())
+        baseline = scorer.baseline[scorer.num_layers] if scorer.all_layers else scorer.baseline
+        scores = rescale_with_baseline(scores, baseline.float())
     return tuple(scores[0].tolist())
+
+
+def _drawn_layer(scorer: BERTScorer, embeddings: Tensor) -> Tensor:
+    """``[L, d]`` embeddings of the layer a plot shows: with ``all_layers`` the scorer embeds
+    every layer side by side (``[L, layers * d]``, each unit-norm on its own), and their dot
+    products would add the layers' cosines (up to ``layers``). The plot shows layer
+    ``num_layers``: the layer the scorer names (in its hash), and the one it scores without
+    ``all_layers``."""
+    if not scorer.all_layers:
+        return embeddings
+    return embeddings.unflatten(-1, (scorer._layer_count(), -1))[:, scorer.num_layers]
 
 
 def _matplotlib():
@@ -129,8 +152,15 @@ def draw_pair(
         scorer: the :class:`~bsloss.BERTScorer`.
         candidate, reference: the pair of texts.
         fname: image file to save to (``.png``, ``.pdf``); ``None`` or ``""``: not saved.
+            Without ``ax``, a figure that is saved is drawn outside pyplot
+            (``matplotlib.figure.Figure``), so that saving changes no global state: the
+            backend stays as it is and pyplot keeps no open figure; without ``fname`` it is a
+            pyplot figure, shown under the current backend.
         temperature: shade the soft matching plan ``softmax(s / T)`` instead of ``s``.
         ax: a matplotlib axes to draw into.
+
+    With ``all_layers``, the heatmap and the title are those of the scorer's layer
+    ``num_layers``.
 
     Returns:
         The matplotlib figure.
@@ -148,10 +178,6 @@ def draw_pair(
     if temperature is not None:
         temperature = check_temperature(temperature, smallest=SMALLEST_TEMPERATURE)
     matplotlib = _matplotlib()
-    if fname is not None:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fname = fname or None
     if fname is not None:
         check_image_path(fname)
@@ -160,7 +186,16 @@ def draw_pair(
     if ax is None:
         width = max(4.0, 0.45 * len(ref_tokens) + 2)
         height = max(3.0, 0.45 * len(cand_tokens) + 1.5)
-        fig, ax = plt.subplots(figsize=(width, height))
+        if fname is not None:
+            # only a file is wanted: a figure outside pyplot, which leaves the process's
+            # backend alone (a notebook's inline one, a script's Tk or Qt) and is not kept
+            # open by pyplot (a loop of plots would pile them up)
+            fig = matplotlib.figure.Figure(figsize=(width, height))
+            ax = fig.subplots()
+        else:
+            import matplotlib.pyplot as plt
+
+            fig, ax = plt.subplots(figsize=(width, height))
     else:
         fig = ax.figure
     image = ax.imshow(shown.numpy(), cmap="Blues", vmin=0 if temperature else None)

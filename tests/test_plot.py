@@ -84,3 +84,57 @@ def test_rc15_plot_empty_text(scorer, cand, ref, name):
         plot_example(cand, ref, scorer=scorer)
     with pytest.raises(TypeError, match="candidate must be a string"):
         plot_example(None, ref, scorer=scorer)
+
+
+@pytest.fixture(scope="module")
+def every_layer_scorer():
+    """The embedded scorer with ``all_layers=True``, rescaled (its P/R/F are ``[7, N]``)."""
+    import bsloss
+
+    return bsloss.BERTScorer(device="cpu", all_layers=True, rescale_with_baseline=True)
+
+
+def test_all_layers_scorer_draws_its_num_layers_layer(every_layer_scorer, tmp_path):
+    """With ``all_layers`` the heatmap and the title are those of layer ``num_layers``.
+
+    Before: ``pair_similarity`` summed the 7 layers' cosines (max 6.875) and the title's
+    ``.item()`` on a ``[7, 1]`` score crashed (``a Tensor with 7 elements cannot be converted
+    to Scalar``), through the method and through ``plot_example(scorer=)``."""
+    import bsloss
+
+    cand, ref = "the cat sat", "a cat was sitting"
+    one_layer = bsloss.BERTScorer(device="cpu", rescale_with_baseline=True)
+    sim, cand_tokens, ref_tokens = pair_similarity(every_layer_scorer, cand, ref)
+    expected, expected_c, expected_r = pair_similarity(one_layer, cand, ref)
+    assert (cand_tokens, ref_tokens) == (expected_c, expected_r)
+    assert (sim - expected).abs().max().item() < 1e-5 and sim.max().item() <= 1 + 1e-6
+    figure = every_layer_scorer.plot_example(cand, ref, fname=str(tmp_path / "layers.png"))
+    assert (tmp_path / "layers.png").stat().st_size > 10_000
+    hard = [x.item() for x in one_layer.score([cand], [ref])]
+    assert title_scores(figure) == pytest.approx(hard, abs=1e-3)
+    assert hard[2] < 0.9  # rescaled: the layer's baseline, not the raw cosine scores
+    soft = plot_example(cand, ref, scorer=every_layer_scorer, temperature=0.5)
+    expected_soft = title_scores(plot_example(cand, ref, scorer=one_layer, temperature=0.5))
+    assert title_scores(soft) == pytest.approx(expected_soft, abs=1e-3)
+
+
+def test_saving_a_plot_leaves_the_matplotlib_backend_alone(scorer, tmp_path):
+    """Saving to a file keeps the process's backend and opens no pyplot figure.
+
+    Before: ``draw_pair`` called ``matplotlib.use("Agg")`` whenever ``fname`` was given: a
+    notebook's ``module://matplotlib_inline.backend_inline`` became ``Agg``."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    before = matplotlib.get_backend()
+    try:
+        matplotlib.use("svg")
+        open_figures = plt.get_fignums()
+        plot_example("a cat sat", "the cat sits", scorer=scorer, fname=tmp_path / "kept.png")
+        assert matplotlib.get_backend() == "svg"
+        assert plt.get_fignums() == open_figures  # a file-only figure is not kept by pyplot
+        assert (tmp_path / "kept.png").stat().st_size > 10_000
+        scorer.plot_example("a cat sat", "the cat sits", fname=str(tmp_path / "method.pdf"))
+        assert matplotlib.get_backend() == "svg" and (tmp_path / "method.pdf").exists()
+    finally:
+        matplotlib.use(before)
