@@ -75,3 +75,40 @@ def test_window_mode_leaves_short_texts_unchanged(scorer):
         bsloss.BERTScorer(encoder=scorer.encoder, long_inputs="window").score(cands, refs)
     )
     assert torch.equal(plain, windowed)
+
+
+def test_windows_are_encoded_in_batches_bounded_by_batch_size(scorer, monkeypatch):
+    """The windows of one long text go to the encoder ``token_budget_rows(max_length,
+    batch_size)`` at a time, with the same vectors and scores as all at once.
+
+    Before: every window of a text went in one encoder call whatever ``batch_size`` (a
+    50k-token text at ``batch_size=1``: 197 windows of 512 tokens in one batch, peak RSS
+    +1.6 GiB)."""
+    from bsloss.scorer.batching import token_budget_rows
+
+    encoder = scorer.encoder
+    text = _long_text() + " " + _long_text()
+    ids = encoder.tokenization.encode([text], truncate=False)[0][0]
+    all_at_once = embed_windows(encoder, ids, batch_size=10**6)  # one call: the former way
+    rows: list[int] = []
+    encode = encoder.encode_without_grad
+
+    def counting(input_ids, attention_mask):
+        rows.append(input_ids.shape[0])
+        return encode(input_ids, attention_mask)
+
+    monkeypatch.setattr(encoder, "encode_without_grad", counting)
+    with torch.inference_mode():
+        for batch_size in (1, 8, 20):
+            rows.clear()
+            sliced = embed_windows(encoder, ids, batch_size=batch_size)
+            bound = token_budget_rows(encoder.max_length, batch_size)  # 1, 2, 5 windows
+            assert max(rows) <= bound < sum(rows) == 9
+            assert (sliced - all_at_once).abs().max().item() < 1e-6
+        cands, refs = [" ".join(text.split()[-40:]), "a river"], [text, text]
+        expected = bsloss.BERTScorer(encoder=encoder, long_inputs="window", batch_size=10**6)
+        bounded = bsloss.BERTScorer(encoder=encoder, long_inputs="window", batch_size=8)
+        rows.clear()
+        scores = torch.stack(bounded.score(cands, refs))
+        assert max(rows) <= token_budget_rows(encoder.max_length, 8)
+        assert (scores - torch.stack(expected.score(cands, refs))).abs().max().item() < 1e-6

@@ -52,7 +52,8 @@ def embed_token_ids(
             (:meth:`~bsloss.scorer.tokenization.ScorerTokenizer.encode`).
         batch_size: the token budget of a batch: ``batch_size`` sequences of 128 tokens
             (fewer longer ones; on a GPU more shorter ones,
-            :func:`~bsloss.scorer.batching.paced_by_host`).
+            :func:`~bsloss.scorer.batching.paced_by_host`); the windows of a sequence longer
+            than the maximum are batched within the same budget (:func:`embed_windows`).
         progress: a progress bar (``None``: when stderr is a terminal).
         transform: applied to each batch's ``[B, L, d]`` hidden states at once (e.g. a
             normalisation).
@@ -95,7 +96,7 @@ def embed_token_ids(
         return packed[offsets[first] : offsets[first] + count]
 
     for i in long:
-        rows = transform(embed_windows(encoder, token_ids[i]))
+        rows = transform(embed_windows(encoder, token_ids[i], batch_size=batch_size))
         slots(i, len(rows), rows).copy_(rows)
     padded_lengths = [bucket_length(sizes[i], max_length) for i in short]
     fill = paced_by_host(encoder.device)
@@ -134,7 +135,9 @@ def embed_token_ids(
     return [packed[offsets[i] : offsets[i] + sizes[i]] for i in range(len(sizes))]
 
 
-def embed_windows(encoder: ScorerEncoder, ids: Sequence[int], overlap: float = 0.5) -> Tensor:
+def embed_windows(
+    encoder: ScorerEncoder, ids: Sequence[int], overlap: float = 0.5, batch_size: int = 64
+) -> Tensor:
     """Hidden states ``[len(ids), d]`` of a token sequence longer than the scorer's maximum.
 
     The content between the special tokens is cut into windows of ``max_length`` tokens
@@ -142,6 +145,13 @@ def embed_windows(encoder: ScorerEncoder, ids: Sequence[int], overlap: float = 0
     scorer's own special tokens, and every content token takes its vector from the window in
     which it lies farthest from an edge (the most context on both sides). The prefix special
     tokens come from the first window, the suffix ones from the last.
+
+    The windows go to the encoder ``token_budget_rows(max_length, batch_size)`` at a time, as
+    a batch of the normal path's texts of that length would
+    (:func:`~bsloss.scorer.batching.token_budget_rows`), and only the rows each token takes are
+    kept from a batch, so that memory is bounded by ``batch_size``, not by the text's length.
+    Each window is encoded on its own (full width, no padding), so the vectors do not depend on
+    ``batch_size``.
     """
     tokens = encoder.tokenization
     prefix_ids, suffix_ids = tokens.prefix_ids, tokens.suffix_ids
@@ -153,15 +163,37 @@ def embed_windows(encoder: ScorerEncoder, ids: Sequence[int], overlap: float = 0
     if starts[-1] + width < len(content):
         starts.append(len(content) - width)
     windows = [prefix_ids + content[a : a + width] + suffix_ids for a in starts]
+    # The window where each token is most central (the first such window on a tie), found
+    # window by window: memory O(tokens), not a [windows, tokens] table.
+    best = torch.zeros(len(content), dtype=torch.long)
+    best_margin = torch.full((len(content),), -1, dtype=torch.long)
+    for w, a in enumerate(starts):
+        inside = torch.arange(min(width, len(content) - a))
+        margin = torch.minimum(inside, width - 1 - inside)
+        better = margin > best_margin[a : a + len(inside)]
+        best[a : a + len(inside)][better] = w
+        best_margin[a : a + len(inside)][better] = margin[better]
+    column = n_prefix + torch.arange(len(content)) - torch.tensor(starts)[best]
     device = encoder.device
-    input_ids = torch.tensor(windows, device=device)  # all windows have the full width
-    # no padding, no mask: transformers would drop an all-ones one after reading it back
-    hidden = encoder.encode_without_grad(input_ids, None)
-    position = torch.arange(len(content), device=device)
-    start = torch.tensor(starts, device=device)
-    offset = position[None, :] - start[:, None]  # [windows, tokens]
-    inside = (offset >= 0) & (offset < width)
-    margin = torch.minimum(offset, width - 1 - offset).masked_fill(~inside, -1)
-    best = margin.argmax(dim=0)  # the window where each token is most central
-    rows = hidden[best, n_prefix + offset[best, position]]
-    return torch.cat([hidden[0, :n_prefix], rows, hidden[-1, hidden.shape[1] - n_suffix :]])
+    per_call = token_budget_rows(tokens.max_length, batch_size, paced_by_host(device))
+    out: Tensor | None = None
+    for first in range(0, len(windows), per_call):
+        last = min(first + per_call, len(windows))
+        input_ids = torch.tensor(windows[first:last], device=device)  # all of the full width
+        # no padding, no mask: transformers would drop an all-ones one after reading it back
+        hidden = encoder.encode_without_grad(input_ids, None)
+        if out is None:
+            out = hidden.new_empty(len(ids), hidden.shape[-1])
+        if first == 0:
+            out[:n_prefix] = hidden[0, :n_prefix]
+        if last == len(windows):
+            out[len(ids) - n_suffix :] = hidden[-1, hidden.shape[1] - n_suffix :]
+        taken = ((best >= first) & (best < last)).nonzero().squeeze(1)
+        if len(taken):
+            window_rows = to_device(best[taken] - first, device)
+            out[to_device(n_prefix + taken, device)] = hidden[
+                window_rows, to_device(column[taken], device)
+            ]
+        del hidden
+    assert out is not None  # there is always a window
+    return out
