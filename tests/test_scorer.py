@@ -4,6 +4,7 @@ loading. (The reference cache: tests/test_reference_cache.py; BERTScorer: tests/
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 def test_rc1_tokenising_nothing(encoder):
@@ -141,3 +142,50 @@ def test_tokens_added_to_the_tokenizer_later_are_seen(encoder, tmp_path):
     after = tokens.encode(["a zxqvword here"])[0]
     assert after != before
     assert after == [tokenizer(tokens.prepare(["a zxqvword here"]))["input_ids"][0]]
+
+
+def _tiny_folder(folder, kind: str, encoder) -> str:
+    """A random 1-layer ``kind`` model with 34 position embeddings, saved with MiniLM's
+    tokenizer minus its ``model_max_length`` (the tokenizer then declares no limit)."""
+    import json
+
+    import transformers
+
+    small = dict(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=37, max_position_embeddings=34, pad_token_id=0)  # fmt: skip
+    config = {"bert": transformers.BertConfig, "roberta": transformers.RobertaConfig,
+              "mpnet": transformers.MPNetConfig}[kind](**small)  # fmt: skip
+    transformers.AutoModel.from_config(config).save_pretrained(folder)
+    encoder.tokenizer.save_pretrained(folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings.pop("model_max_length", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    return str(folder)
+
+
+@pytest.mark.parametrize("kind, usable", [("bert", 34), ("roberta", 33), ("mpnet", 32)])
+def test_a_tokenizer_without_a_limit_takes_the_positions_the_model_can_use(
+    encoder, tmp_path, kind, usable
+):
+    """With no ``model_max_length``, the limit is the positions the model can use: RoBERTa's
+    and MPNet's position ids start after ``padding_idx`` (config.pad_token_id for RoBERTa,
+    always 1 for MPNet), so ``max_position_embeddings - padding_idx - 1`` of them.
+
+    Before: the limit was ``max_position_embeddings`` (34 here, 514 for roberta-large or
+    all-mpnet-base-v2 without it), and a text of that many tokens crashed inside torch
+    (``IndexError: index out of range in self``) in both long-input modes."""
+    import warnings
+
+    import bsloss
+
+    scorer = bsloss.BERTScorer(_tiny_folder(tmp_path, kind, encoder), num_layers=1, device="cpu")
+    assert scorer.encoder.max_length == usable
+    text = " ".join(["word"] * 40)  # 42 tokens with [CLS] and [SEP]
+    with pytest.warns(UserWarning, match=f"maximum of {usable} tokens and were truncated"):
+        truncated = scorer.score([text], ["a cat"])
+    window = bsloss.BERTScorer(encoder=scorer.encoder, long_inputs="window")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        whole = window.score([text], ["a cat"])
+    for scores in (truncated, whole):
+        assert all(torch.isfinite(s).all() for s in scores)

@@ -28,7 +28,7 @@ from bsloss.scorer.layers import freeze
 from bsloss.scorer.loading import load_scorer, resolve_device
 from bsloss.scorer.tokenization import ScorerTokenizer
 
-__all__ = ["ScorerEncoder"]
+__all__ = ["ScorerEncoder", "usable_positions"]
 
 logger = logging.getLogger("bsloss")
 
@@ -61,8 +61,7 @@ class ScorerEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.name = name
         self.num_layers = num_layers
-        positions = int(getattr(model.config, "max_position_embeddings", 512))
-        self.tokenization = ScorerTokenizer(tokenizer, name, positions)
+        self.tokenization = ScorerTokenizer(tokenizer, name, usable_positions(model))
         self.linear_weight_dtype: torch.dtype | None = None
         self._inference_model: nn.Module | None = None
         self.all_layers = False
@@ -207,3 +206,25 @@ class ScorerEncoder(nn.Module):
 
     def describe(self) -> str:
         return f"{self.name} (layer {self.num_layers})"
+
+
+def usable_positions(model: nn.Module) -> int:
+    """The most tokens ``model``'s position table takes (512 when the config names no
+    ``max_position_embeddings``): the limit of a scorer whose tokenizer declares none.
+
+    RoBERTa, XLM-R, CamemBERT, MPNet, Longformer, ESM, I-BERT and the other RoBERTa-layout
+    models number positions from ``padding_idx + 1`` (a pad token's position is
+    ``padding_idx``), so ``padding_idx + 1`` rows of their table are never a real token's:
+    roberta-large's 514 take 512 tokens, and a 513-token text indexed past the table inside
+    torch. They are told apart by what they are built from, not by a list of model types
+    (which would miss forks and new members): their position table, the module named
+    ``position_embeddings``, has a ``padding_idx`` (set from ``config.pad_token_id``, or
+    fixed at 1 in MPNet); BERT's, ELECTRA's, ALBERT's and DistilBERT's have none, and BART's
+    ``embed_positions`` already holds its offset in extra rows.
+    """
+    positions = int(getattr(model.config, "max_position_embeddings", None) or 512)
+    for name, module in model.named_modules():
+        padding_idx = getattr(module, "padding_idx", None)
+        if name.rsplit(".", 1)[-1] == "position_embeddings" and isinstance(padding_idx, int):
+            return positions - (padding_idx + 1)
+    return positions

@@ -41,8 +41,9 @@ class ScorerTokenizer:
         tokenizer: the scorer's Hugging Face tokenizer (``add_prefix_space=True`` when it is a
             byte-level BPE, see :func:`is_byte_level`).
         name: the scorer's name, for messages.
-        max_positions: the model's ``max_position_embeddings``, the limit when the tokenizer
-            declares none.
+        max_positions: the most tokens the model's position table takes
+            (:func:`~bsloss.scorer.encoder.usable_positions`: ``max_position_embeddings``, less
+            the offset of the RoBERTa layout), the limit when the tokenizer declares none.
 
     >>> from transformers import AutoTokenizer
     >>> from bsloss.scorer.default import embedded_model_path
