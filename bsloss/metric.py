@@ -176,7 +176,10 @@ class BERTScorer:
             for a validation set or reward scored many times. Needs a C++ compiler on CPU.
         long_inputs: ``"truncate"`` (as bert_score, with a warning) texts longer than the
             model's maximum, or ``"window"``: encode them whole with overlapping windows
-            (:func:`~bsloss.scorer.inference.embed_windows`).
+            (:func:`~bsloss.scorer.inference.embed_windows`). idf sentences (a list as
+            ``idf``, ``idf_sents``, :meth:`compute_idf`) are counted as they are scored:
+            truncated with a warning, or whole in window mode, as ``idf=True`` counts the
+            references.
         chunk_size: pairs scored per chunk. Embeddings live only for one chunk, so memory is
             bounded by the chunk, not by the corpus; unique sentences are encoded once per chunk.
             On a GPU a call's first chunks are smaller (1,024 pairs, then twice the one
@@ -298,7 +301,10 @@ class BERTScorer:
         if idf is True and idf_sents is not None:
             idf = list(idf_sents)
         self.idf = idf
-        self._weight_table = weight_table(self.encoder, idf, self.vocab_size)
+        # a list is counted on the texts as they are scored: whole in window mode
+        self._weight_table = weight_table(
+            self.encoder, idf, self.vocab_size, truncate=self.long_inputs == "truncate"
+        )
         self._custom_idf = idf_sents is not None
 
     # ----------------------------------------------------------------- bert_score names
@@ -356,7 +362,9 @@ class BERTScorer:
             warnings.warn("Overwriting the previous importance weights.", stacklevel=2)
         if isinstance(sents, str) or not isinstance(sents, Sequence):
             raise TypeError(f"sents must be a list of strings, got {type(sents).__name__}")
-        table = weight_table(self.encoder, list(sents), self.vocab_size)
+        table = weight_table(
+            self.encoder, list(sents), self.vocab_size, truncate=self.long_inputs == "truncate"
+        )
         self._custom_idf = True
         if self.idf is not False:
             self.idf = list(sents)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 from _helpers import LONG_WORDS
 
@@ -112,3 +113,28 @@ def test_windows_are_encoded_in_batches_bounded_by_batch_size(scorer, monkeypatc
         scores = torch.stack(bounded.score(cands, refs))
         assert max(rows) <= token_budget_rows(encoder.max_length, 8)
         assert (scores - torch.stack(expected.score(cands, refs))).abs().max().item() < 1e-6
+
+
+def test_an_idf_list_is_counted_on_whole_texts_in_window_mode(scorer):
+    """``idf=refs``, ``idf_sents=refs`` and ``compute_idf(refs)`` count the same whole texts as
+    ``idf=True`` does in window mode: the same weights and scores, and no truncation warning.
+
+    Before: a list was counted on texts truncated at 512 tokens even with
+    ``long_inputs="window"`` (F 0.8204 against idf=True's 0.8443 on the audit's first pair),
+    and the construction warned "pass long_inputs='window'" although it was passed."""
+    text = _long_text()
+    cands = [" ".join(text.split()[-40:]), "a quiet lake", " ".join(text.split()[:30])]
+    refs = [text, "a dog by the quiet lake", " ".join(text.split()[-700:])]
+    window = {"encoder": scorer.encoder, "long_inputs": "window"}
+    expected = torch.stack(bsloss.BERTScorer(idf=True, **window).score(cands, refs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no truncation warning: the texts are kept whole
+        from_list = bsloss.BERTScorer(idf=refs, **window)
+        from_sents = bsloss.BERTScorer(idf=True, idf_sents=refs, **window)
+        computed = bsloss.BERTScorer(idf=True, **window)
+        computed.compute_idf(refs)
+        for idf_scorer in (from_list, from_sents, computed):
+            scores = torch.stack(idf_scorer.score(cands, refs))
+            assert (scores - expected).abs().max().item() < 1e-6
+    with pytest.warns(UserWarning, match=r"truncated \(idf\[0\], idf\[2\]\)"):
+        bsloss.BERTScorer(encoder=scorer.encoder, idf=refs)  # truncate mode: as before

@@ -33,9 +33,16 @@ def as_idf_spec(idf: object) -> object:
     return idf
 
 
-def weight_table(encoder: ScorerEncoder, idf: IdfSpec, vocab_size: int) -> Tensor | None:
+def weight_table(
+    encoder: ScorerEncoder, idf: IdfSpec, vocab_size: int, truncate: bool = True
+) -> Tensor | None:
     """``[V]`` weights (special tokens 0) for ``idf`` = False, a ``{token_id: weight}`` dict or
-    a list of sentences; ``None`` for ``idf=True`` (weights from each call's references)."""
+    a list of sentences; ``None`` for ``idf=True`` (weights from each call's references).
+
+    ``truncate``: a sentence longer than the scorer's maximum is counted up to it, with a
+    warning naming it (``idf[i]``), as ``long_inputs="truncate"`` scores it; ``False``: counted
+    whole, as ``long_inputs="window"`` scores it (and as ``idf=True`` counts the references
+    then), without a warning."""
     specials = encoder.tokenization.special_token_ids
     if idf is False:
         return uniform_table(vocab_size, specials)
@@ -48,7 +55,11 @@ def weight_table(encoder: ScorerEncoder, idf: IdfSpec, vocab_size: int) -> Tenso
         if not sentences:
             # log((0 + 1) / (0 + 1)) = 0 for every token: every score would be 0
             raise ValueError("idf is an empty list: pass the reference sentences to count")
-        return idf_table(encoder.tokenization(sentences, name="idf"), vocab_size, specials)
+        if truncate:
+            ids = encoder.tokenization(sentences, name="idf")  # warns, naming idf[i]
+        else:
+            ids, _ = encoder.tokenization.encode(sentences, truncate=False)
+        return idf_table(ids, vocab_size, specials)
     raise TypeError(
         f"idf must be a bool (or None, 0, 1), a dict or a list of sentences, got {idf!r}"
     )
