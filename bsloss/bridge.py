@@ -639,11 +639,13 @@ class BridgeMode:
     def special_tokens(self, scorer_special: Tensor, scorer_vocab_size: int) -> Tensor:
         """``[V_gen]``, true on the generator tokens that are not content: the generator's
         special tokens, those ``decode(skip_special_tokens=True)`` drops (the bridge's
-        ``special``). A candidate position whose token is one of them (a distribution's most
-        probable token) is skipped, as the decoded text drops it: through a bridge its
-        embedding would be 0, a position of its own that the references' tokens could match.
+        ``special``), and the tokens that make no scorer piece (Gemma's ~1,090 newlines, runs
+        of spaces, tabs: the scorer's tokenizer drops their text). A candidate position whose
+        token is one of them (a distribution's most probable token) is skipped, as the decoded
+        text drops it: through a bridge its embedding would be 0, a position of its own that
+        changes its neighbours' context and that the references' tokens could match.
         ``scorer_special``: the scorer's special token ids."""
-        return self.bridge.special
+        return self.bridge.special | (self.bridge.piece_counts == 0)
 
     def vocabulary_error(self, name: str, size: int, expected: int) -> str:
         """The message for a candidate ``name`` over ``size`` tokens instead of ``expected``."""
