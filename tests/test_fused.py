@@ -869,3 +869,20 @@ def test_choosing_the_backend_is_no_graph_break():
     reasons = [r.reason for r in torch._dynamo.explain(step)(h).break_reasons]
     torch._dynamo.reset()
     assert not any("find_spec" in reason for reason in reasons), reasons
+
+
+def test_the_cross_entropy_of_an_empty_batch_keeps_its_length(encoder):
+    """``reduction="none"``'s cross-entropy is ``[B, L]``; an empty batch gave ``[0, 0]``, not
+    ``[0, L]``, so code weighing it per token (``ce * weights[B, L]``) failed at B = 0 only."""
+    from bsloss import LMHeadInputs
+
+    loss = BERTScoreLoss(encoder, reduction="none")
+    head = torch.randn(len(encoder.tokenizer), 16)
+    for batch in (1, 0):
+        hidden = torch.randn(batch, 5, 16, requires_grad=True)
+        targets = torch.zeros(batch, 5, dtype=torch.long)
+        out = loss.loss_and_cross_entropy(LMHeadInputs(hidden, head), targets, ["a cat"] * batch)
+        assert list(out.cross_entropy.shape) == [batch, 5]
+        _, ce = loss.score_and_cross_entropy(LMHeadInputs(hidden, head), targets, ["a"] * batch)
+        assert list(ce.shape) == [batch, 5]
+        (out.cross_entropy * torch.ones(batch, 5)).sum().backward()
