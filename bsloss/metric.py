@@ -11,6 +11,7 @@ return what it returns: ``(P, R, F)``, each ``[N]`` (``[num_layers + 1, N]`` wit
 
 from __future__ import annotations
 
+import bisect
 import copy
 import hashlib
 import time
@@ -752,16 +753,24 @@ class BERTScorer:
             )
 
 
-def _pair_positions(pairs: Tensor, owner, groups, offset: int) -> str:
+def _pair_positions(pairs: Tensor, owner, groups, offset: int, shown: int = 20) -> str:
     """The flagged pairs as a warning names them: the candidate's index, and the reference's
-    within a group of several (``"3 (reference 1)"``), the first 20."""
+    within a group of several (``"3 (reference 1)"``), the first ``shown``.
+
+    Only those are named: a call with a million empty candidates costs a scan of ``pairs``,
+    not a name (nor a scan of ``owner``) per flagged pair. ``owner`` is sorted (pairs are
+    laid out group by group), so a group's first pair is a binary search away.
+    """
+    flagged = pairs.nonzero().flatten()
     where = []
-    for pair in pairs.nonzero().flatten().tolist():
+    for pair in flagged[:shown].tolist():
         i = owner[pair]
-        k = pair - owner.index(i)
         at = i + offset
-        where.append(str(at) if len(groups[i]) == 1 else f"{at} (reference {k})")
-    return ", ".join(where[:20]) + (", ..." if len(where) > 20 else "")
+        if len(groups[i]) == 1:
+            where.append(str(at))
+        else:
+            where.append(f"{at} (reference {pair - bisect.bisect_left(owner, i)})")
+    return ", ".join(where) + (", ..." if len(flagged) > shown else "")
 
 
 FIRST_CHUNK = 1024  # pairs in the first chunk of a call: its tokens are made before any encoding

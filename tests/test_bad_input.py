@@ -483,3 +483,37 @@ def test_a_text_of_special_tokens_only_is_named_without_blaming_idf(scorer):
     (warning,) = bsloss_warnings(caught, "weights of a text's tokens sum to 0")
     assert "all special tokens" in str(warning.message)
     assert named_indices(str(warning.message)) == {0}
+
+
+class _CountedReads(list):
+    """A list that counts the items read from it."""
+
+    reads = 0
+
+    def __getitem__(self, index):
+        self.reads += 1
+        return super().__getitem__(index)
+
+
+def test_the_empty_pair_warning_names_the_first_20_pairs_from_their_reads_alone():
+    """The warning names each shown pair by its candidate (and its reference within a group)
+    from reads of the shown pairs only, not of every flagged one.
+
+    Before: every flagged pair was named, each by a scan of ``owner`` (``owner.index``), and 20
+    kept: O(flagged x pairs), 6.3 s to score 40,000 empty candidates against 0.75 s for
+    40,000 real ones."""
+    from bsloss.inputs import flatten_groups
+    from bsloss.metric import _pair_positions
+
+    groups = [["r"], ["r", "r", "r"], ["r"], ["r", "r"]]  # pairs 0 | 1 2 3 | 4 | 5 6
+    _, _, owner = flatten_groups(["c"] * 4, groups)
+    flagged = torch.tensor([False, True, False, True, True, False, True])
+    named = _pair_positions(flagged, owner, groups, offset=5)
+    assert named == "6 (reference 0), 6 (reference 2), 7, 8 (reference 1)"
+
+    many = 100_000
+    groups = [["r", "r"]] * many
+    owner = _CountedReads(flatten_groups(["c"] * many, groups)[2])
+    named = _pair_positions(torch.ones(2 * many, dtype=torch.bool), owner, groups, offset=0)
+    assert named == ", ".join(f"{i} (reference {k})" for i in range(10) for k in (0, 1)) + ", ..."
+    assert owner.reads < 1_000  # 20 shown pairs, each a read and a binary search
