@@ -663,7 +663,7 @@ class BERTScorer:
         if self.baseline is not None:
             pair_scores = rescale_with_baseline(pair_scores, self.baseline.float())
         empty = self._empty_pairs(pair_cands, pair_refs, owner, groups, offset, tokenless)
-        self._warn_weightless(weightless & ~empty, owner, groups, offset)
+        self._warn_weightless(weightless & ~empty, owner, groups, offset, self.baseline)
         best = best_over_references(
             pair_scores.flatten(1), torch.tensor(owner), len(cands), ignore=empty
         )
@@ -738,19 +738,36 @@ class BERTScorer:
         return empty
 
     @staticmethod
-    def _warn_weightless(weightless: Tensor, owner, groups, offset: int) -> None:
+    def _warn_weightless(
+        weightless: Tensor, owner, groups, offset: int, baseline: Tensor | None = None
+    ) -> None:
         """Pairs scored 0 because a text's tokens all weigh 0 (special tokens only, or idf
         weights of 0), as bert_score scores them in F (its P or R of that text is NaN, the
-        other kept)."""
-        if weightless.any():
-            warn_user(
-                f"{int(weightless.sum())} candidate/reference pair(s) score 0 because the "
-                "weights of a text's tokens sum to 0 (they are all special tokens, as in the "
-                'literal text "[SEP]"; or, with idf, each is in every idf sentence: idf=True '
-                "over one reference weighs every token log(2/2) = 0; bert_score gives F 0 there "
-                "too, and NaN as that text's P or R): candidate index "
-                f"{_pair_positions(weightless, owner, groups, offset)}"
-            )
+        other kept). With a ``baseline`` they are rescaled like every pair, to
+        ``(0 - b) / (1 - b)`` (bert_score's F there too), and the warning gives that value:
+        unlike an empty text's pair, they do not score 0 then."""
+        if not weightless.any():
+            return
+        why = (
+            "because the weights of a text's tokens sum to 0 (they are all special tokens, as "
+            'in the literal text "[SEP]"; or, with idf, each is in every idf sentence: '
+            "idf=True over one reference weighs every token log(2/2) = 0; bert_score gives "
+        )
+        if baseline is None:
+            score = "score 0"
+            why += "F 0 there too, and NaN as that text's P or R)"
+        else:
+            if baseline.dim() == 1:
+                p, r, f = rescale_with_baseline(torch.zeros(3), baseline.float()).tolist()
+                values = f"P {p:.3f}, R {r:.3f}, F {f:.3f}"
+            else:  # all_layers: one baseline per layer
+                values = "with each layer's baseline b"
+            score = f"score 0 before rescaling, (0 - b) / (1 - b) after it ({values}),"
+            why += "the same F there, and NaN as that text's P or R)"
+        warn_user(
+            f"{int(weightless.sum())} candidate/reference pair(s) {score} {why}: candidate "
+            f"index {_pair_positions(weightless, owner, groups, offset)}"
+        )
 
 
 def _pair_positions(pairs: Tensor, owner, groups, offset: int, shown: int = 20) -> str:

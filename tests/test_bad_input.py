@@ -517,3 +517,25 @@ def test_the_empty_pair_warning_names_the_first_20_pairs_from_their_reads_alone(
     named = _pair_positions(torch.ones(2 * many, dtype=torch.bool), owner, groups, offset=0)
     assert named == ", ".join(f"{i} (reference {k})" for i in range(10) for k in (0, 1)) + ", ..."
     assert owner.reads < 1_000  # 20 shown pairs, each a read and a binary search
+
+
+def test_the_weightless_warning_gives_the_rescaled_score(scorer):
+    """Rescaled, a pair whose text's weights sum to 0 scores (0 - b) / (1 - b), as bert_score's
+    F (not 0, as an empty text's pair does): the warning says so, with the values returned.
+
+    Before: it said the pairs "score 0" while they scored P -0.189, R -0.189, F -0.184 with
+    MiniLM's shipped baseline."""
+    if not shipped_baseline_path(scorer.encoder.name).exists():
+        pytest.skip(f"no baseline shipped for {scorer.encoder.name}")
+    rescaled = bsloss.BERTScorer(encoder=scorer.encoder, rescale_with_baseline=True)
+    (p, r, f), caught = record(rescaled.score, ["[SEP]", "", "a cat"], ["a cat", "a cat", "[CLS]"])
+    (warning,) = bsloss_warnings(caught, "weights of a text's tokens sum to 0")
+    message = str(warning.message)
+    assert "score 0 before rescaling, (0 - b) / (1 - b) after it" in message
+    assert f"P {p[0].item():.3f}, R {r[0].item():.3f}, F {f[0].item():.3f}" in message
+    assert f[0].item() == f[2].item() == pytest.approx(-0.184, abs=1e-3)
+    assert named_indices(message) == {0, 2}
+    assert_exact_zero(p, r, f, 1)  # the empty pair: 0 after rescaling too
+    (_, _, _), caught = record(scorer.score, ["[SEP]"], ["a cat"])
+    (plain,) = bsloss_warnings(caught, "weights of a text's tokens sum to 0")
+    assert "pair(s) score 0 because" in str(plain.message)  # unrescaled: 0, said as before
