@@ -338,7 +338,7 @@ class BERTScoreLoss(nn.Module):
         # the tensor steps compiled by compile(): {"encode": ..., "prf": ...}
         self._compiled_steps: dict[str, Callable[..., Any]] | None = None
         vocab = self.encoder.input_embeddings.num_embeddings
-        weights = weight_table(self.encoder, idf, vocab)
+        weights = weight_table(self.encoder, idf, vocab, truncate=long_inputs == "truncate")
         # on the scorer's device from the start: a loss built around a CUDA encoder works with
         # no .to() (and _placed() keeps it there when only the encoder is moved later)
         device = self.encoder.device

@@ -138,3 +138,16 @@ def test_an_idf_list_is_counted_on_whole_texts_in_window_mode(scorer):
             assert (scores - expected).abs().max().item() < 1e-6
     with pytest.warns(UserWarning, match=r"truncated \(idf\[0\], idf\[2\]\)"):
         bsloss.BERTScorer(encoder=scorer.encoder, idf=refs)  # truncate mode: as before
+
+
+def test_the_loss_counts_an_idf_list_on_whole_texts_in_window_mode(scorer):
+    """The loss built its idf table from texts truncated at 512 tokens even with
+    ``long_inputs="window"``, with a warning to pass ``long_inputs='window'`` that was passed:
+    it counts the whole texts now, as the metric does in that mode (the same table)."""
+    text = _long_text()
+    refs = [text, "a dog by the quiet lake", " ".join(text.split()[-700:])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = bsloss.BERTScoreLoss(scorer.encoder, idf=refs, long_inputs="window")
+    metric = bsloss.BERTScorer(encoder=scorer.encoder, idf=refs, long_inputs="window")
+    torch.testing.assert_close(loss.scorer_weights.cpu(), metric._weight_table.float().cpu())
