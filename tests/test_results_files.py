@@ -214,3 +214,15 @@ def test_grpo_outputs_score_what_results_json_says(scorer):
         assert float(f.mean()) == pytest.approx(result[when]["f_bert"], abs=1e-5)
     curve = result["reward_curve"]
     assert [c["step"] for c in curve] == list(range(1, result["steps"] + 1))
+
+
+# the study's arms re-run through the mixin recipe (recipes/RESULTS.md: "The study's path is the
+# library's path"), and `sampled` again at 7b7b613 (hardening round 6's gradient)
+MIXIN_RUNS = sorted(p for p in (STUDY / "mixin-seed0").glob("*") if (p / "results.json").exists())
+
+
+@pytest.mark.parametrize("run", MIXIN_RUNS, ids=_study_name)
+def test_mixin_reruns_score_what_results_json_says(run, study_references, scorer):
+    from study.harness import check_scores
+
+    assert check_scores(run, study_references, scorer) == []
