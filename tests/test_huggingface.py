@@ -957,3 +957,19 @@ def test_the_default_path_is_chosen_on_the_model_the_trainer_trains(
     assert trainer.bertscore_fused is (given == "path")
     trainer.train()
     assert all(np.isfinite(e["loss"]) for e in trainer.state.log_history if "loss" in e)
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.0], ids=["term", "ce-alone"])
+@pytest.mark.parametrize("count", [-5, float("nan"), float("inf"), True])
+def test_a_bad_num_items_in_batch_given_by_hand_is_named(loss, tokenizer, weight, count):
+    """``num_items_in_batch`` (the trainer's token count) given by hand as a negative number
+    was clamped to 1 silently (a loss 59 times the mean), NaN gave a NaN loss and infinity a
+    loss of 0. A Python number must be a count >= 0 now; the trainer's own, a tensor on the
+    device, is taken as it is (checking it would cost a read)."""
+    model = tiny_gpt2(tokenizer)
+    batch = causal_batch(tokenizer)
+    outputs = model(**{k: batch[k] for k in ("input_ids", "attention_mask")})
+    term = BERTScoreTerm(loss, tokenizer, weight=weight)
+    with pytest.raises((TypeError, ValueError), match="num_items_in_batch"):
+        term(outputs, batch["labels"], count)
+    assert torch.isfinite(term(outputs, batch["labels"], 7))

@@ -30,6 +30,8 @@ Three pieces:
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -272,6 +274,7 @@ class BERTScoreTerm:
         """
         if labels is None:
             raise ValueError("BERTScoreTerm needs labels (-100 outside the completion)")
+        _check_token_count(num_items_in_batch)
         if (candidate_outputs is None) != (candidate_labels is None):
             raise ValueError("candidate_outputs and candidate_labels go together: pass both")
         logits, labels = self._aligned(outputs, labels, "labels")
@@ -481,6 +484,23 @@ class BERTScoreTerm:
                 means[key] = sum(float(v) for v, _ in entries) / weight
         metrics.clear()
         return means
+
+
+def _check_token_count(num_items_in_batch: object) -> None:
+    """Refuse a ``num_items_in_batch`` given by hand that is no count of tokens (negative, NaN
+    or infinite: the loss was divided by 1, NaN or infinity). The trainer's own, a tensor on
+    the device, is taken as it is: checking it would cost a read of the device."""
+    if num_items_in_batch is None or isinstance(num_items_in_batch, Tensor):
+        return
+    if isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, numbers.Real):
+        raise TypeError(
+            "num_items_in_batch must be a number of tokens (or the trainer's tensor), got "
+            f"{type(num_items_in_batch).__name__} {num_items_in_batch!r}"
+        )
+    if not math.isfinite(num_items_in_batch) or num_items_in_batch < 0:
+        raise ValueError(
+            f"num_items_in_batch must be a number of tokens >= 0, got {num_items_in_batch}"
+        )
 
 
 def _fused_cross_entropy_sum(
