@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.matching import check_temperature
+from bsloss.functional.matching.base import SMALLEST_TEMPERATURE
 from bsloss.functional.straight_through import one_hot_straight_through
 from bsloss.inputs import check_int
 
@@ -84,7 +85,7 @@ class CandidateOptions:
         if self.gumbel_temperature is not None:
             if not from_logits:
                 raise ValueError("gumbel_temperature needs logits, not probs")
-            check_temperature(self.gumbel_temperature, "gumbel_temperature")
+            check_temperature(self.gumbel_temperature, "gumbel_temperature", SMALLEST_TEMPERATURE)
 
     @property
     def forms_weights(self) -> bool:
@@ -145,7 +146,8 @@ class StraightThrough(CandidateTransform):
 @dataclass(frozen=True)
 class Gumbel(CandidateTransform):
     """Gumbel-softmax samples at ``temperature`` instead of the probabilities (needs logits).
-    Any ``temperature > 0``: the scores are shifted by their maximum before the division
+    Any ``temperature`` down to float32's smallest normal number (1.2e-38; below it ``1 /
+    temperature`` overflows): the scores are shifted by their maximum before the division
     (:func:`~bsloss.functional.gumbel_noise.gumbel_scores`), so a tiny one samples the
     perturbed argmax rather than overflowing.
 
@@ -156,7 +158,8 @@ class Gumbel(CandidateTransform):
     temperature: float
 
     def __post_init__(self) -> None:
-        check_temperature(self.temperature, "gumbel_temperature")
+        # below float32's smallest normal number 1 / tau overflows: the gradient is not finite
+        check_temperature(self.temperature, "gumbel_temperature", SMALLEST_TEMPERATURE)
 
     def configure(self, options: CandidateOptions) -> CandidateOptions:
         self._refuse_twice(options, "gumbel_temperature")

@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from bsloss.bridge import Bridge
 from bsloss.functional.fused_expectation import ids_outside_vocabulary
@@ -604,6 +604,22 @@ class BERTScoreTrainerMixin:
         self.bertscore_candidates = resolve_candidates(bertscore_candidates, "bertscore_candidates")
         if bertscore_fused not in (None, True, False):
             raise TypeError(f"bertscore_fused must be None or a bool, got {bertscore_fused!r}")
+        model = kwargs.get("model", args[0] if args else None)
+        # whether the fused path may be taken, before the trainer builds its accelerator (a
+        # model given as a path is loaded, a PEFT config applied, inside __init__)
+        maybe_fused = bertscore_fused is True or (
+            bertscore_fused is None
+            and (not isinstance(model, nn.Module) or lm_head_refusal(model) is None)
+        )
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        if maybe_fused and getattr(training_args, "ddp_find_unused_parameters", 0) is None:
+            # The fused pass uses the LM head after the model's forward. DDP told to look for
+            # unused parameters (the trainer's choice when the arguments leave it open and
+            # there is no gradient checkpointing) marks the head ready at the end of the
+            # forward, then again in the backward pass: an error. Every parameter is used in
+            # every step here, so there is nothing to look for. Read by the accelerator the
+            # trainer's __init__ builds: set before it.
+            training_args.ddp_find_unused_parameters = False
         if "processing_class" in kwargs:
             kwargs["processing_class"] = _with_end_of_sequence(
                 kwargs["processing_class"], kwargs.get("args")
@@ -613,16 +629,8 @@ class BERTScoreTrainerMixin:
             # fused where lm_head_inputs can account for the head, decided on the model the
             # trainer holds: TRL loads a model given as a path, and wraps one in PEFT, in its
             # __init__
-            model = self.accelerator.unwrap_model(self.model)
-            bertscore_fused = model is not None and lm_head_refusal(model) is None
-        if bertscore_fused and getattr(self.args, "ddp_find_unused_parameters", 0) is None:
-            # The fused pass uses the LM head after the model's forward. DDP told to look for
-            # unused parameters (the trainer's choice when the arguments leave it open and
-            # there is no gradient checkpointing) marks the head ready at the end of the
-            # forward, then again in the backward pass: an error. Every parameter is used in
-            # every step here, so there is nothing to look for (read when train() wraps the
-            # model, after this).
-            self.args.ddp_find_unused_parameters = False
+            held = self.accelerator.unwrap_model(self.model)
+            bertscore_fused = held is not None and lm_head_refusal(held) is None
         tokenizer = self.processing_class
         tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's text tokenizer
         if tokenizer is None:

@@ -63,8 +63,8 @@ def check_temperature(
         raise ValueError(f"{name} must be a finite number > 0, got {temperature!r}")
     if value < smallest:
         raise ValueError(
-            f"{name} must be at least {smallest:.3g} (float32's smallest normal number: the "
-            f"similarities divided by a smaller one overflow), got {temperature!r}"
+            f"{name} must be at least {smallest:.3g} (float32's smallest normal number: "
+            f"scores divided by a smaller one overflow), got {temperature!r}"
         )
     return value
 
