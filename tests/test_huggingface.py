@@ -784,6 +784,17 @@ def test_a_failed_evaluation_leaves_nothing_in_the_next(loss, tokenizer, tmp_pat
         assert again[key] == pytest.approx(first[key], rel=1e-6), key
 
 
+def _packed_row(*examples: dict) -> dict:
+    """The examples in one padding-free row, ``position_ids`` restarting at 0 for each."""
+    return {
+        "input_ids": torch.tensor([sum((e["input_ids"] for e in examples), [])]),
+        "position_ids": torch.tensor(
+            [sum((list(range(len(e["input_ids"]))) for e in examples), [])]
+        ),
+        "labels": torch.tensor([sum((e["labels"] for e in examples), [])]),
+    }
+
+
 def test_a_packed_batch_is_scored_document_by_document(loss, tokenizer, tmp_path):
     """A padding-free row of two examples (position_ids restarting at 0) was scored as one
     text, against both completions joined. With a model whose logits at a position depend on
@@ -793,13 +804,7 @@ def test_a_packed_batch_is_scored_document_by_document(loss, tokenizer, tmp_path
     trainer = _mixin_trainer(loss, tokenizer, tmp_path, model)
     a = _prompt_and_answer(tokenizer, "say", "a cat sat on the mat")
     b = _prompt_and_answer(tokenizer, "tell me", "the dog ran")
-    packed = {
-        "input_ids": torch.tensor([a["input_ids"] + b["input_ids"]]),
-        "position_ids": torch.tensor(
-            [list(range(len(a["input_ids"]))) + list(range(len(b["input_ids"])))]
-        ),
-        "labels": torch.tensor([a["labels"] + b["labels"]]),
-    }
+    packed = _packed_row(a, b)
     padded = transformers.DataCollatorForSeq2Seq(tokenizer)([a, b])
     seen = []
     references_of = trainer.bertscore_term.references_of
@@ -829,13 +834,7 @@ def test_a_label_outside_the_vocabulary_in_a_packed_batch_is_named_in_the_packed
     trainer.bertscore_term.weight = weight
     a = _prompt_and_answer(tokenizer, "say", "a cat sat on the mat")
     b = _prompt_and_answer(tokenizer, "tell me", "the dog ran")
-    packed = {
-        "input_ids": torch.tensor([a["input_ids"] + b["input_ids"]]),
-        "position_ids": torch.tensor(
-            [list(range(len(a["input_ids"]))) + list(range(len(b["input_ids"])))]
-        ),
-        "labels": torch.tensor([a["labels"] + b["labels"]]),
-    }
+    packed = _packed_row(a, b)
     vocab = model.get_output_embeddings().weight.shape[0]
     bad = {k: v.clone() for k, v in packed.items()}
     position = len(a["labels"]) + len(b["labels"]) - 1  # b's last completion token

@@ -202,12 +202,9 @@ class BERTScoreTerm:
                 position = next(
                     t for t, token in enumerate(row) if token < 0 and token != IGNORE_INDEX
                 )
-                where = (b, position + shift)
-                if documents is not None:
-                    where = documents.place(*where)
                 raise ValueError(
                     f"labels has a negative id ({row[position]}; {IGNORE_INDEX} marks a "
-                    f"position without a label) at labels[{where[0]}, {where[1]}]"
+                    f"position without a label) at {_given_place(b, position + shift, documents)}"
                 )
             if key in self._decoded:
                 self._decoded.move_to_end(key)
@@ -402,12 +399,10 @@ class BERTScoreTerm:
         ``IndexError`` on the CPU and, on a GPU, a device-side assert that breaks the process's
         CUDA context."""
         row, position = ids_outside_vocabulary(labels, vocab).nonzero()[0].tolist()
-        position += int(self.causal)
-        if documents is not None:
-            row, position = documents.place(row, position)
+        where = _given_place(row, position + int(self.causal), documents)
         return ValueError(
             f"labels has ids outside [0, {vocab}) (the model's vocabulary; and not "
-            f"{IGNORE_INDEX}) at labels[{row}, {position}]"
+            f"{IGNORE_INDEX}) at {where}"
         )
 
     def _check_labels(
@@ -484,6 +479,14 @@ class BERTScoreTerm:
                 means[key] = sum(float(v) for v, _ in entries) / weight
         metrics.clear()
         return means
+
+
+def _given_place(row: int, position: int, documents: PackedDocuments | None) -> str:
+    """``labels[b, t]``: a place in the labels the term sees (a causal model's already shifted
+    back) as the caller gave them, in the packed batch of ``documents`` when there is one."""
+    if documents is not None:
+        row, position = documents.place(row, position)
+    return f"labels[{row}, {position}]"
 
 
 def _check_token_count(num_items_in_batch: object) -> None:
