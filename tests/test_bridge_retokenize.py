@@ -572,3 +572,40 @@ def test_tokens_the_scorer_drops_are_no_positions_of_the_average_encoding(
     kept = loss(as_candidates(ids), refs, candidate_mask=mask)
     masked_out = loss(as_candidates(ids), refs, candidate_mask=mask & ~dropped)
     torch.testing.assert_close(kept, masked_out, rtol=0, atol=1e-6)
+
+
+def test_the_fused_head_pass_skips_tokens_the_scorer_drops(gemma_tokenizer, gemma_bridge, encoder):
+    """The LM-head pass (``hidden_states=``, ``output_embeddings=``) builds its own table
+    chunks and its own mask of positions: a Gemma newline the head predicts is no position
+    there either, as on the dense logits of the same head."""
+    from _helpers import head_for
+
+    from bsloss import Bridge
+
+    loss = BERTScoreLoss(
+        encoder,
+        bridge=Bridge(gemma_tokenizer, mode="average", vocabulary=gemma_bridge),
+        reduction="none",
+    )
+    text = "The cat sat on the mat.\n\nIt was happy."
+    ids = gemma_tokenizer(text, add_special_tokens=False)["input_ids"]
+    no_piece = (gemma_bridge.piece_counts == 0) & ~gemma_bridge.special
+    dropped = no_piece[torch.tensor(ids)][None]
+    assert dropped.sum().item() == 1  # "\n\n"
+    hidden, weight = head_for(ids, len(gemma_tokenizer), width=32)
+    hidden = hidden * 5.0  # the head's argmax is each token by a margin of e^-60 and more
+    mask = torch.ones_like(dropped)
+    refs = ["The cat sat on the mat. It was happy."]
+
+    def fused(candidate_mask):
+        return loss(
+            hidden_states=hidden,
+            output_embeddings=weight,
+            candidate_mask=candidate_mask,
+            references=refs,
+        )
+
+    kept, masked_out = fused(mask), fused(mask & ~dropped)
+    torch.testing.assert_close(kept, masked_out, rtol=0, atol=1e-6)
+    dense = loss(logits=hidden @ weight.T, candidate_mask=mask, references=refs)
+    torch.testing.assert_close(kept, dense, rtol=0, atol=1e-6)
