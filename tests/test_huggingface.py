@@ -959,12 +959,25 @@ def test_the_default_path_is_chosen_on_the_model_the_trainer_trains(
 
 
 @pytest.mark.parametrize("weight", [1.0, 0.0], ids=["term", "ce-alone"])
-@pytest.mark.parametrize("count", [-5, float("nan"), float("inf"), True])
+@pytest.mark.parametrize(
+    "count",
+    [
+        -5,
+        float("nan"),
+        float("inf"),
+        True,
+        torch.tensor(-5),
+        torch.tensor(float("nan")),
+        torch.tensor([3, 4]),
+    ],
+    ids=["-5", "nan", "inf", "bool", "tensor-5", "tensor-nan", "two-counts"],
+)
 def test_a_bad_num_items_in_batch_given_by_hand_is_named(loss, tokenizer, weight, count):
     """``num_items_in_batch`` (the trainer's token count) given by hand as a negative number
     was clamped to 1 silently (a loss 59 times the mean), NaN gave a NaN loss and infinity a
-    loss of 0. A Python number must be a count >= 0 now; the trainer's own, a tensor on the
-    device, is taken as it is (checking it would cost a read)."""
+    loss of 0. A Python number or a CPU tensor must be a count >= 0 now, a tensor one number
+    (two counts were broadcast into two losses); the trainer's own, a tensor on the device,
+    has its value taken as it is (checking it would cost a read)."""
     model = tiny_gpt2(tokenizer)
     batch = causal_batch(tokenizer)
     outputs = model(**{k: batch[k] for k in ("input_ids", "attention_mask")})

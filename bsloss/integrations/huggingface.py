@@ -492,9 +492,19 @@ def _given_place(row: int, position: int, documents: PackedDocuments | None) -> 
 def _check_token_count(num_items_in_batch: object) -> None:
     """Refuse a ``num_items_in_batch`` given by hand that is no count of tokens (negative, NaN
     or infinite: the loss was divided by 1, NaN or infinity). The trainer's own, a tensor on
-    the device, is taken as it is: checking it would cost a read of the device."""
-    if num_items_in_batch is None or isinstance(num_items_in_batch, Tensor):
+    the device, has its shape checked but not its value: that would cost a read of the device;
+    a tensor on the CPU is read."""
+    if num_items_in_batch is None:
         return
+    if isinstance(num_items_in_batch, Tensor):
+        if num_items_in_batch.numel() != 1 or num_items_in_batch.is_complex():
+            raise ValueError(
+                "num_items_in_batch must be one number of tokens, got a tensor of shape "
+                f"{list(num_items_in_batch.shape)} and dtype {num_items_in_batch.dtype}"
+            )
+        if num_items_in_batch.device.type != "cpu":
+            return
+        num_items_in_batch = num_items_in_batch.item()
     if isinstance(num_items_in_batch, bool) or not isinstance(num_items_in_batch, numbers.Real):
         raise TypeError(
             "num_items_in_batch must be a number of tokens (or the trainer's tensor), got "
