@@ -64,11 +64,13 @@ def trainer_arguments(run: RecipeRun, arguments_class, **extra):
 def training_examples(run: RecipeRun) -> list[dict]:
     """The training examples in the order the recipes have always drawn them
     (:func:`examples.batch_indices`: a seeded permutation per epoch), one batch after another
-    for every micro-batch of the run; the trainer reads them in that order."""
+    for every micro-batch of the run on every process; the trainer reads them in that order
+    (under N processes, process p takes batches p, p + N, ...)."""
     train, examples = run.train, run.data["train"]
     batches = batch_indices(len(examples), train.batch_size, train.seed, 0)
+    micro_batches = train.steps * train.gradient_accumulation_steps
     rows = []
-    for _ in range(train.steps * train.gradient_accumulation_steps):
+    for _ in range(micro_batches * run.accelerator.num_processes):
         for index in next(batches):
             example = examples[index]
             rows.append({"source": example.source, "target": example.target,

@@ -221,6 +221,10 @@ def test_two_processes_center_with_the_global_batch_mean(tmp_path):
     for result in results:
         assert result["world_size"] == 2
         assert result["calls"] == 4  # 2 steps x (candidates, references)
+        # 2 steps x 2 processes x 2 rows: each step brings both processes new examples of the
+        # 8 (the list of batches was one process's: step 2 repeated step 1, 4 distinct rows)
+        assert result["rows_trained"] == 8
+        assert result["distinct_rows_trained"] == 8
         assert result["max_error_vs_global_mean"] < 1e-5
         assert result["min_gap_to_local_mean"] > 1e-4  # the local mean would differ
 
