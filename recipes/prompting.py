@@ -48,16 +48,32 @@ def prompt_text(
     tokenizer, task: str, source: str, template: str | None = None, chat: bool = False
 ) -> str:
     """The prompt for one source text: ``template`` (with ``{source}``), else the task's plain
-    format (:mod:`tasks`); as one user message through the chat template when ``chat``."""
+    format (:mod:`tasks`); as one user message through the chat template when ``chat``.
+
+    The text is what a tokenizer call with its special tokens turns into the prompt's ids (the
+    recipes' collator makes that call, and TRL's trainers on a text prompt): a template that
+    writes the BOS itself (Gemma 3 IT's, Llama 3's) has it taken off when the tokenizer adds
+    one, so that the prompt starts with one BOS, as ``apply_chat_template(tokenize=True)``'s
+    ids do, not two."""
     if template is None:
         template = get_task(task).prompt_format
     if "{source}" not in template:
         raise ValueError(f"prompt_format must contain '{{source}}', got {template!r}")
     text = template.format(source=source)
-    if chat:
-        messages = [{"role": "user", "content": text}]
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if not chat:
+        return text
+    messages = [{"role": "user", "content": text}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    bos = tokenizer.bos_token
+    if bos and text.startswith(bos) and _adds_bos(tokenizer):
+        text = text[len(bos) :]
     return text
+
+
+def _adds_bos(tokenizer) -> bool:
+    """Whether a tokenizer call with its special tokens starts with the BOS."""
+    ids = tokenizer("a")["input_ids"]
+    return bool(ids) and ids[0] == tokenizer.bos_token_id
 
 
 def lead(tokenizer, text: str, max_tokens: int) -> str:

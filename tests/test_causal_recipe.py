@@ -175,3 +175,33 @@ def test_empty_target_names_the_row_and_setting(tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(ValueError, match=r"row 0: data.source='document' is empty"):
         load_splits(spec)
+
+
+def test_a_template_that_writes_the_bos_gives_a_prompt_with_one(gemma_tokenizer):
+    """Gemma 3 IT's and Llama 3's chat templates write the BOS themselves: the rendered text,
+    tokenised with the tokenizer's special tokens (the collator's call, and TRL's on a text
+    prompt), started with two. It starts with one, as apply_chat_template(tokenize=True)'s
+    ids do; a base model's plain prompt keeps the one the tokenizer adds."""
+    from prompting import prompt_text
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    chat = copy.deepcopy(gemma_tokenizer)
+    chat.chat_template = (
+        "{{ bos_token }}{% for m in messages %}<start_of_turn>user\n{{ m['content'] }}"
+        "<end_of_turn>\n{% endfor %}<start_of_turn>model\n"
+    )
+    config = AutoConfig.for_model(
+        "gemma3_text", vocab_size=len(chat), hidden_size=16, intermediate_size=32,
+        num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    collator = CausalCollator(chat, model, "translation", 32, 12)
+    messages = [{"role": "user", "content": "Spanish: hola\nEnglish:"}]
+    expected = chat.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    assert collator._prompt("hola") == list(expected)
+    assert chat(collator.prompt("hola"))["input_ids"] == list(expected)  # TRL's call
+    assert list(expected).count(chat.bos_token_id) == 1
+    plain = gemma_tokenizer(prompt_text(gemma_tokenizer, "translation", "hola"))["input_ids"]
+    assert plain[0] == gemma_tokenizer.bos_token_id != plain[1]
