@@ -155,7 +155,8 @@ class BERTScorer:
         idf: ``False`` (uniform weights), ``True`` (idf from ``idf_sents``, or else from the
             references of each :meth:`score` call, like ``bert_score.score(idf=True)``), a list
             of sentences to compute idf from, or a ``{token_id: weight}`` dict.
-        idf_sents: sentences to compute idf weights from when ``idf=True`` (bert_score's name).
+        idf_sents: sentences to compute idf weights from when ``idf=True`` (bert_score's name):
+            a list of strings (a string, or a bad item ``idf_sents[i]``, is refused by name).
         device: default CUDA when available, else CPU.
         lang: pick bert_score's default model for this language when ``model_type`` is None
             (``"en"``: roberta-large, ``"zh"``: bert-base-chinese, ``"tr"``:
@@ -299,8 +300,11 @@ class BERTScorer:
             rows = [load_baseline(baseline_path, self.encoder.name, k) for k in layers]
             self.baseline = torch.stack(rows) if self.all_layers else rows[0]
         idf = as_idf_spec(idf)
-        if idf is True and idf_sents is not None:
-            idf = list(idf_sents)
+        if idf_sents is not None:
+            # checked under its own name: list() of a string counted its characters as sentences
+            idf_sents = check_texts(idf_sents, "idf_sents")
+            if idf is True:
+                idf = idf_sents
         self.idf = idf
         # a list is counted on the texts as they are scored: whole in window mode
         self._weight_table = weight_table(
@@ -357,18 +361,19 @@ class BERTScorer:
             sents: the sentences to count document frequencies in.
 
         Raises:
-            TypeError: ``sents`` is not a list of strings.
+            TypeError, ValueError: ``sents`` is not a list of valid strings (``sents``, or
+                ``sents[i]`` for an item, named).
         """
+        # checked under its own name (weight_table would name the items idf[i])
+        sents = check_texts(sents, "sents")
         if self._custom_idf:
             warnings.warn("Overwriting the previous importance weights.", stacklevel=2)
-        if isinstance(sents, str) or not isinstance(sents, Sequence):
-            raise TypeError(f"sents must be a list of strings, got {type(sents).__name__}")
         table = weight_table(
-            self.encoder, list(sents), self.vocab_size, truncate=self.long_inputs == "truncate"
+            self.encoder, sents, self.vocab_size, truncate=self.long_inputs == "truncate"
         )
         self._custom_idf = True
         if self.idf is not False:
-            self.idf = list(sents)
+            self.idf = sents
             self._weight_table = table
 
     def plot_example(self, candidate: str, reference: str, fname: str = "") -> Figure:
