@@ -101,7 +101,7 @@ class BERTScoreReward:
 
     Raises:
         ValueError, TypeError: an argument of the wrong type or out of range, a scorer setting
-            beside ``scorer``, or a scorer with ``idf=True``, named.
+            beside ``scorer``, or a scorer with ``idf=True`` or ``all_layers=True``, named.
         KeyError: at call time, no ``reference_column`` among the columns.
 
     >>> import bsloss
@@ -165,6 +165,12 @@ class BERTScoreReward:
                     "scorer has idf=True, which would weigh each call by its own references (the "
                     "same pair would score differently in another batch); build it with the "
                     "reference corpus as idf=[...], or call scorer.compute_idf(corpus) first"
+                )
+            if scorer.all_layers:
+                raise ValueError(
+                    "scorer has all_layers=True, which scores every layer ([layers, N] scores); "
+                    "a reward is one float per completion: build the scorer without all_layers "
+                    "(num_layers= chooses the layer)"
                 )
         self.scorer = scorer or BERTScorer(
             model,

@@ -92,6 +92,15 @@ def test_idf_true_is_refused(scorer):
         BERTScoreReward(idf=True, scorer=bsloss.BERTScorer(encoder=scorer.encoder))
 
 
+def test_a_scorer_of_every_layer_is_refused():
+    """An ``all_layers`` scorer was taken, and the reward returned one list per layer (7 for 2
+    completions): TRL's GRPO failed at its first step, "returned 7 rewards, but 2 were
+    expected". It is refused when the reward is built, named."""
+    every_layer = bsloss.BERTScorer(all_layers=True)
+    with pytest.raises(ValueError, match="scorer has all_layers=True.*one float per completion"):
+        BERTScoreReward(scorer=every_layer)
+
+
 def test_a_scorer_with_idf_from_each_call_is_refused(scorer):
     """A scorer whose idf comes from each call's references would score the same pair
     differently in another batch (0 alone: log(2/2) weighs every token 0)."""
