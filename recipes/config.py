@@ -451,6 +451,14 @@ TERM_SETTINGS = {
     "bridge_mode": None,
 }
 
+# What the RL scripts accept in the loss section (every shipped config's keys): the recipe's own,
+# the term's at their neutral values, and the two settings inert under the hard matching. Any
+# other key (a misspelt one, or a BERTScoreLoss keyword such as long_inputs) is refused there,
+# as finetune.py's BERTScoreLoss refuses it, not run without.
+RL_READABLE_LOSS_KEYS = frozenset(
+    [*RECIPE_LOSS_KEYS, *TERM_SETTINGS, "temperature", "sinkhorn_iterations"]
+)
+
 
 def check_script_settings(config: RecipeConfig, script: str) -> None:
     """Refuse the settings of :data:`SCRIPT_SETTINGS` that another script reads, set away
@@ -473,7 +481,14 @@ def check_script_settings(config: RecipeConfig, script: str) -> None:
             f"{defaults[setting]!r} or remove it), got {value!r}"
         )
     if script == "finetune.py":
-        return
+        return  # the rest of the loss section are BERTScoreLoss's keywords, refused there
+    unread = [key for key in config.loss if key not in RL_READABLE_LOSS_KEYS]
+    if unread:
+        raise ValueError(
+            f"config loss.{unread[0]}: no setting {script} reads (its reward is the metric's "
+            f"hard F_BERT of the text; the loss section takes {sorted(RL_READABLE_LOSS_KEYS)} "
+            "there, at the values finetune.py's term leaves the reward as it is); remove it"
+        )
     for key, neutral in TERM_SETTINGS.items():
         value = config.loss.get(key, neutral)
         if value != neutral:

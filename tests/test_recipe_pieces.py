@@ -209,6 +209,7 @@ def test_grpo_needs_whole_groups_of_completions_at_load(tmp_path, no_model_loads
         ("rl.ce_weight=5", "rl.ce_weight: rl_scst.py's setting.*got 5"),
         ("rl.sample_top_k=3", "rl.sample_top_k: rl_scst.py's setting.*got 3"),
         ("loss.candidates=sample", "loss.candidates: finetune.py's setting.*'sample'"),
+        ("loss.no_such_key=3", "loss.no_such_key: no setting grpo.py reads"),
     ],
 )
 def test_grpo_refuses_settings_it_would_run_without(tmp_path, no_model_loads, override, named):
@@ -238,6 +239,10 @@ def test_grpo_refuses_settings_it_would_run_without(tmp_path, no_model_loads, ov
         ("rl_scst", "loss.gumbel_temperature=0.1", "loss.gumbel_temperature: .*got 0.1"),
         ("rl_scst", "loss.rescale_with_baseline=true", "loss.rescale_with_baseline: .*got True"),
         ("rl_scst", "loss.bridge_mode=average", "loss.bridge_mode: .*got 'average'"),
+        # a misspelt key and a BERTScoreLoss keyword no RL script reads ran without a word
+        ("rl_scst", "loss.rescale_with_basline=true", "loss.rescale_with_basline: no setting "
+         "rl_scst.py reads"),
+        ("rl_scst", "loss.long_inputs=window", "loss.long_inputs: no setting rl_scst.py reads"),
         ("finetune", "rl.ce_weight=0.5", "rl.ce_weight: rl_scst.py's setting, which finetune.py"),
         ("finetune", "rl.beta=0.1", "rl.beta: grpo.py's setting, which finetune.py"),
     ],
