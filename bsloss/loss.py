@@ -533,8 +533,9 @@ class BERTScoreLoss(nn.Module):
         (special tokens included, as the scorer's tokenizer adds them).
 
         Raises:
-            TypeError, ValueError: a wrong dtype, shape or device, ids outside the scorer's
-                vocabulary, or a row with more tokens than the scorer takes (all named).
+            TypeError, ValueError: a wrong dtype, shape or device, no columns (``[B, 0]``), ids
+                outside the scorer's vocabulary, or a row with more tokens than the scorer
+                takes (all named).
         """
         return self._encode_reference_ids(reference_ids, reference_mask)[:3]
 
@@ -547,6 +548,13 @@ class BERTScoreLoss(nn.Module):
         reference_ids = as_token_ids(reference_ids, "reference_ids")
         if reference_ids.dim() != 2:
             raise ValueError(f"reference_ids must be [B, L], got {list(reference_ids.shape)}")
+        if reference_ids.shape[1] == 0 and reference_ids.shape[0] > 0:
+            # the scorer cannot run on a sequence of length 0 (it failed inside its attention)
+            raise ValueError(
+                f"reference_ids has no columns ({list(reference_ids.shape)}); each row needs at "
+                "least the scorer's special tokens, as its tokenizer adds them (an empty "
+                "reference text: references=[''] scores 0)"
+            )
         if reference_mask is None:
             reference_mask = torch.ones_like(reference_ids, dtype=torch.bool)
         check_tensor(reference_mask, "reference_mask", "mask")

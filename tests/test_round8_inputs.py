@@ -43,3 +43,48 @@ def test_idf_sents_list_still_scores_as_before(encoder):
     fa = a.score(["a cat"], ["the cat"])[2]
     fb = b.score(["a cat"], ["the cat"])[2]
     assert torch.equal(fa, fb)
+
+
+# ---------------------------------------------------------------- F4: zero-length sequences
+
+
+@pytest.mark.parametrize("matching", ["hard", "softmax", "logsumexp", "sinkhorn"])
+@pytest.mark.parametrize("side", ["candidates", "references"])
+def test_zero_length_side_scores_zero_in_every_matching(matching, side):
+    from bsloss.functional import bert_score
+
+    cand, ref = torch.randn(2, 5, 8), torch.randn(2, 4, 8)
+    if side == "candidates":
+        cand = cand[:, :0].requires_grad_()
+    else:
+        ref = ref[:, :0].requires_grad_()
+    prf = bert_score(cand, ref, matching=matching)
+    for value in prf:
+        assert value.shape == (2,)
+        assert value.tolist() == [0.0, 0.0]
+
+
+def test_hard_match_over_zero_length_keeps_the_other_side_shape():
+    from bsloss.functional import hard_match
+
+    sim = torch.randn(3, 0, 4)
+    cand_scores, ref_scores = hard_match(
+        sim, torch.ones(3, 0, dtype=torch.bool), torch.ones(3, 4, dtype=torch.bool)
+    )
+    assert cand_scores.shape == (3, 0)
+    assert ref_scores.shape == (3, 4) and not ref_scores.any()
+
+
+def test_loss_hard_matching_with_zero_length_embeddings_scores_zero(encoder):
+    loss = bsloss.BERTScoreLoss(encoder, matching="hard", reduction="none")
+    out = loss(bsloss.Embeddings(torch.randn(2, 0, encoder.hidden_size)), ["a cat", "a dog"])
+    assert out.tolist() == [1.0, 1.0]
+
+
+def test_reference_ids_without_columns_is_refused_by_name(encoder, vocab):
+    loss = bsloss.BERTScoreLoss(encoder, reduction="none")
+    ids = torch.zeros(2, 0, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"reference_ids has no columns \(\[2, 0\]\)"):
+        loss(torch.randn(2, 4, vocab), reference_ids=ids)
+    with pytest.raises(ValueError, match=r"reference_ids has no columns"):
+        loss.encode_reference_ids(ids, None)

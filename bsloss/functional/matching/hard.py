@@ -20,6 +20,10 @@ __all__ = ["Hard", "hard_match"]
 
 def _masked_max(sim: Tensor, valid: Tensor, dim: int) -> Tensor:
     has_partner = valid.any(dim=dim)
+    if sim.shape[dim] == 0:
+        # no partner at all (a zero-length side): torch refuses a max over nothing; the score
+        # is the documented 0 of a token without a real partner, as the tempered matchings give
+        return sim.sum(dim=dim)
     best = sim.masked_fill(~valid, float("-inf")).max(dim=dim).values
     return torch.where(has_partner, best, torch.zeros_like(best))
 
