@@ -28,7 +28,8 @@ def trainer_arguments(run: RecipeRun, arguments_class, **extra):
     ``train`` section: optimisation, schedule, precision, a checkpoint every ``save_every``
     steps under ``checkpoints/`` (the last ``checkpoints_total_limit`` kept), a log line every
     step; ``extra``: the trainer's own settings. (The generator's gradient checkpointing is
-    :class:`run.RecipeRun`'s, switched on with the model.)"""
+    :class:`run.RecipeRun`'s, switched on with the model when ``train.gradient_checkpointing``
+    asks: the trainer's own switch stays off, which TRL's configs turn on by default.)"""
     train = run.train
     mixed = run.args.mixed_precision or train.mixed_precision
     return arguments_class(
@@ -44,6 +45,7 @@ def trainer_arguments(run: RecipeRun, arguments_class, **extra):
         max_grad_norm=train.max_grad_norm or 0.0,
         seed=train.seed,
         data_seed=train.seed,
+        gradient_checkpointing=False,
         bf16=mixed == "bf16",
         fp16=mixed == "fp16",
         use_cpu=run.args.cpu or not torch.cuda.is_available(),

@@ -608,3 +608,27 @@ def test_a_step_that_answers_says_so_on_the_training_bar(monkeypatch):
     assert isinstance(trainer.bertscore_candidates.streamer, trainer_run.StepProgress)
     assert trainer.bertscore_candidates == SampledAnswers(rows=2)
     assert trainer.bertscore_candidates.streamer.progress is trainer.callbacks[0]
+
+
+def test_the_trainers_own_checkpointing_switch_stays_off(tmp_path):
+    """TRL's GRPOConfig switches gradient checkpointing on by default, and the recipes' arguments
+    never said otherwise: grpo.py checkpointed the generator whatever train.gradient_checkpointing
+    said (false in its config). The generator's checkpointing is RecipeRun's, switched on with
+    the model when the config asks; the trainer's own switch is off in every recipe."""
+    from types import SimpleNamespace
+
+    import trl
+    from accelerate import PartialState
+    from trainer_run import trainer_arguments
+    from transformers import TrainingArguments
+
+    PartialState(cpu=True)
+    run = SimpleNamespace(
+        train=TrainConfig(steps=1, batch_size=8, learning_rate=1e-4, gradient_checkpointing=False),
+        output_dir=tmp_path,
+        args=SimpleNamespace(mixed_precision=None, cpu=True),
+    )
+    default = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+    assert default.gradient_checkpointing  # TRL's default
+    for arguments in (TrainingArguments, trl.GRPOConfig):
+        assert trainer_arguments(run, arguments).gradient_checkpointing is False
