@@ -184,8 +184,9 @@ def resolve_candidate_transforms(
         The :class:`CandidateOptions` the kernels take.
 
     Raises:
-        TypeError: an item that is not a :class:`CandidateTransform` (named by position; a
-            transform's class, such as ``TopK`` for ``TopK(k)``, is named as one), or a
+        TypeError: a string (or bytes) or another non-list as ``candidate_transforms``, an
+            item that is not a :class:`CandidateTransform` (named by position; a transform's
+            class, such as ``TopK`` for ``TopK(k)``, is named as one), or a
             ``straight_through`` that is not a bool.
         ValueError: a transform given twice, or an invalid parameter (named).
 
@@ -200,7 +201,10 @@ def resolve_candidate_transforms(
         transforms = [transforms]
     if _is_transform_class(transforms):
         raise TypeError(f"candidate_transforms={_class_hint(transforms)}")
-    if transforms is not None and not isinstance(transforms, Iterable):
+    # a string is iterable: it was read character by character ("" as no transforms)
+    if transforms is not None and (
+        isinstance(transforms, (str, bytes, bytearray)) or not isinstance(transforms, Iterable)
+    ):
         raise TypeError(
             f"candidate_transforms must be a CandidateTransform (TopK(k), StraightThrough(), "
             f"Gumbel(temperature)) or a list of them, got {type(transforms).__name__} "

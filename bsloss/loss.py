@@ -50,6 +50,7 @@ from bsloss.functional import (
     best_over_references,
     rescale_with_baseline,
 )
+from bsloss.functional.flags import check_flag
 from bsloss.functional.fused_expectation import (
     IGNORE_INDEX,
 )
@@ -205,9 +206,10 @@ class BERTScoreLoss(nn.Module):
             tokens all weigh 0 (each in every idf sentence, or only special tokens) scores 0
             with no gradient; the loss warns of it once.
         center: subtract the batch mean of the candidates' and of the references' token vectors
-            (Chen et al., 2020), over all processes under torch.distributed.
+            (Chen et al., 2020), over all processes under torch.distributed. A bool (numpy's
+            and 0/1 taken as one; any other value, a string included, is refused).
         rescale_with_baseline: baseline rescaling of the score: ``True`` (the packaged baseline
-            of the scorer) or the path of a baseline file.
+            of the scorer) or the path of a baseline file (a bool as ``center`` takes one).
         bridge: when the generator's vocabulary is not the scorer's, a
             :class:`~bsloss.bridge.Bridge` ``(tokenizer, mode=None, cache_dir=None,
             vocabulary=None)``, or its shorthand: the generator's tokenizer, or a built
@@ -311,6 +313,15 @@ class BERTScoreLoss(nn.Module):
         )
         if long_inputs not in ("truncate", "window"):
             raise ValueError(f"long_inputs must be 'truncate' or 'window', got {long_inputs!r}")
+        center = check_flag(center, "center")
+        if not isinstance(rescale_with_baseline, (str, os.PathLike)):
+            try:
+                rescale_with_baseline = check_flag(rescale_with_baseline, "rescale_with_baseline")
+            except TypeError:
+                raise TypeError(
+                    "rescale_with_baseline must be a bool (or 0, 1), a path or a string, got "
+                    f"{rescale_with_baseline!r}"
+                ) from None
         self.long_inputs = long_inputs
         encoder = old.encoder
         if isinstance(model, ScorerEncoder):

@@ -27,6 +27,7 @@ from bsloss._version import __version__
 from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline, shipped_baseline_path
 from bsloss.functional import bert_score, best_over_references, rescale_with_baseline
+from bsloss.functional.flags import check_flag
 from bsloss.functional.idf import document_frequency, idf_from_frequency
 from bsloss.functional.similarity import l2_normalize
 from bsloss.inputs import check_int, check_texts, flatten_groups, validate_pairs
@@ -151,7 +152,8 @@ class BERTScorer:
             processes, so it has no effect.
         all_layers: score with every layer: P, R and F become ``[num_hidden_layers + 1, N]``
             (layer 0 = embeddings), as bert_score shapes them. ``num_layers`` still names the
-            layer in the hash.
+            layer in the hash. This flag and ``rescale_with_baseline`` take a bool, a numpy
+            bool, 0 or 1; any other value (a string such as ``"false"`` included) is refused.
         idf: ``False`` (uniform weights), ``True`` (idf from ``idf_sents``, or else from the
             references of each :meth:`score` call, like ``bert_score.score(idf=True)``), a list
             of sentences to compute idf from, or a ``{token_id: weight}`` dict.
@@ -248,6 +250,9 @@ class BERTScorer:
         if long_inputs not in ("truncate", "window"):
             raise ValueError(f"long_inputs must be 'truncate' or 'window', got {long_inputs!r}")
         self.long_inputs = long_inputs
+        # a truth test would take the string "false" as true: all layers, or rescaled scores
+        all_layers = check_flag(all_layers, "all_layers")
+        rescale_with_baseline = check_flag(rescale_with_baseline, "rescale_with_baseline")
         batch_size = check_int(batch_size, "batch_size", 1)
         chunk_size = check_int(chunk_size, "chunk_size", 1)
         reference_cache_size = check_int(reference_cache_size, "reference_cache_size", 0)
@@ -517,7 +522,7 @@ class BERTScorer:
                 maximum of P, of R and of F is taken independently, as in bert_score).
             verbose: print progress and timing as bert_score does (and show progress bars).
             batch_size: pairs per matching batch; default: the scorer's ``batch_size``.
-            return_hash: also return :attr:`hash`.
+            return_hash: also return :attr:`hash` (a bool, a numpy bool, 0 or 1).
             progress: progress bars (``None``: only on a terminal).
 
         Returns:
@@ -537,6 +542,7 @@ class BERTScorer:
         True
         """
         cands, groups = validate_pairs(cands, refs)
+        return_hash = check_flag(return_hash, "return_hash")
         if batch_size is not None:
             batch_size = check_int(batch_size, "batch_size", 1)
         start_time = time.perf_counter()

@@ -88,3 +88,79 @@ def test_reference_ids_without_columns_is_refused_by_name(encoder, vocab):
         loss(torch.randn(2, 4, vocab), reference_ids=ids)
     with pytest.raises(ValueError, match=r"reference_ids has no columns"):
         loss.encode_reference_ids(ids, None)
+
+
+# ---------------------------------------------------------------- F6: flags and strings
+
+
+def test_check_flag_takes_bools_numpy_bools_and_0_1():
+    import numpy as np
+
+    from bsloss.functional.flags import check_flag
+
+    assert [check_flag(v, "f") for v in (True, False, np.True_, np.False_, 1, 0)] == [
+        True,
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
+    for bad in ("false", "", None, 2, 0.0, [True]):
+        with pytest.raises(TypeError, match=r"f must be a bool \(or 0, 1\), got"):
+            check_flag(bad, "f")
+
+
+def test_loss_center_as_a_string_is_refused(encoder):
+    # "false" is truthy: it centred the batch (loss 0.9192 instead of center=False's 0.9878)
+    with pytest.raises(TypeError, match=r"center must be a bool \(or 0, 1\), got 'false'"):
+        bsloss.BERTScoreLoss(encoder, center="false")
+
+
+def test_loss_center_takes_numpy_bool_and_int(encoder):
+    import numpy as np
+
+    assert bsloss.BERTScoreLoss(encoder, center=np.True_).center is True
+    assert bsloss.BERTScoreLoss(encoder, center=0).center is False
+
+
+def test_loss_rescale_with_baseline_flag_is_checked_and_path_still_taken(encoder, tmp_path):
+    with pytest.raises(
+        TypeError, match=r"rescale_with_baseline must be a bool \(or 0, 1\), a path"
+    ):
+        bsloss.BERTScoreLoss(encoder, rescale_with_baseline=2)
+    missing = tmp_path / "nothing.tsv"
+    with pytest.raises(FileNotFoundError):
+        bsloss.BERTScoreLoss(encoder, rescale_with_baseline=str(missing))
+    assert bsloss.BERTScoreLoss(encoder, rescale_with_baseline=1).baseline is not None
+
+
+@pytest.mark.parametrize("flag", ["all_layers", "rescale_with_baseline"])
+def test_metric_flags_as_strings_are_refused(encoder, flag):
+    with pytest.raises(TypeError, match=rf"{flag} must be a bool \(or 0, 1\), got 'false'"):
+        bsloss.BERTScorer(encoder=encoder, **{flag: "false"})
+
+
+def test_metric_flags_take_numpy_bools(encoder):
+    import numpy as np
+
+    scorer = bsloss.BERTScorer(encoder=encoder, rescale_with_baseline=np.True_)
+    assert scorer.rescale_with_baseline is True
+    assert scorer.hash.endswith("-rescaled")
+
+
+def test_return_hash_as_a_string_is_refused(scorer):
+    with pytest.raises(TypeError, match=r"return_hash must be a bool \(or 0, 1\), got 'false'"):
+        scorer.score(["a cat"], ["a dog"], return_hash="false")
+    out = scorer.score(["a cat"], ["a dog"], return_hash=0)
+    assert len(out) == 3 and out[0].shape == (1,)
+
+
+@pytest.mark.parametrize("given", ["top_k", "", b"top_k"])
+def test_candidate_transforms_as_a_string_is_refused_by_name(given):
+    from bsloss.candidate_transforms import resolve_candidate_transforms
+
+    with pytest.raises(
+        TypeError, match=r"candidate_transforms must be a CandidateTransform .* got (str|bytes)"
+    ):
+        resolve_candidate_transforms(given)
