@@ -10,6 +10,7 @@ import argparse
 import ctypes
 import json
 import math
+import shlex
 import sys
 import time
 import warnings
@@ -597,7 +598,7 @@ class RecipeRun:
                 seed=self.train.seed,
                 train_seconds=self.timer(),
                 truncated=self.collator.truncated,
-                command=" ".join(sys.argv),
+                command=shlex.join(sys.argv),  # a shell can run it again; split with shlex
                 **extra,
             )
             self.results_path.write_text(json.dumps(self.results, indent=2))

@@ -295,15 +295,49 @@ def task_tables(task: Path, store: Path | None = None) -> str:
     return "\n".join(lines)
 
 
+def run_test_split(folder: Path) -> tuple[Task, list[str]]:
+    """The task and the test references of the recipe run in ``folder``: its config and
+    ``--set`` options, read from the command its ``results.json`` records (a relative config
+    path is the repository's)."""
+    import shlex
+
+    from config import load_config
+    from examples import load_splits
+
+    words = shlex.split(json.loads((folder / "results.json").read_text())["command"])
+    options = {"--config": [], "--set": []}
+    for flag, value in zip(words, words[1:], strict=False):
+        if flag in options:
+            options[flag].append(value)
+    if len(options["--config"]) != 1:
+        raise ValueError(f"{folder}/results.json: its command names no single --config")
+    config = Path(options["--config"][0])
+    if not config.is_absolute() and not config.exists():
+        config = RECIPES.parent / config
+    config = load_config(config, options["--set"])
+    return get_task(config.task), [e.target for e in load_splits(config.data)["test"]]
+
+
 def grpo_table(folder: Path, store: Path | None = None) -> str:
-    """Held-out answers before and after a GRPO run (``test_outputs.jsonl``), re-scored."""
-    rows = [json.loads(line) for line in (folder / "test_outputs.jsonl").read_text().splitlines()]
-    scores = Scores(task_of(folder), [r["reference"] for r in rows], store)
-    before, after = [r["before"] for r in rows], [r["after"] for r in rows]
+    """Held-out answers before and after a GRPO run, re-scored: ``grpo.py``'s
+    ``test_outputs_before.txt`` and ``test_outputs.txt`` against the test split of the run's
+    command (:func:`run_test_split`), or the first ``grpo.py``'s ``test_outputs.jsonl`` (each
+    line's ``before``, ``after`` and ``reference``)."""
+    legacy = folder / "test_outputs.jsonl"
+    if legacy.exists():
+        rows = [json.loads(line) for line in legacy.read_text().splitlines()]
+        task, references = task_of(folder), [r["reference"] for r in rows]
+        before, after = [r["before"] for r in rows], [r["after"] for r in rows]
+    else:
+        task, references = run_test_split(folder)
+        before = _lines(folder / "test_outputs_before.txt")
+        after = _lines(folder / "test_outputs.txt")
+    scores = Scores(task, references, store)
     metrics = column_order(scores.all(after))
-    samples = np.random.default_rng(0).integers(0, len(rows), size=(RESAMPLES, len(rows)))
+    count = len(references)
+    samples = np.random.default_rng(0).integers(0, count, size=(RESAMPLES, count))
     lines = [
-        f"Held-out prompts: {len(rows)}.\n",
+        f"Held-out prompts: {count}.\n",
         "| | " + " | ".join(NAMES[m] for m in metrics) + " |",
         "|---|" + "---:|" * len(metrics),
     ]

@@ -8,6 +8,7 @@ and re-makes the studies' tables."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -214,6 +215,29 @@ def test_grpo_outputs_score_what_results_json_says(scorer):
         assert float(f.mean()) == pytest.approx(result[when]["f_bert"], abs=1e-5)
     curve = result["reward_curve"]
     assert [c["step"] for c in curve] == list(range(1, result["steps"] + 1))
+
+
+def test_a_grpo_run_as_grpo_py_writes_it_is_summarized(tmp_path):
+    """summarize_results.py read only the first grpo.py's test_outputs.jsonl: a run of today's
+    grpo.py (test_outputs_before.txt, test_outputs.txt, results.json's command) crashed it,
+    FileNotFoundError. Its references are the test split of the command's config and --set
+    options; answers equal to them score 1."""
+    from summarize_results import grpo_table, run_test_split
+
+    folder = tmp_path / "grpo-bible-es-en"
+    folder.mkdir()
+    config = "recipes/configs/bible-es-en-gemma-grpo.yaml"  # relative: the repository's
+    command = ["recipes/grpo.py", "--config", config, "--output_dir", str(folder),
+               "--set", "data.max_test=3", "--set", "train.steps=1"]  # fmt: skip
+    (folder / "results.json").write_text(json.dumps({"command": shlex.join(command)}))
+    task, references = run_test_split(folder)
+    assert task.name == "translation" and len(references) == 3
+    (folder / "test_outputs_before.txt").write_text("\n".join(["a", "b", "c"]) + "\n")
+    (folder / "test_outputs.txt").write_text("\n".join(references) + "\n")
+    table = grpo_table(folder)
+    assert "Held-out prompts: 3." in table
+    after = next(line for line in table.splitlines() if line.startswith("| after |"))
+    assert after.split(" | ")[1] == "1.0000", table  # F_BERT of the references themselves
 
 
 # the study's arms re-run through the mixin recipe (recipes/RESULTS.md: "The study's path is the
