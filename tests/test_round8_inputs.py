@@ -164,3 +164,64 @@ def test_candidate_transforms_as_a_string_is_refused_by_name(given):
         TypeError, match=r"candidate_transforms must be a CandidateTransform .* got (str|bytes)"
     ):
         resolve_candidate_transforms(given)
+
+
+# ---------------------------------------------------------------- F7: bsloss.functional inputs
+
+
+def test_bert_score_refuses_a_list_by_name():
+    from bsloss.functional import bert_score
+
+    cand, ref = torch.randn(2, 5, 8), torch.randn(2, 4, 8)
+    with pytest.raises(TypeError, match=r"candidates must be a torch.Tensor, got list"):
+        bert_score(cand.tolist(), ref)
+    with pytest.raises(TypeError, match=r"references must be a torch.Tensor, got list"):
+        bert_score(cand, ref.tolist())
+    with pytest.raises(TypeError, match=r"reference_weights must be a torch.Tensor, got list"):
+        bert_score(cand, ref, reference_weights=[[1.0] * 4] * 2)
+    with pytest.raises(TypeError, match=r"candidate_mask must be a torch.Tensor, got list"):
+        bert_score(cand, ref, candidate_mask=[[True] * 5] * 2)
+
+
+def test_bert_score_refuses_a_float_mask_by_name():
+    from bsloss.functional import bert_score
+
+    cand, ref = torch.randn(2, 5, 8), torch.randn(2, 4, 8)
+    # 0.5 was read as True: the same value as no mask
+    with pytest.raises(
+        TypeError, match=r"candidate_mask must have a bool or integer dtype, got torch.float32"
+    ):
+        bert_score(cand, ref, candidate_mask=torch.full((2, 5), 0.5))
+    ints = bert_score(cand, ref, reference_mask=torch.tensor([[1, 1, 0, 0]] * 2)).f1
+    bools = bert_score(cand, ref, reference_mask=torch.tensor([[True, True, False, False]] * 2)).f1
+    assert torch.equal(ints, bools)
+
+
+def test_bert_score_refuses_integer_embeddings_by_name():
+    from bsloss.functional import bert_score
+
+    with pytest.raises(TypeError, match=r"candidates must have a floating dtype, got torch.int64"):
+        bert_score(torch.ones(2, 5, 8, dtype=torch.long), torch.randn(2, 4, 8))
+
+
+def test_best_over_references_propagates_nan():
+    from bsloss.functional import best_over_references
+
+    # a NaN score was replaced by 0 (the candidate looked as if it had no pair)
+    best = best_over_references(torch.tensor([float("nan"), 0.7]), torch.tensor([0, 1]), 2)
+    assert torch.isnan(best[0]) and best[1].item() == pytest.approx(0.7)
+    best = best_over_references(torch.tensor([0.2, float("nan"), 0.5]), torch.tensor([0, 0, 1]), 2)
+    assert torch.isnan(best[0]) and best[1].item() == pytest.approx(0.5)
+    # an ignored pair does not compete, NaN or not
+    ignore = torch.tensor([False, True, False])
+    best = best_over_references(
+        torch.tensor([0.2, float("nan"), 0.5]), torch.tensor([0, 0, 1]), 2, ignore=ignore
+    )
+    assert best.tolist() == pytest.approx([0.2, 0.5])
+
+
+def test_best_over_references_refuses_a_list_owner():
+    from bsloss.functional import best_over_references
+
+    with pytest.raises(TypeError, match=r"owner must be a torch.Tensor, got list"):
+        best_over_references(torch.tensor([0.2, 0.7, 0.5]), [0, 0, 1], 2)

@@ -21,6 +21,7 @@ from bsloss.functional.masking import check_mask
 from bsloss.functional.matching import Matching, resolve_matching
 from bsloss.functional.reduction import f_measure, mean_or_zero
 from bsloss.functional.similarity import cosine_similarity, math_dtype
+from bsloss.inputs import check_tensor
 
 __all__ = ["PRF", "bert_score", "token_scores"]
 
@@ -147,11 +148,18 @@ def bert_score(
 
     Returns:
         :class:`PRF` of ``[B]`` tensors in float32 (float64 for float64 inputs). A pair in which
-        either sentence has no weight (empty: only special tokens) scores 0 with zero gradient.
+        either sentence has no weight (empty: only special tokens, or a side of length 0)
+        scores 0 with zero gradient.
+
+        No value is checked (that would read the device on every call): NaN or Inf in the
+        embeddings gives NaN out, and the weights are taken to be finite and ``>= 0``
+        (:class:`~bsloss.BERTScoreLoss` and :class:`~bsloss.BERTScorer` check theirs).
 
     Raises:
-        ValueError, TypeError: inputs of the wrong shape or type, an unknown shorthand, a
-            matching parameter out of range, or one that conflicts with a matching object.
+        ValueError, TypeError: inputs of the wrong shape or type (named): embeddings that are
+            not floating-point tensors, masks that are not bool or integer tensors, weights
+            that are not tensors; an unknown shorthand, a matching parameter out of range, or
+            one that conflicts with a matching object.
 
     >>> import torch
     >>> from bsloss.functional import Sinkhorn, bert_score
@@ -160,6 +168,9 @@ def bert_score(
     torch.Size([2])
     """
     match = resolve_matching(matching, temperature, sinkhorn_iterations)
+    # type checks only, no value checks: those would read the device (see Returns)
+    check_tensor(candidates, "candidates", "float")
+    check_tensor(references, "references", "float")
     if candidates.dim() != 3 or references.dim() != 3:
         raise ValueError(
             "candidates and references must be [B, L, d] embeddings, got shapes "
@@ -222,6 +233,10 @@ def bert_score(
 def _weights(weights: Tensor | None, mask: Tensor, name: str, dtype: torch.dtype) -> Tensor:
     if weights is None:
         return mask.to(dtype)
+    if not isinstance(weights, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(weights).__name__}")
+    if weights.dtype == torch.bool or weights.is_complex():
+        raise TypeError(f"{name} must have a floating or integer dtype, got {weights.dtype}")
     if tuple(weights.shape) != tuple(mask.shape):
         raise ValueError(f"{name} must have shape {list(mask.shape)}, got {list(weights.shape)}")
     return torch.where(mask.bool(), weights.to(dtype), 0.0)

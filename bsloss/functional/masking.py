@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from bsloss.inputs import check_tensor
+
 __all__ = ["pair_mask", "check_mask", "masked_logits", "where_partnered"]
 
 
@@ -19,7 +21,9 @@ def pair_mask(candidate_mask: Tensor, reference_mask: Tensor) -> Tensor:
 
 
 def check_mask(mask: Tensor, like: Tensor, name: str, embeddings_name: str) -> Tensor:
-    """Validate that ``mask`` is ``[B, L]`` for embeddings ``like`` of shape ``[B, L, d]``."""
+    """Validate that ``mask`` is a ``[B, L]`` bool or integer tensor for embeddings ``like`` of
+    shape ``[B, L, d]`` (a float mask is refused: ``.bool()`` would read 0.5 as true)."""
+    check_tensor(mask, name, "mask")
     if mask.dim() != 2 or tuple(mask.shape) != tuple(like.shape[:2]):
         raise ValueError(
             f"{name} must have shape [B, L] = {list(like.shape[:2])} to match {embeddings_name}, "

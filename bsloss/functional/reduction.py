@@ -63,12 +63,19 @@ def best_over_references(
 
     Returns:
         ``[n]`` or ``[n, K]``: the values of the first best pair (the gradient flows to it
-        alone); 0 for a candidate with no competing pair.
+        alone); 0 for a candidate with no competing pair; NaN for one with a NaN among its
+        competing pairs' scores (as a max propagates it; an ignored pair's NaN does not count).
+
+    Raises:
+        TypeError: ``scores`` or ``owner`` is not a tensor (named).
 
     >>> import torch
     >>> best_over_references(torch.tensor([0.2, 0.7, 0.5]), torch.tensor([0, 0, 1]), 2)
     tensor([0.7000, 0.5000])
     """
+    for value, name in ((scores, "scores"), (owner, "owner")):
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     values = scores[:, None] if scores.dim() == 1 else scores
     pairs, width = values.shape
     competing = values.detach()
@@ -83,4 +90,9 @@ def best_over_references(
     first = first.scatter_reduce(0, index, torch.where(is_best, position, pairs), "amin")
     # row ``pairs`` of the padded scores is 0: a candidate with no competing pair
     chosen = torch.cat([values, values.new_zeros(1, width)]).gather(0, first)
+    # a NaN never equals the best, so it would fall through to the 0 of "no pair": flag it
+    # on the device (no read) and give it back, as a max over the scores would
+    poisoned = torch.zeros(num_candidates, width, device=values.device)
+    poisoned = poisoned.scatter_reduce(0, index, torch.isnan(competing).float(), "amax")
+    chosen = torch.where(poisoned > 0, float("nan"), chosen)
     return chosen[:, 0] if scores.dim() == 1 else chosen
