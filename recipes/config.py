@@ -146,6 +146,14 @@ class ModelConfig:
 
     def __post_init__(self):
         check_choice("model.kind", self.kind, MODEL_KINDS)
+        if self.generator_config is None and (
+            not isinstance(self.generator, str) or not self.generator.strip()
+        ):
+            # None passed the load and reached the hub client as a model named "None"
+            raise ValueError(
+                "config model.generator: a model's hub name, folder or short name (or "
+                f"model.generator_config for a model built at random), got {self.generator!r}"
+            )
 
 
 @dataclass
@@ -551,7 +559,15 @@ def load_config(path: Path, overrides: list[str], *, script: str | None = None) 
             if not isinstance(node.get(part), dict):
                 raise KeyError(f"--set {key}: no config section {part!r}")
             node = node[part]
-        node[leaf] = _number_or_value(yaml.safe_load(value))
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as error:
+            problem = str(error).splitlines()[0]
+            raise ValueError(
+                f"--set {key}: {value!r} is not a YAML value ({problem}); quote a string as "
+                f"YAML does, e.g. --set '{key}=\"...\"'"
+            ) from None
+        node[leaf] = _number_or_value(parsed)
     known = ["task", "loss", *SECTIONS]
     unknown = [name for name in raw if name not in known]
     if unknown:

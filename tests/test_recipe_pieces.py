@@ -301,6 +301,14 @@ def test_unknown_key_names_the_section_and_the_key(tmp_path):
         load_config(CONFIGS[0], ["trian.steps=3"])
     with pytest.raises(KeyError, match="--set steps: expected task or section.key"):
         load_config(CONFIGS[0], ["steps=3"])
+    # a prompt shaped like the tasks' own formats: a bare YAML ParserError naming neither
+    with pytest.raises(ValueError, match=r"--set data.prompt_format: .* is not a YAML value"):
+        load_config(CONFIGS[0], ["data.prompt_format=Spanish: {source} English:"])
+    quoted = load_config(CONFIGS[0], ['data.prompt_format="Spanish: {source}\\nEnglish:"'])
+    assert quoted.data.prompt_format == "Spanish: {source}\nEnglish:"
+    # no generator passed the load and reached the hub client as a model named "None"
+    with pytest.raises(ValueError, match="config model.generator: a model's hub name.*None"):
+        load_config(CONFIGS[0], ["model.generator=null"])
     assert load_config(CONFIGS[0], ["task=summarization"]).task == "summarization"
     with pytest.raises(
         ValueError, match=r"config task must be one of \['summarization', 'translation'\]"
