@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import torch
-from config import load_config
+from config import ExistingFile, ExistingFolder, load_config
 from evaluation import generate_answers
 from examples import Example
 from generators import load_generator, with_lora
@@ -27,8 +26,8 @@ from run import make_collator
 
 def main(argv: list[str] | None = None, lines=None, out=None) -> list[str]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--init_from", type=Path, default=None)
+    parser.add_argument("--config", action=ExistingFile, required=True)
+    parser.add_argument("--init_from", action=ExistingFolder, default=None)
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
     config = load_config(args.config, args.overrides)

@@ -285,6 +285,23 @@ def test_init_from_a_missing_folder_is_one_line(tmp_path, capsys, no_model_loads
     )
 
 
+@pytest.mark.parametrize("option", ["--config", "--init_from"])
+def test_answer_py_names_a_missing_path_in_one_line(tmp_path, capsys, no_model_loads, option):
+    """answer.py took --config and --init_from as plain paths: a missing one was a
+    FileNotFoundError or the hub's repo-id message in a traceback (exit 1), where the training
+    scripts give one line and exit 2."""
+    import answer
+
+    missing = tmp_path / "missing"
+    arguments = {"--config": str(STAGE2), "--init_from": None, option: str(missing)}
+    argv = [word for key, value in arguments.items() if value for word in (key, value)]
+    with pytest.raises(SystemExit) as exited:
+        answer.main(argv, lines=["hola"])
+    assert exited.value.code == 2
+    kind = "file" if option == "--config" else "folder"
+    assert f"{option} {missing}: no such {kind}" in capsys.readouterr().err
+
+
 def test_unknown_key_names_the_section_and_the_key(tmp_path):
     with pytest.raises(ValueError, match=r"config train: unknown key 'lerning_rate' \(known: .*"):
         load_config(CONFIGS[0], ["train.lerning_rate=1e-4"])
