@@ -886,3 +886,29 @@ def test_the_cross_entropy_of_an_empty_batch_keeps_its_length(encoder):
         _, ce = loss.score_and_cross_entropy(LMHeadInputs(hidden, head), targets, ["a"] * batch)
         assert list(ce.shape) == [batch, 5]
         (out.cross_entropy * torch.ones(batch, 5)).sum().backward()
+
+
+def test_a_pass_with_no_rows_gives_the_head_bias_a_gradient(encoder):
+    """Every position masked and every label -100: the empty pass stayed on the graph of the
+    hidden states and the head's weight but not of its bias (GPT-J's, Phi-2's, CodeGen's), whose
+    gradient was None where a call with rows gives one; under DDP without
+    find_unused_parameters (the mixin's setting) the next step failed, "Expected to have
+    finished reduction in the prior iteration"."""
+    from bsloss import LMHeadInputs
+    from bsloss.integrations.lm_head import token_cross_entropy
+
+    vocab = encoder.input_embeddings.num_embeddings
+    head = torch.nn.Linear(8, vocab)
+    hidden = torch.randn(2, 3, 8, requires_grad=True)
+    nothing = torch.full((2, 3), -100)
+    token_cross_entropy(nothing, hidden_states=hidden, head=head).backward()
+    assert head.bias.grad is not None and not head.bias.grad.any()
+    head.zero_grad(set_to_none=True)
+    out = BERTScoreLoss(encoder).loss_and_cross_entropy(
+        LMHeadInputs(hidden, head),
+        nothing,
+        ["a cat sat on the mat", "the weather is cold today"],
+        candidate_mask=torch.zeros(2, 3, dtype=torch.bool),
+    )
+    (out.loss.sum() + out.cross_entropy.sum()).backward()
+    assert head.bias.grad is not None and head.weight.grad is not None

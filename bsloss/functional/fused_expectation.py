@@ -890,8 +890,13 @@ def fused_expected_inputs(
             return FusedHeadOutput(expected[:, :width], None)
     with torch.autocast(device_type=hidden_states.device.type, enabled=False):
         if n == 0:
-            # nothing to compute, but on the graph of the inputs: backward() works (zero grads)
-            anchor = (hidden_states.sum() + weight[:0].sum()).to(options.dtype)
+            # nothing to compute, but on the graph of the inputs: backward() works (zero grads),
+            # and every parameter of the head gets a gradient, the bias too, as a call with rows
+            # gives it (DDP without find_unused_parameters fails at the next step otherwise)
+            anchor = hidden_states.sum() + weight[:0].sum()
+            if bias is not None:
+                anchor = anchor + bias[:0].sum()
+            anchor = anchor.to(options.dtype)
             empty = anchor.expand(0, width) if table is not None else None
             ll = anchor.expand(0) if target_ids is not None else None
             tokens = torch.zeros(0, dtype=torch.long, device=hidden_states.device)
