@@ -717,7 +717,9 @@ def resolve_bridge_mode(
     """
     check_bridge_mode(mode)
     if bridge is None or bridge.identity:
-        return SharedVocabulary(bridge)
+        # the scorer's own table, not the identity bridge's: that one gives [UNK] and [MASK]
+        # embedding 0, which the shared vocabulary scores as content
+        return SharedVocabulary()
     if mode is None:
         mode = "average" if generator_tokenizer is None else "retokenize"
     if mode == "average":
