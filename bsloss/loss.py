@@ -35,6 +35,7 @@ from bsloss.bridge import (
 from bsloss.candidate_encoding import CandidateEncoder, EncodedCandidates
 from bsloss.candidate_inputs import (
     CandidateInput,
+    Embeddings,
     LMHeadInputs,
     from_keywords,
 )
@@ -358,11 +359,14 @@ class BERTScoreLoss(nn.Module):
         # gradient (warned once: _warn_weightless), found from its host token ids, no device read
         self._zero_weight = (weights.float() == 0).numpy()
         self.baseline: Tensor | None = None
+        # on the host too: the weightless warning gives the rescaled value without a read
+        self._baseline_values: list[float] | None = None
         baseline_path = old.baseline_path
         if isinstance(rescale_with_baseline, (str, os.PathLike)):
             baseline_path = rescale_with_baseline
         if rescale_with_baseline:
             baseline = load_baseline(baseline_path, self.encoder.name, self.encoder.num_layers)
+            self._baseline_values = baseline.float().tolist()
             self.baseline = baseline.float().to(device)
         # raw float32 hidden states under the caller's autocast (part of the cache key)
         self._references = ReferenceEmbedder(
@@ -449,9 +453,10 @@ class BERTScoreLoss(nn.Module):
     # ------------------------------------------------------------------ references
     def _embed_references(
         self, texts: list[str]
-    ) -> tuple[Tensor, Tensor, Tensor, set[str], set[str]]:
-        """Padded hidden states, mask and weights of ``texts``, the texts truncated, and those
-        whose tokens all weigh 0 (looked for until the loss has warned of them)."""
+    ) -> tuple[Tensor, Tensor, Tensor, set[str], set[str], list[bool]]:
+        """Padded hidden states, mask and weights of ``texts``, the texts truncated, those
+        whose tokens all weigh 0 (looked for until the loss has warned of them), and which
+        texts are empty (:meth:`_special_count`; known on the host)."""
         window = self.long_inputs == "window"
         tokenized = None
         if not self._warned_weightless:
@@ -474,7 +479,18 @@ class BERTScoreLoss(nn.Module):
         if tokenized is not None:
             weightless = self._weightless_among(texts, tokenized)
         hidden, mask, weights = pad_embedded([embedded[t] for t in texts], self._placed())
-        return hidden, mask, weights, truncated, weightless
+        # as the metric: empty or whitespace-only, or nothing the tokenizer keeps (the length
+        # of the host-side ids: no read)
+        specials = self._special_count()
+        empty = [not t.strip() or embedded[t][1].shape[0] <= specials for t in texts]
+        return hidden, mask, weights, truncated, weightless, empty
+
+    def _special_count(self) -> int:
+        """The special tokens the scorer's tokenizer wraps a text in (``[CLS]``, ``[SEP]``):
+        a sentence of no more tokens than these is empty, and its pair scores 0, rescaled or
+        not (as in the metric)."""
+        tokens = self.encoder.tokenization
+        return len(tokens.prefix_ids) + len(tokens.suffix_ids)
 
     def _weightless_among(self, texts: list[str], tokenized: Tokenized) -> set[str]:
         """The texts whose tokens all weigh 0: those just tokenised, by their host ids, and the
@@ -496,37 +512,45 @@ class BERTScoreLoss(nn.Module):
             TypeError, ValueError: ``texts`` is not a list of valid strings (position named).
         """
         texts = check_texts(texts, "texts")
-        hidden, mask, weights, truncated, _ = self._embed_references(texts)
+        hidden, mask, weights, truncated, _, _ = self._embed_references(texts)
         if truncated:
             where = [f"texts[{i}]" for i, t in enumerate(texts) if t in truncated]
             self._warn_truncated(where, len(texts))
         return hidden, mask, weights
 
-    def _warn_empty_references(self, groups: list[list[str]]) -> None:
-        """Warn (once per loss) of candidates whose references are all empty or
-        whitespace-only: their pairs score 0, with no gradient (the metric warns too)."""
-        if self._warned_empty_references:
+    def _warn_empty_references(self, where: list[str], total: int) -> None:
+        """Warn (once per loss) of candidates whose references are all empty (``where``
+        names them): their pairs score 0, with no gradient, rescaled or not (the metric warns
+        too)."""
+        if self._warned_empty_references or not where:
             return
-        empty = [i for i, group in enumerate(groups) if not any(text.strip() for text in group)]
-        if empty:
-            self._warned_empty_references = True
-            shown = ", ".join(f"references[{i}]" for i in empty[:10])
-            warn_user(
-                f"{len(empty)} of {len(groups)} candidates have only empty or whitespace-only "
-                f"references ({shown}{', ...' if len(empty) > 10 else ''}): their pairs score 0, "
-                "with no gradient (an empty completion in the data?); this loss warns once"
-            )
+        self._warned_empty_references = True
+        shown = ", ".join(where[:10]) + (", ..." if len(where) > 10 else "")
+        warn_user(
+            f"{len(where)} of {total} candidates have only empty or whitespace-only "
+            f"references ({shown}): their pairs score 0, with no gradient, also with "
+            "rescale_with_baseline (an empty completion in the data? a reference with nothing "
+            "the tokenizer keeps, such as a zero-width space, counts as empty); this loss warns "
+            "once"
+        )
 
     def _warn_weightless(self, where: list[str], total: int) -> None:
         """Warn (once per loss) of candidates whose references' tokens all weigh 0 (``where``
-        names them): their pairs score 0, with no gradient, as the metric warns."""
+        names them): their pairs score 0, with no gradient, as the metric warns; with a
+        baseline ``(0 - b) / (1 - b)``, as the metric (and bert_score) rescale them too."""
         if self._warned_weightless or not where:
             return
         self._warned_weightless = True
         self._weightless_texts.clear()
         shown = ", ".join(where[:10]) + (", ..." if len(where) > 10 else "")
+        score = "score 0"
+        if self._baseline_values is not None:
+            # rescaled like every pair, as the metric and bert_score do (an empty text's pair
+            # is not: it stays 0)
+            p, r, f = (-b / (1 - b) for b in self._baseline_values)
+            score = f"score (0 - b) / (1 - b) (P {p:.3f}, R {r:.3f}, F {f:.3f}; 0 before rescaling)"
         warn_user(
-            f"{len(where)} of {total} candidates score 0, with no gradient, because the weights "
+            f"{len(where)} of {total} candidates {score}, with no gradient, because the weights "
             f"of their references' tokens sum to 0 ({shown}): they are all special tokens, as "
             'in the literal text "[SEP]"; or, with idf, each is in every idf sentence; this '
             "loss warns once"
@@ -553,9 +577,10 @@ class BERTScoreLoss(nn.Module):
     @torch.no_grad()
     def _encode_reference_ids(
         self, reference_ids: Tensor, reference_mask: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor, list[int]]:
-        """:meth:`encode_reference_ids` and the rows whose weights all vanish (read with the
-        ids' range check: no read of the device of its own)."""
+    ) -> tuple[Tensor, Tensor, Tensor, list[int], list[int], Tensor]:
+        """:meth:`encode_reference_ids`, the rows whose weights all vanish and the empty rows
+        (no token besides the special ones: read with the ids' range check, no read of the
+        device of its own), and the empty rows as a ``[B]`` bool tensor on the device."""
         reference_ids = as_token_ids(reference_ids, "reference_ids")
         if reference_ids.dim() != 2:
             raise ValueError(f"reference_ids must be [B, L], got {list(reference_ids.shape)}")
@@ -579,15 +604,20 @@ class BERTScoreLoss(nn.Module):
         vocab = self.encoder.input_embeddings.num_embeddings
         bad = ((reference_ids < 0) | (reference_ids >= vocab)) & mask
         weights = self._placed()[reference_ids.clamp(0, vocab - 1)] * mask
-        # one read for both: the range check and the rows whose weights all vanish (their
-        # candidates score 0 with no gradient: _warn_weightless)
-        flags = torch.cat([bad.any()[None], weights.sum(dim=1) == 0]).tolist()
+        # a row of no more tokens than the special ones is empty, as the same text's
+        empty = mask.sum(dim=1) <= self._special_count()
+        # one read for all: the range check, the rows whose weights all vanish (their
+        # candidates score 0 with no gradient: _warn_weightless) and the empty rows
+        flags = torch.cat([bad.any()[None], weights.sum(dim=1) == 0, empty]).tolist()
         if flags[0]:
             raise ValueError(
                 f"reference_ids has ids outside the scorer's vocabulary [0, {vocab}) at "
                 f"reference_ids{position_of_first(bad)}"
             )
-        weightless = [row for row, flag in enumerate(flags[1:]) if flag]
+        rows = len(empty)
+        empty_rows = [row for row, flag in enumerate(flags[1 + rows :]) if flag]
+        weightless = [row for row, flag in enumerate(flags[1 : 1 + rows]) if flag]
+        weightless = [row for row in weightless if row not in set(empty_rows)]
         # padding after the last real column is dropped: a long padded batch of short rows fits
         if mask.shape[1] > self.encoder.max_length:
             columns = mask.any(dim=0).nonzero()
@@ -603,7 +633,7 @@ class BERTScoreLoss(nn.Module):
             weights = weights[:, :width]
         ids = reference_ids.clamp(0, vocab - 1)
         hidden = self.encoder(input_ids=ids, attention_mask=mask.long()).float()
-        return hidden, mask, weights, weightless
+        return hidden, mask, weights, weightless, empty_rows, empty
 
     # ------------------------------------------------------------------ scoring
     @_entry_point
@@ -703,7 +733,6 @@ class BERTScoreLoss(nn.Module):
                     "are tokenised by the scorer, which makes their mask"
                 )
             groups = check_reference_groups(references, "references")
-            self._warn_empty_references(groups)
         encoded = self._step("encode")(self, candidates, candidate_mask, target_ids)
         log_likelihood = encoded.log_likelihood
         batch = encoded.hidden.shape[0]
@@ -734,6 +763,15 @@ class BERTScoreLoss(nn.Module):
         if groups is not None:
             _, flat_refs, owner = flatten_groups([""] * batch, groups)
             references = self._embed_references(flat_refs)
+            is_empty = dict(zip(flat_refs, references[5], strict=True))
+            self._warn_empty_references(
+                [
+                    f"references[{i}]"
+                    for i, group in enumerate(groups)
+                    if all(is_empty[ref] for ref in group)
+                ],
+                batch,
+            )
             if references[3]:
                 truncated = references[3]
                 where = [
@@ -750,23 +788,36 @@ class BERTScoreLoss(nn.Module):
                 where = [
                     f"references[{i}]"
                     for i, group in enumerate(groups)
-                    if all(ref in weightless for ref in group) and any(ref.strip() for ref in group)
+                    if all(ref in weightless for ref in group)
+                    and not all(is_empty[ref] for ref in group)
                 ]
                 self._warn_weightless(where, batch)
+            # which pairs are empty: they score 0, rescaled or not, and do not compete for a
+            # candidate's best (a host list to the device: no read)
+            reference_empty = None
+            if self.baseline is not None or owner != list(range(batch)):
+                reference_empty = torch.tensor(references[5], device=references[1].device)
             references = references[:3]
         else:
-            *encoded_refs, weightless = self._encode_reference_ids(reference_ids, reference_mask)
+            *encoded_refs, weightless, empty_rows, reference_empty = self._encode_reference_ids(
+                reference_ids, reference_mask
+            )
             references = tuple(encoded_refs)
+            self._warn_empty_references([f"reference_ids[{row}]" for row in empty_rows], batch)
             self._warn_weightless([f"reference_ids[{row}]" for row in weightless], batch)
+        # an empty candidate has no content position: only the special tokens the loss wraps it
+        # in (none around Embeddings, taken as they are)
+        specials = 0 if isinstance(candidates, Embeddings) else self._special_count()
         # one reference per candidate, in order: no gather, no max over references
         one_each = owner == list(range(batch))
         index = None if one_each else torch.tensor(owner, device=encoded.hidden.device)
-        prf = self._step("prf")(self, encoded[:3], references, index, batch)
+        empty = (reference_empty, specials)
+        prf = self._step("prf")(self, encoded[:3], references, index, batch, *empty)
         if encoded.exact is None:
             return prf, log_likelihood
         # retokenize: the decoded text's score, with the gradient of the average bridge's
         with torch.no_grad():
-            exact = self._step("prf")(self, encoded.exact, references, index, batch)
+            exact = self._step("prf")(self, encoded.exact, references, index, batch, *empty)
         return PRF(*(e + (x - x.detach()) for e, x in zip(exact, prf, strict=True))), log_likelihood
 
     def _encode(
@@ -818,10 +869,23 @@ class BERTScoreLoss(nn.Module):
             for name in ("encode", "prf")
         }
 
-    def _prf(self, candidates: tuple, references: tuple, index: Tensor | None, batch: int) -> PRF:
+    def _prf(
+        self,
+        candidates: tuple,
+        references: tuple,
+        index: Tensor | None,
+        batch: int,
+        reference_empty: Tensor | None = None,
+        candidate_specials: int = 0,
+    ) -> PRF:
         """P, R, F ``[B]`` of encoded candidates against encoded references (``index``: each
         reference's candidate, the max taken over a candidate's references; ``None``: one
-        reference per candidate, in order)."""
+        reference per candidate, in order).
+
+        A pair is empty when its reference is (``reference_empty``, ``[N]`` bool, ``None``:
+        none is) or its candidate has no more masked positions than ``candidate_specials``
+        (the special tokens it was wrapped in): it scores 0 after rescaling too, and does not
+        compete for its candidate's best, as in the metric (bert_score would rescale it)."""
         cand_hidden, cand_mask, cand_weights = candidates
         ref_hidden, ref_mask, ref_weights = references
         if self.center:
@@ -836,16 +900,25 @@ class BERTScoreLoss(nn.Module):
             ref_weights,
             matching=self.matching,
         )
+        empty = None
+        if self.baseline is not None or index is not None:
+            # on the device, from the masks and the host's facts: no read
+            empty = cand_mask.sum(dim=1) <= candidate_specials
+            empty = empty if index is None else empty[index]
+            if reference_empty is not None:
+                empty = empty | reference_empty.to(empty.device)
         if self.baseline is not None:
+            # an empty pair scored 0 (no weight on a side); (0 - b) / (1 - b) would make it
+            # -0.184 for MiniLM, where the docs, the warning and the metric say 0
             prf = PRF(
                 *(
-                    rescale_with_baseline(x, b)
+                    torch.where(empty, 0.0, rescale_with_baseline(x, b))
                     for x, b in zip(prf, self.baseline.to(prf.f1.device), strict=True)
                 )
             )
         if index is None:
             return prf
-        return PRF(*(best_over_references(x, index, batch) for x in prf))
+        return PRF(*(best_over_references(x, index, batch, ignore=empty) for x in prf))
 
     @_entry_point
     def forward(

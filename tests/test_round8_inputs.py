@@ -225,3 +225,108 @@ def test_best_over_references_refuses_a_list_owner():
 
     with pytest.raises(TypeError, match=r"owner must be a torch.Tensor, got list"):
         best_over_references(torch.tensor([0.2, 0.7, 0.5]), [0, 0, 1], 2)
+
+
+# ---------------------------------------------------------------- F1: empty pairs, rescaled
+
+
+def _ids(encoder, texts):
+    batch = encoder.tokenizer(texts, return_tensors="pt", padding=True)
+    return batch["input_ids"], batch["attention_mask"].bool()
+
+
+F1_CANDIDATES = ["the cat sat on the mat", "a dog ran in the park", "it rained all day long"]
+
+
+def test_rescaled_loss_scores_empty_references_0_as_the_metric(encoder):
+    # the loss gave (0 - b) / (1 - b) = -0.184 (loss 1.184) where its warning said 0
+    refs = [["A cat was sitting on the mat."], [""], ["   "]]
+    ids, mask = _ids(encoder, F1_CANDIDATES)
+    metric = bsloss.BERTScorer(encoder=encoder, rescale_with_baseline=True)
+    loss = bsloss.BERTScoreLoss(
+        encoder, matching="hard", rescale_with_baseline=True, reduction="none"
+    )
+    with pytest.warns(UserWarning, match="score 0: candidate index 1, 2"):
+        P, R, F = metric.score(F1_CANDIDATES, refs)
+    with pytest.warns(UserWarning, match=r"\(references\[1\], references\[2\]\): their pairs"):
+        prf = loss.score(bsloss.TokenIds(ids), refs, candidate_mask=mask)
+    assert prf.f1.tolist()[1:] == [0.0, 0.0]
+    for got, want in zip(prf, (P, R, F), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    mean = bsloss.BERTScoreLoss(encoder, matching="hard", rescale_with_baseline=True)
+    value = mean(bsloss.TokenIds(ids), refs, candidate_mask=mask)
+    assert value.item() == pytest.approx((1 - F[0].item() + 2.0) / 3, abs=1e-6)
+
+
+def test_rescaled_loss_scores_an_empty_candidate_0(encoder):
+    ids, mask = _ids(encoder, F1_CANDIDATES)
+    mask[0] = False  # no content position
+    loss = bsloss.BERTScoreLoss(
+        encoder, matching="hard", rescale_with_baseline=True, reduction="none"
+    )
+    logits = torch.randn(3, ids.shape[1], encoder.input_embeddings.num_embeddings)
+    refs = ["a cat", "a dog", "rain"]
+    for candidates in (bsloss.TokenIds(ids), bsloss.Logits(logits.requires_grad_())):
+        prf = loss.score(candidates, refs, candidate_mask=mask)
+        assert [v[0].item() for v in prf] == [0.0, 0.0, 0.0]
+        assert prf.f1[1].item() != 0.0
+    prf.f1.sum().backward()
+    assert (logits.grad[0] == 0).all() and (logits.grad[1] != 0).any()
+    hidden, ref_mask, weights = loss.encode_references(refs)
+    ref_mask[0] = False
+    prf = loss.score(bsloss.Embeddings(hidden, weights), refs, candidate_mask=ref_mask)
+    assert prf.f1[0].item() == 0.0 and prf.f1[1].item() != 0.0
+
+
+def test_rescaled_loss_ignores_an_empty_reference_among_others_as_the_metric(encoder):
+    # the metric takes the best of the other references; the empty pair does not compete
+    # unrelated references rescale below 0: an empty pair's -0.184 would win the max
+    refs = [["", "A cat was sitting on the mat."], [" ", "quantum"], ["snow", "it rained"]]
+    ids, mask = _ids(encoder, F1_CANDIDATES)
+    metric = bsloss.BERTScorer(encoder=encoder, rescale_with_baseline=True)
+    loss = bsloss.BERTScoreLoss(
+        encoder, matching="hard", rescale_with_baseline=True, reduction="none"
+    )
+    with pytest.warns(UserWarning):
+        P, R, F = metric.score(F1_CANDIDATES, refs)
+    prf = loss.score(bsloss.TokenIds(ids), refs, candidate_mask=mask)
+    for got, want in zip(prf, (P, R, F), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_rescaled_loss_with_empty_reference_ids_scores_0(encoder):
+    refs = ["a cat sat", ""]
+    ids, mask = _ids(encoder, F1_CANDIDATES[:2])
+    ref_ids, ref_mask = _ids(encoder, refs)
+    loss = bsloss.BERTScoreLoss(
+        encoder, matching="hard", rescale_with_baseline=True, reduction="none"
+    )
+    with pytest.warns(UserWarning, match=r"only empty .*\(reference_ids\[1\]\)"):
+        by_ids = loss.score(
+            bsloss.TokenIds(ids), candidate_mask=mask, reference_ids=ref_ids,
+            reference_mask=ref_mask,
+        )  # fmt: skip
+    by_text = loss.score(bsloss.TokenIds(ids), refs, candidate_mask=mask)
+    assert by_ids.f1[1].item() == 0.0
+    torch.testing.assert_close(by_ids.f1, by_text.f1, rtol=0, atol=1e-6)
+
+
+IDF_CORPUS = ["the cat sat", "the dog sat", "the sat cat"]  # "the", "sat": idf 0
+
+
+def test_rescaled_weightless_reference_gives_the_metrics_value_and_says_it(encoder):
+    # weightless through idf: bert_score (and the metric) rescale the pair's 0 to (0 - b)/(1 - b)
+    loss = bsloss.BERTScoreLoss(
+        encoder, matching="hard", idf=IDF_CORPUS, rescale_with_baseline=True, reduction="none"
+    )
+    metric = bsloss.BERTScorer(encoder=encoder, idf=IDF_CORPUS, rescale_with_baseline=True)
+    ids, mask = _ids(encoder, ["a cat", "a dog ran"])
+    refs = ["the sat", "the dog ran"]
+    with pytest.warns(UserWarning, match=r"score \(0 - b\) / \(1 - b\) \(P -0\.\d+, R -0\.\d+"):
+        prf = loss.score(bsloss.TokenIds(ids), refs, candidate_mask=mask)
+    with pytest.warns(UserWarning):
+        P, R, F = metric.score(["a cat", "a dog ran"], refs)
+    b = loss.baseline.tolist()
+    assert prf.f1[0].item() == pytest.approx(-b[2] / (1 - b[2]), abs=1e-6)
+    torch.testing.assert_close(prf.f1, F, rtol=0, atol=1e-6)
+
