@@ -332,6 +332,9 @@ class VocabularyBridge:
         self.special = counts == 0 if special is None else special.bool()
         self.identity = identity
         self._padded: Tensor | None = None
+        # the fingerprint of the scorer tokenizer whose ids the pieces are (set by build; a
+        # bridge made from lists or loaded from a file has none)
+        self.scorer_fingerprint: str | None = None
 
     @classmethod
     def from_csr(
@@ -391,6 +394,14 @@ class VocabularyBridge:
         True
         """
         scorer_tokenizer = getattr(scorer, "tokenizer", scorer)
+        bridge = cls._build(generator_tokenizer, scorer_tokenizer, cache_dir)
+        bridge.scorer_fingerprint = tokenizer_fingerprint(scorer_tokenizer)
+        return bridge
+
+    @classmethod
+    def _build(
+        cls, generator_tokenizer, scorer_tokenizer, cache_dir: str | Path | None
+    ) -> VocabularyBridge:
         gen_vocab = generator_tokenizer.get_vocab()
         size = max(len(generator_tokenizer), max(gen_vocab.values()) + 1)
         special = special_token_ids(generator_tokenizer)
@@ -801,4 +812,28 @@ class Bridge:
         vocabulary = self.vocabulary
         if vocabulary is None:
             vocabulary = VocabularyBridge.build(self.tokenizer, encoder, cache_dir=self.cache_dir)
+        else:
+            _check_scorer(vocabulary, encoder)
         return vocabulary, resolve_bridge_mode(vocabulary, self.mode, self.tokenizer, encoder)
+
+
+def _check_scorer(vocabulary: VocabularyBridge, encoder) -> None:
+    """Refuse a given bridge built for another scorer: its piece ids past the scorer's table
+    crashed inside ``embedding_bag``, and ids that fit were read as other tokens (MPNet's ids
+    are MiniLM's + 4: "the cat sat" read as "mothers stuff professor")."""
+    rows = encoder.input_embeddings.num_embeddings
+    largest = int(vocabulary.flat.max()) if vocabulary.flat.numel() else -1
+    if largest >= rows:
+        raise ValueError(
+            f"vocabulary= holds scorer piece ids up to {largest}, but this loss's scorer has "
+            f"{rows} tokens: the bridge was built for another scorer; build it with this one, "
+            "VocabularyBridge.build(generator_tokenizer, scorer)"
+        )
+    built_for = vocabulary.scorer_fingerprint
+    tokenizer = getattr(encoder, "tokenizer", None)
+    if None not in (built_for, tokenizer) and built_for != tokenizer_fingerprint(tokenizer):
+        raise ValueError(
+            "vocabulary= was built for another scorer's tokenizer than this loss's: its "
+            "piece ids would be read as other tokens; build it with this scorer, "
+            "VocabularyBridge.build(generator_tokenizer, scorer)"
+        )

@@ -322,6 +322,31 @@ def test_an_identity_bridge_scores_as_no_bridge_with_unk_mask_and_soft_mass(enco
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=name)
 
 
+def test_a_bridge_built_for_another_scorer_is_refused(encoder, mpnet_tok):
+    """A VocabularyBridge passed as an object was checked against nothing: built for MPNet's
+    ids (MiniLM's + 4) and given to a MiniLM loss, its first call crashed inside
+    embedding_bag ("Index ... takes value 30525"); built for a scorer whose ids fit, its pieces
+    were read as other tokens (0.85 instead of 0.03 for a sentence against itself). Both are
+    refused when the loss is built, naming vocabulary=."""
+    from tokenizers import normalizers
+    from transformers import PreTrainedTokenizerFast
+
+    for_mpnet = VocabularyBridge.build(encoder.tokenizer, mpnet_tok)
+    with pytest.raises(ValueError, match=r"vocabulary= holds scorer piece ids up to 30525, but"):
+        BERTScoreLoss(encoder, bridge=for_mpnet)
+    # a scorer of the same ids but another tokenizer (cased against uncased, say)
+    backend = encoder.tokenizer.backend_tokenizer
+    backend = type(backend).from_str(backend.to_str())
+    backend.normalizer = normalizers.Lowercase()
+    other = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    for_other = VocabularyBridge.build(mpnet_tok, other)
+    assert int(for_other.flat.max()) < encoder.input_embeddings.num_embeddings
+    with pytest.raises(ValueError, match="vocabulary= was built for another scorer's tokenizer"):
+        BERTScoreLoss(encoder, bridge=for_other)
+    own = VocabularyBridge.build(mpnet_tok, encoder)
+    assert BERTScoreLoss(encoder, bridge=own).bridge is own
+
+
 # --------------------------------------------------------------------------- trained BPEs
 WORD_START = {"sentencepiece": "\u2581", "byte_level": "\u0120"}
 
