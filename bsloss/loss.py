@@ -13,6 +13,7 @@ the public boundary, the multiple-reference maximum, baseline rescaling and the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -66,7 +67,12 @@ from bsloss.inputs import (
     position_of_first,
 )
 from bsloss.scorer.batching import pad_embedded
-from bsloss.scorer.checkpointing import Checkpointing, set_gradient_checkpointing
+from bsloss.scorer.checkpointing import (
+    Checkpointing,
+    check_checkpointing,
+    checkpointing_mode,
+    prepare_checkpointing,
+)
 from bsloss.scorer.encoder import ScorerEncoder
 from bsloss.scorer.reference_cache import ReferenceCache, ReferenceEmbedder, Tokenized
 from bsloss.scorer.weights import IdfSpec, as_idf_spec, weight_table
@@ -230,7 +236,8 @@ class BERTScoreLoss(nn.Module):
             ``True``, ``False``, or ``"auto"`` (default): only for the calls whose stored
             activations would exceed 1 GiB (a large scorer or long inputs), where it saves
             memory; below that it would cost a scorer forward pass for nothing
-            (:mod:`bsloss.scorer.checkpointing`).
+            (:mod:`bsloss.scorer.checkpointing`). The mode is this loss's: it applies to its
+            own calls only, so other losses (and metrics) sharing the scorer keep theirs.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``. An empty batch (``B = 0``) gives the
             loss 0 (with a zero gradient) for ``"mean"`` and ``"sum"``.
         long_inputs: reference texts longer than the scorer's maximum: ``"truncate"`` (with a
@@ -327,8 +334,8 @@ class BERTScoreLoss(nn.Module):
         encoder = old.encoder
         if isinstance(model, ScorerEncoder):
             model, encoder = None, model
+        gradient_checkpointing = check_checkpointing(gradient_checkpointing)
         self.encoder = encoder or ScorerEncoder.from_pretrained(model, num_layers, old.device)
-        set_gradient_checkpointing(self.encoder.model, gradient_checkpointing)
         self.matching = matching
         self.target, self.center, self.reduction = target, center, reduction
         spec = old.bridge(bridge)
@@ -385,6 +392,17 @@ class BERTScoreLoss(nn.Module):
         # would otherwise save the scorer (87 MB for MiniLM) in every checkpoint.
         self._register_state_dict_hook(_drop_scorer_state)
         self._register_load_state_dict_pre_hook(_keep_scorer_state, with_module=True)
+        # the loss's own mode, applied to its own scorer calls only (_checkpointing): a scorer
+        # shared with other losses or a metric keeps theirs. Last, once nothing can fail but
+        # this check: a refused loss leaves the scorer as it was
+        self.gradient_checkpointing: Checkpointing = prepare_checkpointing(
+            self.encoder.model, gradient_checkpointing
+        )
+
+    def _checkpointing(self) -> contextlib.AbstractContextManager[None]:
+        """The scorer's layers checkpoint as this loss's ``gradient_checkpointing`` says, for
+        the duration of the block."""
+        return checkpointing_mode(self.encoder.model, self.gradient_checkpointing)
 
     # ------------------------------------------------------------------ placement
     def _placed(self) -> Tensor:
@@ -448,7 +466,8 @@ class BERTScoreLoss(nn.Module):
                 shape or device, NaN/Inf, ids outside the vocabulary (all named).
         """
         candidates = from_keywords(candidates, deprecated, "encode_candidates")
-        return self.candidate_encoder.encode(self._placed(), candidates, candidate_mask)[:3]
+        with self._checkpointing():
+            return self.candidate_encoder.encode(self._placed(), candidates, candidate_mask)[:3]
 
     # ------------------------------------------------------------------ references
     def _embed_references(
@@ -733,7 +752,8 @@ class BERTScoreLoss(nn.Module):
                     "are tokenised by the scorer, which makes their mask"
                 )
             groups = check_reference_groups(references, "references")
-        encoded = self._step("encode")(self, candidates, candidate_mask, target_ids)
+        with self._checkpointing():
+            encoded = self._step("encode")(self, candidates, candidate_mask, target_ids)
         log_likelihood = encoded.log_likelihood
         batch = encoded.hidden.shape[0]
         owner = list(range(batch))

@@ -330,3 +330,87 @@ def test_rescaled_weightless_reference_gives_the_metrics_value_and_says_it(encod
     assert prf.f1[0].item() == pytest.approx(-b[2] / (1 - b[2]), abs=1e-6)
     torch.testing.assert_close(prf.f1, F, rtol=0, atol=1e-6)
 
+
+# ---------------------------------------------------------------- F5: checkpointing per loss
+
+
+def _recomputed_layer_runs(loss, call) -> int:
+    """Runs with grad of the scorer's first layer in a forward + backward of ``call()``: 1
+    without checkpointing, 2 when the backward recomputes it."""
+    from bsloss.scorer.checkpointing import CheckpointedLayer
+    from bsloss.scorer.layers import _find_layer_stack
+
+    owner, leaf = _find_layer_stack(loss.encoder.model)
+    first = getattr(owner, leaf)[0]
+    inner = first.layer if isinstance(first, CheckpointedLayer) else first
+    runs = []
+    forward = inner.forward
+
+    def counted(*args, **kwargs):
+        runs.append(torch.is_grad_enabled())
+        return forward(*args, **kwargs)
+
+    inner.forward = counted
+    try:
+        call().backward()
+    finally:
+        del inner.forward
+    return sum(runs)
+
+
+@pytest.fixture
+def own_encoder(encoder):
+    import copy
+
+    return copy.deepcopy(encoder)
+
+
+def test_a_second_loss_over_the_same_encoder_keeps_the_first_ones_checkpointing(own_encoder):
+    # the last loss built set the mode for every loss on the encoder: A (True) ran without
+    # checkpointing (0 of the 6 recomputed layer calls) after B (False) or C ("auto")
+    vocab = own_encoder.input_embeddings.num_embeddings
+    logits = torch.randn(2, 4, vocab, requires_grad=True)
+    refs = ["a cat sat", "the dog ran"]
+    first = bsloss.BERTScoreLoss(own_encoder, gradient_checkpointing=True)
+    second = bsloss.BERTScoreLoss(own_encoder, gradient_checkpointing=False)
+    third = bsloss.BERTScoreLoss(own_encoder)  # "auto": a few MiniLM tokens do not checkpoint
+    assert _recomputed_layer_runs(first, lambda: first(logits, refs)) == 2
+    assert _recomputed_layer_runs(second, lambda: second(logits, refs)) == 1
+    assert _recomputed_layer_runs(third, lambda: third(logits, refs)) == 1
+    assert _recomputed_layer_runs(first, lambda: first(logits, refs)) == 2
+    # encode_candidates (the gradient's encoding, public) follows its loss's mode too
+    encode = lambda loss: loss.encode_candidates(bsloss.Logits(logits))[0].sum()  # noqa: E731
+    assert _recomputed_layer_runs(first, lambda: encode(first)) == 2
+    assert _recomputed_layer_runs(second, lambda: encode(second)) == 1
+
+
+def test_a_failed_construction_leaves_the_encoders_checkpointing(own_encoder):
+    vocab = own_encoder.input_embeddings.num_embeddings
+    logits = torch.randn(2, 4, vocab, requires_grad=True)
+    refs = ["a cat sat", "the dog ran"]
+    first = bsloss.BERTScoreLoss(own_encoder, gradient_checkpointing=True)
+    with pytest.raises(ValueError, match="idf=True"):
+        bsloss.BERTScoreLoss(own_encoder, gradient_checkpointing=False, idf=True)
+    assert _recomputed_layer_runs(first, lambda: first(logits, refs)) == 2
+
+
+def test_checkpointing_mode_restores_the_layers_and_the_metric_does_not_checkpoint(own_encoder):
+    from bsloss.scorer.checkpointing import CheckpointedLayer, checkpointing_mode
+    from bsloss.scorer.layers import _find_layer_stack
+
+    bsloss.BERTScoreLoss(own_encoder, gradient_checkpointing=True)
+    owner, leaf = _find_layer_stack(own_encoder.model)
+    layers = list(getattr(owner, leaf))
+    assert all(isinstance(layer, CheckpointedLayer) for layer in layers)
+    before = [layer.enabled for layer in layers]
+    with checkpointing_mode(own_encoder.model, True):
+        assert all(layer.enabled is True for layer in layers)
+        with checkpointing_mode(own_encoder.model, "auto"):
+            assert all(layer.enabled == "auto" for layer in layers)
+        assert all(layer.enabled is True for layer in layers)
+    assert [layer.enabled for layer in layers] == before
+    # outside a loss's call the wrapped layers do not checkpoint: the metric's pass (no grad
+    # anyway) and a caller's own forward with grad run as before the loss was built
+    assert all(layer.enabled is False for layer in layers)
+    metric = bsloss.BERTScorer(encoder=own_encoder)
+    assert metric.score(["a cat"], ["a cat"])[2].item() == pytest.approx(1.0, abs=1e-5)

@@ -13,10 +13,17 @@ loss's default) therefore checkpoints a call only when the activations the score
 store for it are estimated (:func:`stored_activation_bytes`) above :data:`AUTO_BUDGET_BYTES`: a
 24-layer, 1024-wide scorer (roberta-large's shape) reaches it at ~400 tokens of length 256,
 MiniLM at ~5,500 tokens of length 64.
+
+The mode belongs to the caller, not to the scorer: a scorer is shared (several losses, a loss
+and a metric), so :class:`~bsloss.BERTScoreLoss` wraps the layers once
+(:func:`prepare_checkpointing`) and applies its own mode only for the duration of its own calls
+(:func:`checkpointing_mode`). Outside such a block, layers it wrapped do not checkpoint.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Literal
 
 import torch
@@ -30,6 +37,8 @@ __all__ = [
     "CheckpointedLayer",
     "Checkpointing",
     "check_checkpointing",
+    "checkpointing_mode",
+    "prepare_checkpointing",
     "set_gradient_checkpointing",
     "stored_activation_bytes",
 ]
@@ -119,3 +128,86 @@ def set_gradient_checkpointing(model: nn.Module, enabled: Checkpointing) -> None
         if isinstance(layer, CheckpointedLayer):
             layer.enabled = enabled
             layer.stack_depth = len(layers)
+
+
+def _wrap_layers(model: nn.Module, enabled: Checkpointing) -> list[CheckpointedLayer]:
+    """The layers of ``model``'s stack, each wrapped in a :class:`CheckpointedLayer` (once);
+    a layer wrapped here starts with ``enabled``, one wrapped before keeps its own mode."""
+    found = _find_layer_stack(model)
+    if found is None:
+        return []
+    owner, leaf = found
+    stack = getattr(owner, leaf)
+    if not all(isinstance(layer, CheckpointedLayer) for layer in stack):
+        wrapped = []
+        for layer in stack:
+            if not isinstance(layer, CheckpointedLayer):
+                layer = CheckpointedLayer(layer)
+                layer.enabled = enabled
+            wrapped.append(layer)
+        setattr(owner, leaf, nn.ModuleList(wrapped))
+    layers = list(getattr(owner, leaf))
+    for layer in layers:
+        layer.stack_depth = len(layers)
+    return layers
+
+
+def prepare_checkpointing(model: nn.Module, enabled: Checkpointing) -> Checkpointing:
+    """Check ``enabled`` for ``model`` and, when it may checkpoint, wrap the layers of its stack
+    so that :func:`checkpointing_mode` can switch them. The mode of every layer already wrapped
+    is left as it is (another user of the scorer owns it), and a layer wrapped here does not
+    checkpoint outside a :func:`checkpointing_mode` block.
+
+    Returns:
+        ``enabled``, checked.
+
+    Raises:
+        ValueError: ``enabled`` is not ``True``, ``False`` or ``"auto"``, or ``True`` for a
+            model with no layer stack (named).
+    """
+    enabled = check_checkpointing(enabled)
+    if _find_layer_stack(model) is None:
+        if enabled is True:
+            raise ValueError(f"cannot checkpoint {type(model).__name__}: no layer stack found")
+        return enabled
+    if enabled is not False:
+        _wrap_layers(model, False)
+    return enabled
+
+
+@contextmanager
+def checkpointing_mode(model: nn.Module, enabled: Checkpointing) -> Iterator[None]:
+    """``model``'s wrapped layers checkpoint as ``enabled`` says inside the block, and go back
+    to their modes after it (also on an error): a loss applies its own mode to its own calls
+    only, whoever else shares the scorer. With ``enabled`` ``False`` and no wrapped layer there
+    is nothing to switch (no wrapper's cost). Layers not yet wrapped (the stack replaced after
+    :func:`prepare_checkpointing`) are wrapped for a mode that may checkpoint.
+
+    >>> import torch
+    >>> from transformers import BertConfig, BertModel
+    >>> model = BertModel(BertConfig(hidden_size=8, num_hidden_layers=2, num_attention_heads=2,
+    ...                              intermediate_size=16))
+    >>> _ = prepare_checkpointing(model, True)
+    >>> with checkpointing_mode(model, True):
+    ...     [layer.enabled for layer in model.encoder.layer]
+    [True, True]
+    >>> [layer.enabled for layer in model.encoder.layer]
+    [False, False]
+    """
+    found = _find_layer_stack(model)
+    if found is None:
+        yield
+        return
+    if enabled is False:
+        owner, leaf = found
+        layers = [layer for layer in getattr(owner, leaf) if isinstance(layer, CheckpointedLayer)]
+    else:
+        layers = _wrap_layers(model, False)
+    saved = [layer.enabled for layer in layers]
+    for layer in layers:
+        layer.enabled = enabled
+    try:
+        yield
+    finally:
+        for layer, mode in zip(layers, saved, strict=True):
+            layer.enabled = mode
