@@ -318,7 +318,13 @@ class CandidateEncoder:
 
     def _content(self, tokens: Tensor, mask: Tensor) -> Tensor:
         """``mask`` less the positions whose token (``[B, L]``, in the vocabulary) is not
-        content: the special tokens of :meth:`~bsloss.bridge.BridgeMode.special_tokens`."""
+        content: the special tokens of :meth:`~bsloss.bridge.BridgeMode.special_tokens`.
+
+        For distributions ``tokens`` are the most probable ones, ties going to the smallest id:
+        an exactly flat or tied distribution counts as its smallest tied id, a special token in
+        most vocabularies (``[PAD]``/``<pad>`` at id 0). Its position is dropped here and gets
+        no gradient (a zero-initialised LM head gets none: initialise it with nonzero
+        weights)."""
         device = tokens.device
         if device not in self._special:
             pad = self.encoder.tokenizer.pad_token_id

@@ -679,7 +679,11 @@ class BERTScoreLoss(nn.Module):
                 :mod:`bsloss.functional.fused_expectation`). A position whose token (a
                 distribution's most probable one) is special, such as the
                 ``[CLS]``/``[SEP]``/``[PAD]`` of ``tokenizer(texts)``, is skipped: the loss
-                wraps each candidate in its own.
+                wraps each candidate in its own. Ties go to the smallest id, so an exactly
+                flat or tied distribution counts as its smallest tied id, a special token in
+                most vocabularies (``[PAD]``/``<pad>`` at id 0). Its position is skipped and
+                gives no gradient: a zero-initialised LM head gets none from this term
+                (initialise it with nonzero weights).
             references: one reference text, or a non-empty list of them, per sample; or
             reference_ids: ``[B, L_r]`` scorer token ids with special tokens, and
             reference_mask: ``[B, L_r]`` (default: all).

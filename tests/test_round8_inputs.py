@@ -414,3 +414,19 @@ def test_checkpointing_mode_restores_the_layers_and_the_metric_does_not_checkpoi
     assert all(layer.enabled is False for layer in layers)
     metric = bsloss.BERTScorer(encoder=own_encoder)
     assert metric.score(["a cat"], ["a cat"])[2].item() == pytest.approx(1.0, abs=1e-5)
+
+
+# ---------------------------------------------------------------- F2: documented tie-break
+
+
+def test_a_flat_distribution_counts_as_pad_and_gets_no_gradient_as_documented(encoder, vocab):
+    # docs/loss.md: ties go to the smallest id ([PAD] = 0 here), a special token: skipped
+    assert encoder.tokenizer.convert_ids_to_tokens(0) == "[PAD]"
+    loss = bsloss.BERTScoreLoss(encoder, reduction="none")
+    flat = torch.zeros(2, 3, vocab, requires_grad=True)
+    value = loss(flat, ["a cat sat", "the dog ran"])
+    value.sum().backward()
+    assert value.tolist() == [1.0, 1.0] and not flat.grad.any()
+    broken = (1e-6 * torch.randn(2, 3, vocab)).requires_grad_()
+    loss(broken, ["a cat sat", "the dog ran"]).sum().backward()
+    assert broken.grad.abs().max() > 0
