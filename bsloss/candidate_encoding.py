@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from bsloss._warnings import warn_user
@@ -106,8 +107,8 @@ class CandidateEncoder:
         self.encoder, self.bridging, self.candidates = encoder, bridging, candidates
         self.idf = idf
         self.last_texts: list[str] = []
-        self._tables: dict[tuple, Tensor] = {}  # the generator table per (device, dtype)
-        self._special: dict[torch.device, Tensor] = {}  # the tokens that are not content
+        self._tables: dict[tuple, Tensor] = {}  # the generator table per (device, dtype, size)
+        self._special: dict[tuple, Tensor] = {}  # per (device, vocabulary): not content
 
     @property
     def generator_vocab_size(self) -> int:
@@ -118,23 +119,35 @@ class CandidateEncoder:
         self._tables.clear()
         self._special.clear()
 
-    def generator_table(self, scorer_weights: Tensor) -> Tensor:
+    def generator_table(self, scorer_weights: Tensor, size: int | None = None) -> Tensor:
         """``[V_gen, d + 1]``: input embeddings and importance weights of the generator's tokens
         (through the bridge when vocabularies differ). The scorer is frozen, so it is built once
-        per device and dtype."""
+        per device and dtype. ``size``: the candidates' vocabulary when a bridged head has rows
+        past the tokenizer's tokens (:meth:`check_vocab`): those rows are 0, embedding and
+        weight (they make no text)."""
         table = self.encoder.input_embeddings.weight
-        key = (table.device, table.dtype)
+        size = self.generator_vocab_size if size is None else size
+        key = (table.device, table.dtype, size)
         if key not in self._tables:
             # a plain tensor even when first built under torch.inference_mode(): a later
             # training call saves it for backward
             with torch.inference_mode(False), torch.no_grad():
                 table, weights = self.bridging.tables(table.detach(), scorer_weights)
-                self._tables = {key: augment_table(table, weights)}
+                augmented = augment_table(table, weights)
+                if size > augmented.shape[0]:
+                    augmented = F.pad(augmented, (0, 0, 0, size - augmented.shape[0]))
+                self._tables = {key: augmented}
         return self._tables[key]
 
     def check_vocab(self, size: int, name: str) -> None:
-        if size != self.generator_vocab_size:
-            raise ValueError(self.bridging.vocabulary_error(name, size, self.generator_vocab_size))
+        """Refuse candidates over ``size`` tokens where the scorer or the bridge takes another
+        number. Through a bridge a head may have more rows than the generator's tokenizer has
+        tokens (T5's 32,128 for 32,100, Qwen2.5's 151,936 for 151,665: padded to a multiple of
+        64 or 128): its rows past them make no text, and count as special tokens."""
+        expected = self.generator_vocab_size
+        if size == expected or (self.bridging.bridge is not None and size > expected):
+            return
+        raise ValueError(self.bridging.vocabulary_error(name, size, expected))
 
     def _check_mask(self, source: Tensor, name: str, candidate_mask: Tensor | None) -> Tensor:
         """The candidates' ``[B, L]`` bool mask, validated (``source`` on the scorer's device)."""
@@ -257,7 +270,9 @@ class CandidateEncoder:
         ids = candidate_ids.clamp(0, table.shape[0] - 1)
         if self.bridging.decodes:  # the decoded text, whole: the scorer's own limit
             return EncodedCandidates(*self._retokenized(ids, candidate_mask, scorer_weights))
-        candidate_mask = self._fit_candidates(self._content(ids, candidate_mask), name)
+        candidate_mask = self._fit_candidates(
+            self._content(ids, candidate_mask, table.shape[0]), name
+        )
         rows = table[ids]
         return EncodedCandidates(
             *self._encode_inputs(rows[..., :-1], rows[..., -1], candidate_mask)
@@ -273,7 +288,14 @@ class CandidateEncoder:
         """Distributions (``[B, L, V]`` logits or probabilities, or the LM head's input): their
         expected embeddings and weights under the candidate transforms; with a decoding bridge
         also the decoded argmax text's encoding (``exact``, no gradient)."""
-        table = self.generator_table(scorer_weights)
+        size, source = candidates.tensor.shape[-1], candidates.name
+        if isinstance(candidates, LMHeadInputs):
+            weight = getattr(candidates.head, "weight", candidates.head)
+            whole = isinstance(weight, Tensor) and weight.dim() == 2
+            size, source = (weight.shape[0] if whole else None), "output_embeddings"
+        if size is not None:
+            self.check_vocab(size, source)
+        table = self.generator_table(scorer_weights, size)
         name = candidates.name
         whole_mask = candidate_mask
         log_likelihood = None
@@ -289,7 +311,6 @@ class CandidateEncoder:
                 seed, candidates, target_ids, whole_mask, table
             )
         else:
-            self.check_vocab(candidates.tensor.shape[-1], name)
             logits, probs = (
                 (candidates.values, None)
                 if isinstance(candidates, Logits)
@@ -307,7 +328,9 @@ class CandidateEncoder:
         # decoded text; in retokenize mode that text is scored whole (the scorer's limit
         # applies to its pieces) and the one-position-per-token encoding giving the gradient
         # is cut
-        candidate_mask = self._fit_candidates(self._content(tokens, whole_mask), name)
+        candidate_mask = self._fit_candidates(
+            self._content(tokens, whole_mask, table.shape[0]), name
+        )
         encoded = self._encode_inputs(inputs, weights, candidate_mask)
         check_logits()  # the head pass's finiteness, read once the scorer's forward is queued
         exact = None
@@ -316,9 +339,10 @@ class CandidateEncoder:
                 exact = self._retokenized(tokens, whole_mask, scorer_weights)
         return EncodedCandidates(*encoded, log_likelihood, exact)
 
-    def _content(self, tokens: Tensor, mask: Tensor) -> Tensor:
-        """``mask`` less the positions whose token (``[B, L]``, in the vocabulary) is not
-        content: the special tokens of :meth:`~bsloss.bridge.BridgeMode.special_tokens`.
+    def _content(self, tokens: Tensor, mask: Tensor, size: int | None = None) -> Tensor:
+        """``mask`` less the positions whose token (``[B, L]``, in the vocabulary of ``size``
+        tokens: the generator's, or a bridged head's with rows past it) is not content: the
+        special tokens of :meth:`~bsloss.bridge.BridgeMode.special_tokens`.
 
         For distributions ``tokens`` are the most probable ones, ties going to the smallest id:
         an exactly flat or tied distribution counts as its smallest tied id, a special token in
@@ -326,14 +350,18 @@ class CandidateEncoder:
         no gradient (a zero-initialised LM head gets none: initialise it with nonzero
         weights)."""
         device = tokens.device
-        if device not in self._special:
+        size = self.generator_vocab_size if size is None else size
+        key = (device, size)
+        if key not in self._special:
             pad = self.encoder.tokenizer.pad_token_id
             ids = {*self.encoder.tokenization.special_token_ids, pad} - {None}
             scorer_special = torch.tensor(sorted(ids), dtype=torch.long, device=device)
             scorer_vocab = self.encoder.input_embeddings.num_embeddings
-            special = self.bridging.special_tokens(scorer_special, scorer_vocab)
-            self._special[device] = special.to(device)
-        return mask & ~self._special[device][tokens]
+            special = self.bridging.special_tokens(scorer_special, scorer_vocab).to(device)
+            # a bridged head's rows past the tokenizer's tokens (check_vocab) are no content
+            special = F.pad(special, (0, size - special.shape[0]), value=True)
+            self._special[key] = special
+        return mask & ~self._special[key][tokens]
 
     def _retokenized(
         self, tokens: Tensor, mask: Tensor, scorer_weights: Tensor

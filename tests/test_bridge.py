@@ -347,6 +347,38 @@ def test_a_bridge_built_for_another_scorer_is_refused(encoder, mpnet_tok):
     assert BERTScoreLoss(encoder, bridge=own).bridge is own
 
 
+@pytest.mark.parametrize("mode", ["average", "retokenize"])
+def test_a_head_with_rows_past_the_tokenizer_goes_through_the_bridge(encoder, mpnet_tok, mode):
+    """T5's head has 32,128 rows for 32,100 tokens, Qwen2.5's 151,936 for 151,665 (padded to a
+    multiple of 64 or 128): its logits and its weight were refused through a bridge sized by
+    the tokenizer ("a vocabulary of 30592 entries but the vocabulary bridge expects 30527"),
+    on the dense and the fused path. The rows past the tokenizer make no text: embedding 0,
+    weight 0, not content. Padding columns with no mass give the cut head's values; with mass,
+    the dense and the fused path agree."""
+    bridge = VocabularyBridge.build(mpnet_tok, encoder)
+    loss = BERTScoreLoss(encoder, bridge=bsloss.Bridge(mpnet_tok, mode=mode), reduction="none")
+    size, padded = len(mpnet_tok), 30592  # a multiple of 64
+    assert bridge.generator_vocab_size == size
+    refs = ["the cat sat on the mat", "a dog ran in the park"]
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(2, 5, 16, generator=generator)
+    weight = torch.randn(padded, 16, generator=generator)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    logits = hidden @ weight.T
+    quiet = logits.clone()
+    quiet[..., size:] = -1e9  # the padding rows of a trained head: never predicted
+    with torch.no_grad():
+        cut = loss(bsloss.Logits(logits[..., :size]), refs, candidate_mask=mask)
+        torch.testing.assert_close(
+            loss(bsloss.Logits(quiet), refs, candidate_mask=mask), cut, rtol=0, atol=1e-6
+        )
+        dense = loss(bsloss.Logits(logits), refs, candidate_mask=mask)
+        fused = loss(bsloss.LMHeadInputs(hidden, weight), refs, candidate_mask=mask)
+    torch.testing.assert_close(fused, dense, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="logits has a vocabulary of 30526 entries"):
+        loss(bsloss.Logits(logits[..., : size - 1]), refs, candidate_mask=mask)
+
+
 # --------------------------------------------------------------------------- trained BPEs
 WORD_START = {"sentencepiece": "\u2581", "byte_level": "\u0120"}
 
