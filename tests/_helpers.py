@@ -160,3 +160,27 @@ def _bsloss_caller() -> str:
             return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
         frame = frame.f_back
     return "outside bsloss (the autograd engine)"
+
+
+def layer_runs(loss, call) -> int:
+    """How many times the scorer's first layer runs with grad in a forward + backward of
+    ``call()``: 1 without checkpointing, 2 when the backward recomputes it."""
+    from bsloss.scorer.checkpointing import CheckpointedLayer
+    from bsloss.scorer.layers import _find_layer_stack
+
+    owner, leaf = _find_layer_stack(loss.encoder.model)
+    first = getattr(owner, leaf)[0]
+    inner = first.layer if isinstance(first, CheckpointedLayer) else first
+    runs = []
+    forward = inner.forward  # (forward hooks do not fire in checkpoint's recomputation)
+
+    def counted(*args, **kwargs):
+        runs.append(torch.is_grad_enabled())  # the references' encoding runs without grad
+        return forward(*args, **kwargs)
+
+    inner.forward = counted
+    try:
+        call().backward()
+    finally:
+        del inner.forward
+    return sum(runs)

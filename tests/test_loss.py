@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _helpers import caught_warnings, head_for, long_text, one_hot, token_ids
+from _helpers import caught_warnings, head_for, layer_runs, long_text, one_hot, token_ids
 from torch.torch_version import TorchVersion
 
 import bsloss
@@ -434,28 +434,6 @@ def test_the_lm_head_and_targets_must_sit_with_the_hidden_states(encoder):
 
 
 # ---------------------------------------------------------------- scorer checkpointing
-def _layer_runs(loss, call) -> int:
-    """How many times the scorer's first layer runs with grad in a forward + backward of
-    ``call()``: 1 without checkpointing, 2 when the backward recomputes it."""
-    from bsloss.scorer.checkpointing import CheckpointedLayer
-    from bsloss.scorer.layers import _find_layer_stack
-
-    owner, leaf = _find_layer_stack(loss.encoder.model)
-    first = getattr(owner, leaf)[0]
-    inner = first.layer if isinstance(first, CheckpointedLayer) else first
-    runs = []
-    forward = inner.forward  # (forward hooks do not fire in checkpoint's recomputation)
-
-    def counted(*args, **kwargs):
-        runs.append(torch.is_grad_enabled())  # the references' encoding runs without grad
-        return forward(*args, **kwargs)
-
-    inner.forward = counted
-    try:
-        call().backward()
-    finally:
-        del inner.forward
-    return sum(runs)
 
 
 def test_auto_checkpointing_recomputes_only_calls_whose_activations_are_large(
@@ -473,15 +451,15 @@ def test_auto_checkpointing_recomputes_only_calls_whose_activations_are_large(
 
     value = call()
     (grad,) = torch.autograd.grad(value, logits)
-    assert _layer_runs(loss, call) == 1  # a few tokens of MiniLM: nothing worth recomputing
+    assert layer_runs(loss, call) == 1  # a few tokens of MiniLM: nothing worth recomputing
     monkeypatch.setattr(checkpointing, "AUTO_BUDGET_BYTES", 0)  # as if the call were large
-    assert _layer_runs(loss, call) == 2
+    assert layer_runs(loss, call) == 2
     torch.testing.assert_close(call(), value)
     torch.testing.assert_close(torch.autograd.grad(call(), logits)[0], grad)
     for forced, runs in ((True, 2), (False, 1)):
         forced_loss = BERTScoreLoss(encoder=copy.deepcopy(encoder), gradient_checkpointing=forced)
         assert (
-            _layer_runs(
+            layer_runs(
                 forced_loss,
                 lambda fl=forced_loss: fl(logits=logits, candidate_mask=mask, references=refs[:2]),
             )

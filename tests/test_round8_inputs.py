@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _helpers import layer_runs
 
 import bsloss
 
@@ -334,30 +335,6 @@ def test_rescaled_weightless_reference_gives_the_metrics_value_and_says_it(encod
 # ---------------------------------------------------------------- F5: checkpointing per loss
 
 
-def _recomputed_layer_runs(loss, call) -> int:
-    """Runs with grad of the scorer's first layer in a forward + backward of ``call()``: 1
-    without checkpointing, 2 when the backward recomputes it."""
-    from bsloss.scorer.checkpointing import CheckpointedLayer
-    from bsloss.scorer.layers import _find_layer_stack
-
-    owner, leaf = _find_layer_stack(loss.encoder.model)
-    first = getattr(owner, leaf)[0]
-    inner = first.layer if isinstance(first, CheckpointedLayer) else first
-    runs = []
-    forward = inner.forward
-
-    def counted(*args, **kwargs):
-        runs.append(torch.is_grad_enabled())
-        return forward(*args, **kwargs)
-
-    inner.forward = counted
-    try:
-        call().backward()
-    finally:
-        del inner.forward
-    return sum(runs)
-
-
 @pytest.fixture
 def own_encoder(encoder):
     import copy
@@ -374,14 +351,14 @@ def test_a_second_loss_over_the_same_encoder_keeps_the_first_ones_checkpointing(
     first = bsloss.BERTScoreLoss(own_encoder, gradient_checkpointing=True)
     second = bsloss.BERTScoreLoss(own_encoder, gradient_checkpointing=False)
     third = bsloss.BERTScoreLoss(own_encoder)  # "auto": a few MiniLM tokens do not checkpoint
-    assert _recomputed_layer_runs(first, lambda: first(logits, refs)) == 2
-    assert _recomputed_layer_runs(second, lambda: second(logits, refs)) == 1
-    assert _recomputed_layer_runs(third, lambda: third(logits, refs)) == 1
-    assert _recomputed_layer_runs(first, lambda: first(logits, refs)) == 2
+    assert layer_runs(first, lambda: first(logits, refs)) == 2
+    assert layer_runs(second, lambda: second(logits, refs)) == 1
+    assert layer_runs(third, lambda: third(logits, refs)) == 1
+    assert layer_runs(first, lambda: first(logits, refs)) == 2
     # encode_candidates (the gradient's encoding, public) follows its loss's mode too
     encode = lambda loss: loss.encode_candidates(bsloss.Logits(logits))[0].sum()  # noqa: E731
-    assert _recomputed_layer_runs(first, lambda: encode(first)) == 2
-    assert _recomputed_layer_runs(second, lambda: encode(second)) == 1
+    assert layer_runs(first, lambda: encode(first)) == 2
+    assert layer_runs(second, lambda: encode(second)) == 1
 
 
 def test_a_failed_construction_leaves_the_encoders_checkpointing(own_encoder):
@@ -391,7 +368,7 @@ def test_a_failed_construction_leaves_the_encoders_checkpointing(own_encoder):
     first = bsloss.BERTScoreLoss(own_encoder, gradient_checkpointing=True)
     with pytest.raises(ValueError, match="idf=True"):
         bsloss.BERTScoreLoss(own_encoder, gradient_checkpointing=False, idf=True)
-    assert _recomputed_layer_runs(first, lambda: first(logits, refs)) == 2
+    assert layer_runs(first, lambda: first(logits, refs)) == 2
 
 
 def test_checkpointing_mode_restores_the_layers_and_the_metric_does_not_checkpoint(own_encoder):
