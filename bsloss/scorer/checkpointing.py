@@ -105,29 +105,16 @@ class CheckpointedLayer(nn.Module):
 
 def set_gradient_checkpointing(model: nn.Module, enabled: Checkpointing) -> None:
     """Checkpointing of every layer of ``model``'s layer stack: on, off, or ``"auto"`` (on for
-    the calls whose stored activations would exceed :data:`AUTO_BUDGET_BYTES`)."""
-    enabled = check_checkpointing(enabled)
+    the calls whose stored activations would exceed :data:`AUTO_BUDGET_BYTES`), for every call
+    of the model outside a :func:`checkpointing_mode` block (a loss's own calls use its mode)."""
+    enabled = prepare_checkpointing(model, enabled)
     found = _find_layer_stack(model)
     if found is None:
-        if enabled is True:
-            raise ValueError(f"cannot checkpoint {type(model).__name__}: no layer stack found")
         return
     owner, leaf = found
-    stack = getattr(owner, leaf)
-    if enabled is not False and not all(isinstance(layer, CheckpointedLayer) for layer in stack):
-        setattr(
-            owner,
-            leaf,
-            nn.ModuleList(
-                layer if isinstance(layer, CheckpointedLayer) else CheckpointedLayer(layer)
-                for layer in stack
-            ),
-        )
-    layers = getattr(owner, leaf)
-    for layer in layers:
+    for layer in getattr(owner, leaf):
         if isinstance(layer, CheckpointedLayer):
             layer.enabled = enabled
-            layer.stack_depth = len(layers)
 
 
 def _wrap_layers(model: nn.Module, enabled: Checkpointing) -> list[CheckpointedLayer]:
