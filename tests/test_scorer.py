@@ -144,9 +144,10 @@ def test_tokens_added_to_the_tokenizer_later_are_seen(encoder, tmp_path):
     assert after == [tokenizer(tokens.prepare(["a zxqvword here"]))["input_ids"][0]]
 
 
-def _tiny_folder(folder, kind: str, encoder) -> str:
+def _tiny_folder(folder, kind: str, encoder, max_length: int | None = None) -> str:
     """A random 1-layer ``kind`` model with 34 position embeddings, saved with MiniLM's
-    tokenizer minus its ``model_max_length`` (the tokenizer then declares no limit)."""
+    tokenizer minus its ``model_max_length`` (the tokenizer then declares no limit), or with
+    ``max_length`` as its ``model_max_length``."""
     import json
 
     import transformers
@@ -159,8 +160,37 @@ def _tiny_folder(folder, kind: str, encoder) -> str:
     encoder.tokenizer.save_pretrained(folder)
     settings = json.loads((folder / "tokenizer_config.json").read_text())
     settings.pop("model_max_length", None)
+    if max_length is not None:
+        settings["model_max_length"] = max_length
     (folder / "tokenizer_config.json").write_text(json.dumps(settings))
     return str(folder)
+
+
+@pytest.mark.parametrize("kind, usable", [("bert", 34), ("roberta", 33), ("mpnet", 32)])
+def test_a_tokenizer_declaring_more_than_the_position_table_is_cut_to_it(
+    encoder, tmp_path, kind, usable
+):
+    """A tokenizer whose ``model_max_length`` (1024 here) is more than the model's position
+    table takes: a text longer than the table crashed inside transformers, in both long-input
+    modes ("The expanded size of the tensor (736) must match the existing size (512)" for
+    MiniLM's folder declaring 1024). The limit is the table's, with a warning at load."""
+    import warnings
+
+    import bsloss
+
+    folder = _tiny_folder(tmp_path, kind, encoder, max_length=1024)
+    with pytest.warns(UserWarning, match=f"model_max_length of 1024 .* takes {usable}"):
+        scorer = bsloss.BERTScorer(folder, num_layers=1, device="cpu")
+    assert scorer.encoder.max_length == usable
+    text = " ".join(["word"] * 40)  # 42 tokens with [CLS] and [SEP]
+    with pytest.warns(UserWarning, match=f"maximum of {usable} tokens and were truncated"):
+        truncated = scorer.score([text], ["a cat"])
+    window = bsloss.BERTScorer(encoder=scorer.encoder, long_inputs="window")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        whole = window.score([text], ["a cat"])
+    for scores in (truncated, whole):
+        assert all(torch.isfinite(s).all() for s in scores)
 
 
 @pytest.mark.parametrize("kind, usable", [("bert", 34), ("roberta", 33), ("mpnet", 32)])

@@ -61,7 +61,9 @@ class ScorerEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.name = name
         self.num_layers = num_layers
-        self.tokenization = ScorerTokenizer(tokenizer, name, usable_positions(model))
+        self.tokenization = ScorerTokenizer(
+            tokenizer, name, usable_positions(model), has_position_table(model)
+        )
         self.linear_weight_dtype: torch.dtype | None = None
         self._inference_model: nn.Module | None = None
         self.all_layers = False
@@ -228,3 +230,14 @@ def usable_positions(model: nn.Module) -> int:
         if name.rsplit(".", 1)[-1] == "position_embeddings" and isinstance(padding_idx, int):
             return positions - (padding_idx + 1)
     return positions
+
+
+def has_position_table(model: nn.Module) -> bool:
+    """Whether ``model`` numbers its tokens from a table of absolute positions (a module named
+    ``position_embeddings`` or ``embed_positions``: BERT, RoBERTa, MPNet, BART), so that no
+    text may be longer than the table (DeBERTa-v3's relative positions have none)."""
+    return any(
+        name.rsplit(".", 1)[-1] in ("position_embeddings", "embed_positions")
+        and isinstance(module, nn.Embedding)
+        for name, module in model.named_modules()
+    )

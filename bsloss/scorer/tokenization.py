@@ -44,6 +44,9 @@ class ScorerTokenizer:
         max_positions: the most tokens the model's position table takes
             (:func:`~bsloss.scorer.encoder.usable_positions`: ``max_position_embeddings``, less
             the offset of the RoBERTa layout), the limit when the tokenizer declares none.
+        absolute_positions: the model has a position table (BERT, RoBERTa, MPNet: not
+            DeBERTa-v3's relative positions): ``max_positions`` also caps a larger limit the
+            tokenizer declares, with a warning.
 
     >>> from transformers import AutoTokenizer
     >>> from bsloss.scorer.default import embedded_model_path
@@ -54,12 +57,22 @@ class ScorerTokenizer:
     ([[101, 1037, 4937, 102]], [])
     """
 
-    def __init__(self, tokenizer, name: str, max_positions: int = 512):
+    def __init__(
+        self, tokenizer, name: str, max_positions: int = 512, absolute_positions: bool = False
+    ):
         self.tokenizer = tokenizer
         self.name = name
         self.prefix_space = is_byte_level(tokenizer)
         limit = int(getattr(tokenizer, "model_max_length", _HUGE_MAX_LENGTH))
         self.max_length = max_positions if limit >= _HUGE_MAX_LENGTH else limit
+        if absolute_positions and self.max_length > max_positions:
+            # a longer text would index past the position table inside the model
+            warn_user(
+                f"the {name} tokenizer declares a model_max_length of {limit} tokens, but the "
+                f"model's position table takes {max_positions}: texts are cut (or windowed) at "
+                f"{max_positions}"
+            )
+            self.max_length = max_positions
         # The special tokens the tokenizer wraps every sentence with (CLS/SEP, BOS/EOS): they
         # weigh 0 in P and R but stay matchable, as in bert_score.
         self.special_token_ids: tuple[int, ...] = tuple(
