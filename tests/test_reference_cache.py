@@ -87,3 +87,32 @@ def test_decision_caches_are_bounded_in_bytes_and_entries(encoder, monkeypatch):
     for i in range(5):
         term.references_from_labels(torch.tensor([[1000 + i, 1001 + i]]))
     assert len(term._decoded) == 2 and (1004, 1005) in term._decoded
+
+
+def test_cached_references_follow_a_change_of_the_scorers_weights():
+    """The cache was keyed on the device, dtypes, autocast and window mode, not on the weights:
+    after load_state_dict of changed scorer weights (a fine-tuned scorer's, or
+    ``loss.load_state_dict`` with ``encoder.*`` keys, which the loss takes) the metric scored
+    the references' old embeddings (F [0.8800, 0.6124] instead of [0.8838, 0.6176]), and the
+    loss too. An in-place change of any weight starts the cache over."""
+    from bsloss.scorer.encoder import ScorerEncoder
+
+    encoder = ScorerEncoder.from_pretrained(device="cpu")  # its own: the weights change here
+    cands, refs = ["a cat sat on the mat", "the dog barked"], ["a cat is on it", "a dog barks"]
+    metric = BERTScorer(encoder=encoder, reference_cache_size=100)
+    loss = BERTScoreLoss(encoder, reduction="none", reference_cache_size=100)
+    logits = torch.randn(2, 4, encoder.input_embeddings.num_embeddings)
+    metric.score(cands, refs), loss(logits=logits, references=refs)  # cached
+    changed = {
+        name: value + 0.05 * torch.randn_like(value) if "query.weight" in name else value
+        for name, value in encoder.state_dict().items()
+    }
+    before = {k: v.clone() for k, v in encoder.model.state_dict().items()}
+    loss.load_state_dict({f"encoder.{k}": v for k, v in changed.items()}, strict=False)
+    assert any(  # the loss took the scorer's weights
+        not torch.equal(before[k], v) for k, v in encoder.model.state_dict().items()
+    )
+    cached_metric, cached_loss = metric.score(cands, refs)[2], loss(logits=logits, references=refs)
+    metric.clear_cache(), loss.clear_cache()
+    torch.testing.assert_close(cached_metric, metric.score(cands, refs)[2], rtol=0, atol=1e-6)
+    torch.testing.assert_close(cached_loss, loss(logits=logits, references=refs), rtol=0, atol=1e-6)
