@@ -277,6 +277,13 @@ class BERTScorer:
                 "all_layers=True needs an encoder that keeps every layer: "
                 "ScorerEncoder.from_pretrained(..., all_layers=True)"
             )
+        if encoder is not None and encoder.all_layers and not all_layers:
+            # it scored every layer anyway: [layers, N] where one layer's [N] was asked for
+            raise ValueError(
+                "encoder keeps every layer (ScorerEncoder.from_pretrained(..., "
+                "all_layers=True)): pass all_layers=True for every layer's scores, or an "
+                "encoder loaded without all_layers for one layer's"
+            )
         self.lang = lang
         self.nthreads = nthreads
         self.use_fast_tokenizer = use_fast_tokenizer

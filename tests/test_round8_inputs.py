@@ -407,3 +407,15 @@ def test_a_flat_distribution_counts_as_pad_and_gets_no_gradient_as_documented(en
     broken = (1e-6 * torch.randn(2, 3, vocab)).requires_grad_()
     loss(broken, ["a cat sat", "the dog ran"]).sum().backward()
     assert broken.grad.abs().max() > 0
+
+
+def test_an_encoder_of_every_layer_needs_all_layers_said():
+    """``BERTScorer(encoder=<an all_layers encoder>)`` took the encoder's flag over its own
+    ``all_layers=False`` and returned ``[7, N]`` scores where one layer's ``[N]`` was asked
+    for; the opposite mismatch was refused by name. Both are now."""
+    from bsloss.scorer.encoder import ScorerEncoder
+
+    every = ScorerEncoder.from_pretrained(device="cpu", all_layers=True)
+    with pytest.raises(ValueError, match=r"encoder keeps every layer .*pass all_layers=True"):
+        bsloss.BERTScorer(encoder=every)
+    assert bsloss.BERTScorer(encoder=every, all_layers=True).score(["a"], ["a"])[2].shape == (7, 1)
