@@ -370,6 +370,16 @@ def test_compute_metrics_decodes_only_what_the_labels_mark(scorer, pad):
         metrics((padded[:, :4], labels))
     with pytest.raises(ValueError, match="causal=True is for teacher-forced"):
         bertscore_compute_metrics(tokenizer, scorer, teacher_forced=False, causal=True)
+    # teacher_forced=False said of generated ids was read as True: decoded at the labels'
+    # positions only (F 1.0 for an answer that goes on past the reference), and another
+    # width than the labels' refused as "teacher-forced predictions must be [N, L]"
+    generated = bertscore_compute_metrics(tokenizer, scorer, teacher_forced=False)
+    longer = np.array([[2, 3, 4, 6, 7], [5, 6, 7, 2, 3]])
+    f1 = generated((longer, labels))["bertscore_f1"]
+    assert f1 == pytest.approx(metrics((longer, labels))["bertscore_f1"], abs=1e-6)
+    assert f1 < 0.99
+    wider = np.array([[2, 3, 4, -100, -100, -100], [5, 6, 7, 2, 3, -100]])  # the loop's padding
+    assert generated((wider, labels))["bertscore_f1"] == pytest.approx(1.0, abs=1e-6)
 
 
 def test_mixin_needs_the_tokenizer(loss, tokenizer, tmp_path):

@@ -915,7 +915,7 @@ def bertscore_compute_metrics(
         predictions, label_ids = torch.as_tensor(predictions), torch.as_tensor(label_ids)
         if len(predictions) != len(label_ids):
             raise ValueError(f"{len(predictions)} predictions but {len(label_ids)} label rows")
-        forced = predictions.dim() == 3 if teacher_forced is None and not causal else True
+        forced = causal or (predictions.dim() == 3 if teacher_forced is None else teacher_forced)
         if predictions.dim() == 3:
             predictions = predictions.argmax(dim=-1)
         if forced:
