@@ -703,3 +703,27 @@ def test_answers_are_cut_to_the_models_positions(soft_loss, vocabulary_tokenizer
     ):
         value = trainer.compute_loss(model, batch)
     assert torch.isfinite(value)
+
+
+@pytest.mark.parametrize("source", ["greedy", "sampled"])
+def test_an_encoder_decoders_answers_are_cut_to_its_decoders_positions(source):
+    """An encoder-decoder's answers were not fitted to its decoder's positions (a causal
+    model's are, with a warning): max_new_tokens=40 on a BART of 32 positions failed inside
+    generate, "IndexError: index out of range in self". They are cut to the decoder's positions
+    (its start token included), with the same warning, and the joint forward runs."""
+    from _models import tiny_seq2seq
+
+    from bsloss.integrations.candidates import GreedyAnswers, SampledAnswers
+
+    model = tiny_seq2seq("bart")  # 32 positions, vocabulary 97, pad 1, eos 2
+    answers = {"greedy": GreedyAnswers, "sampled": SampledAnswers}[source](max_new_tokens=40)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 97, (2, 10), generator=generator)
+    labels = torch.randint(3, 97, (2, 6), generator=generator)
+    with pytest.warns(UserWarning, match="cut at 31 new tokens .* decoder takes 32 positions"):
+        joint = answers.answer(
+            model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, labels,
+            causal=False, pad_token_id=1, eos_token_ids=[2],
+        )  # fmt: skip
+    assert joint.candidate_labels.shape[1] <= 31
+    assert torch.isfinite(model(**joint.inputs).logits).all()

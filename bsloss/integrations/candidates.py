@@ -247,6 +247,8 @@ class ModelAnswers(CandidateSource):
         if self.streamer is not None:
             options["streamer"] = self.streamer
         if not causal:
+            # the decoder's start token, then the answer: both in the decoder's positions
+            options["max_new_tokens"] = _fitted_budget(model, 1, max_new_tokens, decoder=True)
             sequences = generate_ids(model, input_ids, attention_mask, **options)
             answers = generated_labels(sequences, eos_token_ids)
             answers[~targets.any(1)] = IGNORE_INDEX  # a row without a reference scores nothing
@@ -366,11 +368,12 @@ def _causal_prompts(input_ids: Tensor, attention_mask: Tensor, targets: Tensor) 
     return prompts
 
 
-def _position_limit(model) -> int | None:
+def _position_limit(model, decoder: bool = False) -> int | None:
     """The most positions the model takes (its text config's ``max_position_embeddings`` or
-    ``n_positions``), or ``None`` where the config names none."""
+    ``n_positions``; ``decoder``: an encoder-decoder's decoder's), or ``None`` where the config
+    names none."""
     config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = config.get_text_config(decoder=decoder) if hasattr(config, "get_text_config") else config
     for name in ("max_position_embeddings", "n_positions"):
         value = getattr(text, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -378,14 +381,22 @@ def _position_limit(model) -> int | None:
     return None
 
 
-def _fitted_budget(model, prompt_width: int, max_new_tokens: int) -> int:
+def _fitted_budget(model, prompt_width: int, max_new_tokens: int, decoder: bool = False) -> int:
     """``max_new_tokens``, cut (with a warning) so that the prompts, ``prompt_width`` wide
     once left-padded, and their answers fit in the model's positions: past them generation
-    failed inside torch (an embedding's index out of range)."""
-    limit = _position_limit(model)
+    failed inside torch (an embedding's index out of range). ``decoder``: an encoder-decoder's
+    answers, after the decoder's start token, in the decoder's positions."""
+    limit = _position_limit(model, decoder)
     if limit is None or prompt_width + max_new_tokens <= limit:
         return max_new_tokens
     room = limit - prompt_width
+    if decoder:
+        warn_user(
+            f"the model's answers are cut at {room} new tokens (of max_new_tokens="
+            f"{max_new_tokens}): {type(model).__name__}'s decoder takes {limit} positions, its "
+            "start token included"
+        )
+        return room
     if room < 1:
         raise ValueError(
             f"the batch's longest prompt has {prompt_width} tokens, all the positions "
