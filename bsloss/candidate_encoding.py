@@ -339,7 +339,7 @@ class CandidateEncoder:
                 exact = self._retokenized(tokens, whole_mask, scorer_weights)
         return EncodedCandidates(*encoded, log_likelihood, exact)
 
-    def _content(self, tokens: Tensor, mask: Tensor, size: int | None = None) -> Tensor:
+    def _content(self, tokens: Tensor, mask: Tensor, size: int) -> Tensor:
         """``mask`` less the positions whose token (``[B, L]``, in the vocabulary of ``size``
         tokens: the generator's, or a bridged head's with rows past it) is not content: the
         special tokens of :meth:`~bsloss.bridge.BridgeMode.special_tokens`.
@@ -350,7 +350,6 @@ class CandidateEncoder:
         no gradient (a zero-initialised LM head gets none: initialise it with nonzero
         weights)."""
         device = tokens.device
-        size = self.generator_vocab_size if size is None else size
         key = (device, size)
         if key not in self._special:
             pad = self.encoder.tokenizer.pad_token_id
@@ -406,8 +405,7 @@ class CandidateEncoder:
         hidden_states, output_embeddings = candidates.hidden_states, candidates.head
         softcap, temperature = candidates.softcap, candidates.temperature
         weight = getattr(output_embeddings, "weight", output_embeddings)
-        if isinstance(weight, Tensor) and weight.dim() == 2:
-            self.check_vocab(weight.shape[0], "output_embeddings")
+        if isinstance(weight, Tensor) and weight.dim() == 2:  # its rows: checked by the caller
             check_device(weight, "output_embeddings", hidden_states.device, "hidden_states")
         # Only the positions that are scored (or decoded) or have a target go through the head.
         selected = candidate_mask

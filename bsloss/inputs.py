@@ -2,8 +2,8 @@
 position, so that the code inside can trust what it is given.
 
 Texts (a list, not a string; each a string of valid Unicode), reference groups, numbers
-(integers, finite floats) and tensors (their dtype kind) are checked here once, by every public
-entry point.
+(integers, finite floats), flags (bools) and tensors (their dtype kind) are checked here once, by
+every public entry point.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "check_texts",
     "check_reference_groups",
     "check_int",
+    "check_flag",
     "check_tensor",
     "as_token_ids",
     "check_targets_shape",
@@ -99,6 +101,27 @@ def check_int(value: object, name: str, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def check_flag(value: object, name: str) -> bool:
+    """``value`` as a bool: a bool, a numpy bool, or the integer 0 or 1 (what bert_score's
+    ``if flag:`` takes as a bool); anything else is refused. A plain truth test would read the
+    string ``"false"`` as true.
+
+    Raises:
+        TypeError: any other value, a string included (``name`` named).
+
+    >>> check_flag(np.True_, "center"), check_flag(0, "center")
+    (True, False)
+    >>> check_flag("false", "center")
+    Traceback (most recent call last):
+    TypeError: center must be a bool (or 0, 1), got 'false'
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (or 0, 1), got {value!r}")
 
 
 def check_tensor(value: object, name: str, kind: str) -> torch.Tensor:

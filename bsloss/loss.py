@@ -52,7 +52,6 @@ from bsloss.functional import (
     best_over_references,
     rescale_with_baseline,
 )
-from bsloss.functional.flags import check_flag
 from bsloss.functional.fused_expectation import (
     IGNORE_INDEX,
 )
@@ -60,6 +59,7 @@ from bsloss.functional.matching import Matching, resolve_matching
 from bsloss.inputs import (
     as_token_ids,
     check_device,
+    check_flag,
     check_reference_groups,
     check_tensor,
     check_texts,
@@ -634,9 +634,10 @@ class BERTScoreLoss(nn.Module):
                 f"reference_ids{position_of_first(bad)}"
             )
         rows = len(empty)
-        empty_rows = [row for row, flag in enumerate(flags[1 + rows :]) if flag]
-        weightless = [row for row, flag in enumerate(flags[1 : 1 + rows]) if flag]
-        weightless = [row for row in weightless if row not in set(empty_rows)]
+        zero, is_empty = flags[1 : 1 + rows], flags[1 + rows :]
+        empty_rows = [row for row in range(rows) if is_empty[row]]
+        # an empty row weighs nothing too: it has its own warning
+        weightless = [row for row in range(rows) if zero[row] and not is_empty[row]]
         # padding after the last real column is dropped: a long padded batch of short rows fits
         if mask.shape[1] > self.encoder.max_length:
             columns = mask.any(dim=0).nonzero()

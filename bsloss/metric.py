@@ -27,10 +27,9 @@ from bsloss._version import __version__
 from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline, shipped_baseline_path
 from bsloss.functional import bert_score, best_over_references, rescale_with_baseline
-from bsloss.functional.flags import check_flag
 from bsloss.functional.idf import document_frequency, idf_from_frequency
 from bsloss.functional.similarity import l2_normalize
-from bsloss.inputs import check_int, check_texts, flatten_groups, validate_pairs
+from bsloss.inputs import check_flag, check_int, check_texts, flatten_groups, validate_pairs
 from bsloss.plot import draw_pair
 from bsloss.scorer.batching import paced_by_host, pad_embedded, pair_budget_batches
 from bsloss.scorer.encoder import ScorerEncoder

@@ -236,11 +236,16 @@ def column_order(metrics) -> list[str]:
 
 def held_out(name: str) -> tuple[Task, list[str]]:
     """The task and the test references of the config behind ``results/<name>/``."""
+    return config_test_split(RECIPES / "configs" / CONFIGS[name])
+
+
+def config_test_split(config: Path, overrides: list[str] | None = None) -> tuple[Task, list[str]]:
+    """The task and the test references of a recipe config with its ``--set`` ``overrides``."""
     from config import load_config
     from examples import load_splits
 
-    config = load_config(RECIPES / "configs" / CONFIGS[name], [])
-    return get_task(config.task), [e.target for e in load_splits(config.data)["test"]]
+    loaded = load_config(config, overrides or [])
+    return get_task(loaded.task), [e.target for e in load_splits(loaded.data)["test"]]
 
 
 def config_task(config: Path) -> Task:
@@ -301,9 +306,6 @@ def run_test_split(folder: Path) -> tuple[Task, list[str]]:
     path is the repository's)."""
     import shlex
 
-    from config import load_config
-    from examples import load_splits
-
     words = shlex.split(json.loads((folder / "results.json").read_text())["command"])
     options = {"--config": [], "--set": []}
     for flag, value in zip(words, words[1:], strict=False):
@@ -314,8 +316,7 @@ def run_test_split(folder: Path) -> tuple[Task, list[str]]:
     config = Path(options["--config"][0])
     if not config.is_absolute() and not config.exists():
         config = RECIPES.parent / config
-    config = load_config(config, options["--set"])
-    return get_task(config.task), [e.target for e in load_splits(config.data)["test"]]
+    return config_test_split(config, options["--set"])
 
 
 def grpo_table(folder: Path, store: Path | None = None) -> str:

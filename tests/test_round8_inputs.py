@@ -97,7 +97,7 @@ def test_reference_ids_without_columns_is_refused_by_name(encoder, vocab):
 def test_check_flag_takes_bools_numpy_bools_and_0_1():
     import numpy as np
 
-    from bsloss.functional.flags import check_flag
+    from bsloss.inputs import check_flag
 
     assert [check_flag(v, "f") for v in (True, False, np.True_, np.False_, 1, 0)] == [
         True,

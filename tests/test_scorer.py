@@ -166,22 +166,13 @@ def _tiny_folder(folder, kind: str, encoder, max_length: int | None = None) -> s
     return str(folder)
 
 
-@pytest.mark.parametrize("kind, usable", [("bert", 34), ("roberta", 33), ("mpnet", 32)])
-def test_a_tokenizer_declaring_more_than_the_position_table_is_cut_to_it(
-    encoder, tmp_path, kind, usable
-):
-    """A tokenizer whose ``model_max_length`` (1024 here) is more than the model's position
-    table takes: a text longer than the table crashed inside transformers, in both long-input
-    modes ("The expanded size of the tensor (736) must match the existing size (512)" for
-    MiniLM's folder declaring 1024). The limit is the table's, with a warning at load."""
+def _scores_a_text_past_the_limit(scorer, usable: int) -> None:
+    """A 42-token text through ``scorer``, whose limit is ``usable`` tokens: truncated with the
+    warning, and windowed without one, both finite."""
     import warnings
 
     import bsloss
 
-    folder = _tiny_folder(tmp_path, kind, encoder, max_length=1024)
-    with pytest.warns(UserWarning, match=f"model_max_length of 1024 .* takes {usable}"):
-        scorer = bsloss.BERTScorer(folder, num_layers=1, device="cpu")
-    assert scorer.encoder.max_length == usable
     text = " ".join(["word"] * 40)  # 42 tokens with [CLS] and [SEP]
     with pytest.warns(UserWarning, match=f"maximum of {usable} tokens and were truncated"):
         truncated = scorer.score([text], ["a cat"])
@@ -191,6 +182,23 @@ def test_a_tokenizer_declaring_more_than_the_position_table_is_cut_to_it(
         whole = window.score([text], ["a cat"])
     for scores in (truncated, whole):
         assert all(torch.isfinite(s).all() for s in scores)
+
+
+@pytest.mark.parametrize("kind, usable", [("bert", 34), ("roberta", 33), ("mpnet", 32)])
+def test_a_tokenizer_declaring_more_than_the_position_table_is_cut_to_it(
+    encoder, tmp_path, kind, usable
+):
+    """A tokenizer whose ``model_max_length`` (1024 here) is more than the model's position
+    table takes: a text longer than the table crashed inside transformers, in both long-input
+    modes ("The expanded size of the tensor (736) must match the existing size (512)" for
+    MiniLM's folder declaring 1024). The limit is the table's, with a warning at load."""
+    import bsloss
+
+    folder = _tiny_folder(tmp_path, kind, encoder, max_length=1024)
+    with pytest.warns(UserWarning, match=f"model_max_length of 1024 .* takes {usable}"):
+        scorer = bsloss.BERTScorer(folder, num_layers=1, device="cpu")
+    assert scorer.encoder.max_length == usable
+    _scores_a_text_past_the_limit(scorer, usable)
 
 
 @pytest.mark.parametrize("kind, usable", [("bert", 34), ("roberta", 33), ("mpnet", 32)])
@@ -204,18 +212,8 @@ def test_a_tokenizer_without_a_limit_takes_the_positions_the_model_can_use(
     Before: the limit was ``max_position_embeddings`` (34 here, 514 for roberta-large or
     all-mpnet-base-v2 without it), and a text of that many tokens crashed inside torch
     (``IndexError: index out of range in self``) in both long-input modes."""
-    import warnings
-
     import bsloss
 
     scorer = bsloss.BERTScorer(_tiny_folder(tmp_path, kind, encoder), num_layers=1, device="cpu")
     assert scorer.encoder.max_length == usable
-    text = " ".join(["word"] * 40)  # 42 tokens with [CLS] and [SEP]
-    with pytest.warns(UserWarning, match=f"maximum of {usable} tokens and were truncated"):
-        truncated = scorer.score([text], ["a cat"])
-    window = bsloss.BERTScorer(encoder=scorer.encoder, long_inputs="window")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        whole = window.score([text], ["a cat"])
-    for scores in (truncated, whole):
-        assert all(torch.isfinite(s).all() for s in scores)
+    _scores_a_text_past_the_limit(scorer, usable)

@@ -185,16 +185,18 @@ def checkpointing_mode(model: nn.Module, enabled: Checkpointing) -> Iterator[Non
     if found is None:
         yield
         return
-    if enabled is False:
-        owner, leaf = found
-        layers = [layer for layer in getattr(owner, leaf) if isinstance(layer, CheckpointedLayer)]
-    else:
-        layers = _wrap_layers(model, False)
-    saved = [layer.enabled for layer in layers]
-    for layer in layers:
+    owner, leaf = found
+    stack = getattr(owner, leaf)
+    wrapped = [layer for layer in stack if isinstance(layer, CheckpointedLayer)]
+    if enabled is not False and len(wrapped) < len(stack):
+        wrapped = _wrap_layers(model, False)
+    # every loss call passes here: switch (and restore) only the layers whose mode differs
+    # (a layer's attribute set goes through nn.Module.__setattr__)
+    switched = [(layer, layer.enabled) for layer in wrapped if layer.enabled != enabled]
+    for layer, _ in switched:
         layer.enabled = enabled
     try:
         yield
     finally:
-        for layer, mode in zip(layers, saved, strict=True):
+        for layer, mode in switched:
             layer.enabled = mode
