@@ -727,3 +727,123 @@ def test_an_encoder_decoders_answers_are_cut_to_its_decoders_positions(source):
         )  # fmt: skip
     assert joint.candidate_labels.shape[1] <= 31
     assert torch.isfinite(model(**joint.inputs).logits).all()
+
+
+# What a shipped generation_config may carry (Qwen2.5-Instruct: repetition_penalty=1.05;
+# bart-large-cnn: no_repeat_ngram_size=3, min_length=56, forced_eos_token_id=2): each changed
+# the answers silently, or (num_return_sequences, return_dict_in_generate) broke the step.
+def leaking_generation_settings(first: int, eos: int) -> list[dict]:
+    return [
+        {"repetition_penalty": 5.0},
+        {"no_repeat_ngram_size": 1},
+        {"bad_words_ids": [[first]]},
+        {"suppress_tokens": [first]},
+        {"begin_suppress_tokens": [first]},
+        {"sequence_bias": {(first,): -100.0}},
+        {"forced_eos_token_id": eos},
+        {"exponential_decay_length_penalty": (1, 10.0)},
+        {"do_sample": True, "num_return_sequences": 2},
+        {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8, "min_p": 0.3},
+        {"do_sample": True, "typical_p": 0.2, "epsilon_cutoff": 0.1},
+        {"return_dict_in_generate": True, "output_scores": True},
+    ]
+
+
+# a minimum length keeps an answer from ending where the model ends it
+MINIMUM_LENGTHS = [{"min_new_tokens": 8}, {"min_length": 40}]
+
+
+def answers_under(model, answers, settings: dict, answer, end: int, seed: int = 0):
+    """``answer(answers, end)``'s candidate labels (answers ending at token ``end``) with
+    ``settings`` set on the model's generation_config (restored after), the sampling seeded."""
+    config = model.generation_config
+    saved = copy.deepcopy(config)
+    for name, value in settings.items():
+        setattr(config, name, value)
+    try:
+        torch.manual_seed(seed)
+        return answer(answers, end).candidate_labels
+    finally:
+        model.generation_config = saved
+
+
+def assert_config_leaves_answers(model, options, answer, eos: int, extra=()):
+    """Under each leaking setting (and ``extra``), the answers equal the plain config's;
+    under a minimum length too, the answers ending at the first answer's last token (8 new
+    tokens at most: a minimum of 8 would keep it from ending)."""
+    plain = answers_under(model, options, {}, answer, eos)
+    answered = plain[0][plain[0] != -100]
+    first, last = int(answered[0]), int(answered[-1])
+    for settings in [*leaking_generation_settings(first, eos), *extra]:
+        assert torch.equal(answers_under(model, options, settings, answer, eos), plain), settings
+    ending = answers_under(model, options, {}, answer, last)
+    for settings in MINIMUM_LENGTHS:
+        assert torch.equal(answers_under(model, options, settings, answer, last), ending), settings
+
+
+@pytest.mark.parametrize("source", ["greedy", "sampled"])
+def test_the_models_generation_config_does_not_change_its_answers(vocabulary_tokenizer, source):
+    """The answers are the model's argmax (or samples of its distribution) under the explicit
+    options only: a repetition penalty, n-gram blocking, a minimum length, suppressed / bad /
+    biased words, a forced end or a return layout in the model's ``generation_config`` changed
+    them silently (``no_repeat_ngram_size=1``: a different greedy answer; ``min_new_tokens``:
+    answers that cannot end) or broke the step (``num_return_sequences=2``: "zip() argument 2
+    is longer than argument 1")."""
+    model = tiny_gpt2(vocabulary_tokenizer)
+    batch = causal_batch(vocabulary_tokenizer)
+    labels = batch.pop("labels")
+    options = {"greedy": GreedyAnswers, "sampled": SampledAnswers}[source](max_new_tokens=8)
+
+    def answer(answers, end):
+        return answers.answer(
+            model, batch, labels, causal=True,
+            pad_token_id=vocabulary_tokenizer.pad_token_id, eos_token_ids=[end],
+        )  # fmt: skip
+
+    assert_config_leaves_answers(model, options, answer, vocabulary_tokenizer.sep_token_id)
+
+
+def test_an_encoder_decoders_answers_ignore_its_generation_config_but_its_forced_start():
+    """The same for an encoder-decoder, with the encoder-side settings
+    (``encoder_no_repeat_ngram_size``, ``encoder_repetition_penalty``); the language-picking
+    ``forced_bos_token_id`` (mBART, NLLB) stays the config's: the answers start with it."""
+    from _models import tiny_seq2seq
+
+    model = tiny_seq2seq("bart")  # 32 positions, vocabulary 97, pad 1, eos 2
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 97, (2, 10), generator=generator)
+    labels = torch.randint(3, 97, (2, 6), generator=generator)
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    def answer(answers, end):
+        return answers.answer(
+            model, inputs, labels, causal=False, pad_token_id=1, eos_token_ids=[end]
+        )
+
+    options = GreedyAnswers(max_new_tokens=8)
+    encoder_side = [{"encoder_no_repeat_ngram_size": 1}, {"encoder_repetition_penalty": 5.0}]
+    assert_config_leaves_answers(model, options, answer, 2, extra=encoder_side)
+    forced = answers_under(model, options, {"forced_bos_token_id": 50}, answer, 2)
+    assert forced[:, 0].tolist() == [50, 50]
+
+
+def test_a_source_with_other_decoding_is_a_small_subclass(vocabulary_tokenizer):
+    """A source that wants a processor after all (here a repetition penalty) overrides
+    ``ModelAnswers.generate``: its answers change, the greedy ones do not."""
+
+    class PenalisedAnswers(GreedyAnswers):
+        def generate(self, model, input_ids, attention_mask, **options):
+            return super().generate(
+                model, input_ids, attention_mask, repetition_penalty=5.0, **options
+            )
+
+    model = tiny_gpt2(vocabulary_tokenizer)
+    batch = causal_batch(vocabulary_tokenizer)
+    labels = batch.pop("labels")
+    greedy = causal_answers(
+        model, batch, labels, vocabulary_tokenizer, GreedyAnswers(max_new_tokens=8)
+    )
+    penalised = causal_answers(
+        model, batch, labels, vocabulary_tokenizer, PenalisedAnswers(max_new_tokens=8)
+    )
+    assert not torch.equal(greedy.candidate_labels, penalised.candidate_labels)

@@ -54,6 +54,7 @@ __all__ = [
     "JointBatch",
     "resolve_candidates",
     "generate_ids",
+    "NEUTRAL_GENERATION",
     "generated_labels",
     "pad_labels",
 ]
@@ -125,6 +126,12 @@ class ModelAnswers(CandidateSource):
             a terminal while a step generates); not one of the options: it takes no part in
             equality or the repr.
 
+    The answers follow these options only: the settings of the model's ``generation_config``
+    that would change the distribution, the answers' length or the output's layout (a
+    repetition penalty, n-gram blocking, a minimum length, ...: :data:`NEUTRAL_GENERATION`)
+    are passed at their neutral values; its special ids stay. Other decoding is a subclass
+    overriding :meth:`generate`.
+
     Raises:
         TypeError: ``sample`` not a bool; ``max_new_tokens``, ``top_k``, ``rows`` or
             ``every`` not an integer (a bool, a float), ``top_p`` or ``temperature`` not a
@@ -186,6 +193,13 @@ class ModelAnswers(CandidateSource):
             return None
         start = (step // self.every) * self.rows
         return (start + torch.arange(self.rows)) % batch_size
+
+    def generate(self, model, input_ids: Tensor, attention_mask: Tensor, **options) -> Tensor:
+        """The answering call: :func:`generate_ids` (the explicit options only, the model's
+        ``generation_config`` neutralised but for its special ids). A source with other
+        decoding is a subclass overriding this method, e.g. adding
+        ``repetition_penalty=1.2`` to ``options``."""
+        return generate_ids(model, input_ids, attention_mask, **options)
 
     def answer(
         self,
@@ -249,7 +263,7 @@ class ModelAnswers(CandidateSource):
         if not causal:
             # the decoder's start token, then the answer: both in the decoder's positions
             options["max_new_tokens"] = _fitted_budget(model, 1, max_new_tokens, decoder=True)
-            sequences = generate_ids(model, input_ids, attention_mask, **options)
+            sequences = self.generate(model, input_ids, attention_mask, **options)
             answers = generated_labels(sequences, eos_token_ids)
             answers[~targets.any(1)] = IGNORE_INDEX  # a row without a reference scores nothing
             joined = torch.cat(pad_labels([batch_labels, answers]))
@@ -266,7 +280,7 @@ class ModelAnswers(CandidateSource):
         prompts = _causal_prompts(input_ids, attention_mask, targets)
         left = _pad_rows(prompts, pad_token_id, side="left")
         options["max_new_tokens"] = _fitted_budget(model, left.shape[1], max_new_tokens)
-        sequences = generate_ids(model, left, _mask(prompts, "left"), **options)
+        sequences = self.generate(model, left, _mask(prompts, "left"), **options)
         # generated_labels drops its first column (a seq2seq decoder start): here the last
         # prompt column
         answers = generated_labels(sequences[:, left.shape[1] - 1 :], eos_token_ids)
@@ -450,6 +464,58 @@ def generated_labels(sequences: Tensor, eos: int | Sequence[int]) -> Tensor:
     return labels
 
 
+# The settings a model's generation_config may carry that make its answers something other
+# than its distribution (or its argmax), change their length or the output's layout: shipped
+# configs carry them (Qwen2.5-Instruct: repetition_penalty=1.05; bart-large-cnn:
+# no_repeat_ngram_size=3, min_length=56, forced_eos_token_id). generate_ids sets each to its
+# neutral value; the special ids (bos / eos / pad, decoder_start_token_id and
+# forced_bos_token_id, which picks mBART's / NLLB's language) and the cache stay the config's.
+NEUTRAL_GENERATION: dict[str, Any] = {
+    # the distribution
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "sequence_bias": None,
+    "typical_p": 1.0,
+    "min_p": None,
+    "top_h": None,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "guidance_scale": None,
+    "watermarking_config": None,
+    "dola_layers": None,
+    "penalty_alpha": None,
+    "num_beam_groups": 1,
+    "diversity_penalty": 0.0,
+    "constraints": None,
+    "force_words_ids": None,
+    "length_penalty": 1.0,
+    # the length
+    "min_length": 0,
+    "min_new_tokens": None,
+    "forced_eos_token_id": None,
+    "exponential_decay_length_penalty": None,
+    "max_time": None,
+    "stop_strings": None,
+    # the output's layout
+    "num_return_sequences": 1,
+    "return_dict_in_generate": False,
+}
+
+
+def _neutral_generation() -> dict[str, Any]:
+    """:data:`NEUTRAL_GENERATION`, less the settings this transformers does not know (each
+    unknown keyword would reach the model's forward)."""
+    from transformers import GenerationConfig
+
+    known = GenerationConfig()
+    return {name: value for name, value in NEUTRAL_GENERATION.items() if hasattr(known, name)}
+
+
 @torch.no_grad()
 def generate_ids(
     model,
@@ -462,14 +528,22 @@ def generate_ids(
     top_p: float = 1.0,
     temperature: float = 1.0,
     num_beams: int = 1,
-    **special_ids,
+    **options,
 ) -> Tensor:
-    """``model.generate`` in eval mode (the training mode restored after), greedy or sampled;
-    the sampling options are passed explicitly, so a model's ``generation_config`` does not
-    change them silently."""
+    """``model.generate`` in eval mode (the training mode restored after), greedy or sampled,
+    as ``[B, prompt + new]`` ids.
+
+    The answers follow the explicit options only: the sampling ones are passed, and every
+    setting of :data:`NEUTRAL_GENERATION` that the model's ``generation_config`` may carry (a
+    repetition penalty, n-gram blocking, a minimum length, suppressed words, ...) is set to
+    its neutral value, so the config does not change them silently. ``options`` (the special
+    ids, a ``streamer``, or a processor a caller wants after all) go to ``generate`` last."""
     was_training = model.training
     model.eval()
-    sampling = {"top_k": top_k, "top_p": top_p, "temperature": temperature} if sample else {}
+    if sample:
+        sampling = {"top_k": top_k, "top_p": top_p, "temperature": temperature}
+    else:  # unused by greedy decoding: the config's would only make generate() warn
+        sampling = {"top_k": None, "top_p": None, "temperature": None}
     try:
         return model.generate(
             input_ids=input_ids,
@@ -477,8 +551,7 @@ def generate_ids(
             do_sample=sample,
             num_beams=num_beams,
             max_new_tokens=max_new_tokens,
-            **sampling,
-            **special_ids,
+            **{**_neutral_generation(), **sampling, **options},
         )
     finally:
         model.train(was_training)
