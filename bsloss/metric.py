@@ -105,6 +105,11 @@ def _load_encoder(
         ) from error
 
 
+def _check_progress(progress: object) -> bool | None:
+    """``progress``: ``None`` (a bar only on a terminal) or a flag (:func:`check_flag`)."""
+    return None if progress is None else check_flag(progress, "progress")
+
+
 def get_hash(
     model: str,
     num_layers: int,
@@ -122,6 +127,10 @@ def get_hash(
     """
     import transformers
 
+    idf = check_flag(idf, "idf")
+    rescale_with_baseline = check_flag(rescale_with_baseline, "rescale_with_baseline")
+    use_custom_baseline = check_flag(use_custom_baseline, "use_custom_baseline")
+    use_fast_tokenizer = check_flag(use_fast_tokenizer, "use_fast_tokenizer")
     signature = (
         f"{model}_L{num_layers}{'_idf' if idf else '_no-idf'}_version=bsloss-{__version__}"
         f"(hug_trans={transformers.__version__},torch={torch.__version__})"
@@ -252,6 +261,9 @@ class BERTScorer:
         # a truth test would take the string "false" as true: all layers, or rescaled scores
         all_layers = check_flag(all_layers, "all_layers")
         rescale_with_baseline = check_flag(rescale_with_baseline, "rescale_with_baseline")
+        use_fast_tokenizer = check_flag(use_fast_tokenizer, "use_fast_tokenizer")
+        compile = check_flag(compile, "compile")
+        distributed = check_flag(distributed, "distributed")
         batch_size = check_int(batch_size, "batch_size", 1)
         chunk_size = check_int(chunk_size, "chunk_size", 1)
         reference_cache_size = check_int(reference_cache_size, "reference_cache_size", 0)
@@ -472,6 +484,7 @@ class BERTScorer:
         >>> embeddings, ids = scorer.embed(["A cat."])["A cat."]  # doctest: +SKIP
         """
         texts = check_texts(texts, "texts")
+        progress = _check_progress(progress)
         embedded, truncated = self._references.embed(
             texts,
             window=self.long_inputs == "window",
@@ -549,6 +562,7 @@ class BERTScorer:
         """
         cands, groups = validate_pairs(cands, refs)
         return_hash = check_flag(return_hash, "return_hash")
+        verbose, progress = check_flag(verbose, "verbose"), _check_progress(progress)
         if batch_size is not None:
             batch_size = check_int(batch_size, "batch_size", 1)
         start_time = time.perf_counter()
@@ -894,6 +908,8 @@ def score(
     >>> round(float(F[0]), 2) > 0.8
     True
     """
+    # before a model loads: bad flags are refused at once
+    verbose, progress = check_flag(verbose, "verbose"), _check_progress(progress)
     scorer = BERTScorer(
         model_type,
         num_layers,

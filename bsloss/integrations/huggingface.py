@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from bsloss.bridge import Bridge
 from bsloss.functional.fused_expectation import ids_outside_vocabulary
-from bsloss.inputs import as_token_ids, check_reference_groups
+from bsloss.inputs import as_token_ids, check_flag, check_reference_groups
 from bsloss.integrations.candidates import CandidateSource, resolve_candidates
 from bsloss.integrations.lm_head import (
     IGNORE_INDEX,
@@ -895,6 +895,9 @@ def bertscore_compute_metrics(
     >>> round(metrics((ids, ids))["bertscore_f1"], 4)
     1.0
     """
+    causal = check_flag(causal, "causal")
+    if teacher_forced is not None:
+        teacher_forced = check_flag(teacher_forced, "teacher_forced")
     scorer = scorer or BERTScorer()
     if teacher_forced is False and causal:
         raise ValueError("causal=True is for teacher-forced predictions: teacher_forced=False")
