@@ -89,7 +89,10 @@ def read_baseline(path: str | Path, num_layers: int) -> torch.Tensor:
         raise ValueError(
             f"baseline file {path}: layer {num_layers} has a value that is not a number: {row}"
         ) from None
-    if values.numel() != 3 or not torch.isfinite(values).all() or not torch.all(values < 1):
+    # below 1 in float32 too, the dtype the loss and the metric rescale in: 0.99999999 is 1.0
+    # there, and (x - b) / (1 - b) divides by 0
+    below_one = torch.all(values < 1) and torch.all(values.float() < 1)
+    if values.numel() != 3 or not torch.isfinite(values).all() or not below_one:
         raise ValueError(
             f"baseline file {path}: layer {num_layers} must have three finite values below 1 "
             f"(P, R, F), got {row[1:]}"

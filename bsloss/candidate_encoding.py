@@ -122,12 +122,19 @@ class CandidateEncoder:
     def generator_table(self, scorer_weights: Tensor, size: int | None = None) -> Tensor:
         """``[V_gen, d + 1]``: input embeddings and importance weights of the generator's tokens
         (through the bridge when vocabularies differ). The scorer is frozen, so it is built once
-        per device and dtype. ``size``: the candidates' vocabulary when a bridged head has rows
-        past the tokenizer's tokens (:meth:`check_vocab`): those rows are 0, embedding and
-        weight (they make no text)."""
+        per device, dtype and state of the weights (:meth:`ScorerEncoder.weights_key`: a
+        ``load_state_dict`` into the scorer builds it again, as do in-place changes of the
+        weights or of ``scorer_weights``). ``size``: the candidates' vocabulary when a bridged
+        head has rows past the tokenizer's tokens (:meth:`check_vocab`): those rows are 0,
+        embedding and weight (they make no text)."""
         table = self.encoder.input_embeddings.weight
         size = self.generator_vocab_size if size is None else size
-        key = (table.device, table.dtype, size)
+        weights_version = (
+            0
+            if torch.compiler.is_compiling() or scorer_weights.is_inference()
+            else scorer_weights._version
+        )
+        key = (table.device, table.dtype, size, self.encoder.weights_key(), weights_version)
         if key not in self._tables:
             # a plain tensor even when first built under torch.inference_mode(): a later
             # training call saves it for backward

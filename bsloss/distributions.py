@@ -74,18 +74,27 @@ def check_finite_tensor(tensor: Tensor, name: str) -> None:
 def check_probabilities(probs: Tensor, mask: Tensor | None = None, name: str = "probs") -> None:
     """ValueError naming the first position ``[b, t]`` of ``probs`` ``[B, L, V]`` with a negative
     entry, or, among the scored positions (``mask`` ``[B, L]``), whose total is below float32's
-    smallest normal number: such a row cannot be renormalised (a zero row would score as a zero
-    embedding of weight 0, silently). One read of the device."""
+    smallest normal number or past its largest: such a row cannot be renormalised (a zero row
+    would score as a zero embedding of weight 0, and a total that overflows to inf divides
+    every entry to 0: an empty candidate, silently). One read of the device."""
     negative = (probs < 0).any(dim=-1)
     bad = negative
     if mask is not None:
-        massless = (probs.sum(dim=-1) < torch.finfo(torch.float32).tiny) & mask
-        bad = negative | massless
+        total = probs.sum(dim=-1)
+        massless = (total < torch.finfo(torch.float32).tiny) & mask
+        overflowing = torch.isinf(total) & mask
+        bad = negative | massless | overflowing
     if not bad.any():
         return
     if negative.any():
         raise ValueError(
             f"{name} must be non-negative: a negative entry at {name}{position_of_first(negative)}"
+        )
+    if overflowing.any():
+        raise ValueError(
+            f"{name}{position_of_first(overflowing)} sums past the largest float "
+            f"({torch.finfo(probs.dtype).max:.3g} in {probs.dtype}), so it cannot be "
+            "renormalised: scale the row down (only its proportions count)"
         )
     raise ValueError(
         f"{name}{position_of_first(massless)} sums to 0 at a scored position (candidate_mask "

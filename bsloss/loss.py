@@ -207,6 +207,9 @@ class BERTScoreLoss(nn.Module):
             string shorthand ``"hard"``, ``"softmax"``, ``"logsumexp"`` or ``"sinkhorn"``
             (default temperature 0.05). Stored resolved, as an object, in ``loss.matching``.
         target: which score the loss is ``1 -`` of: ``"f1"``, ``"precision"`` or ``"recall"``.
+            F is bert_score's harmonic mean where P and R are both positive, ``min(P, R)``
+            elsewhere (the harmonic mean's pole at ``P = -R``, which the soft matchings
+            reach, would make the loss unbounded below; docs/loss.md).
         idf: ``False`` (or ``None``, ``0``, as the metric takes them), a list of sentences, or
             a ``{scorer_token_id: weight}`` dict (``True`` and ``1``, the metric's idf from each
             call's references, are refused: pass the corpus). A candidate whose references'
@@ -924,6 +927,8 @@ class BERTScoreLoss(nn.Module):
             cand_weights if index is None else cand_weights[index],
             ref_weights,
             matching=self.matching,
+            # no pole at P = -R, which the soft matchings reach: 1 - F stays in [0, 2]
+            bounded_f=True,
         )
         empty = None
         if self.baseline is not None or index is not None:

@@ -144,7 +144,8 @@ def test_bf16_linear_encoder_outside_autocast_is_a_clear_error(fast_scorer):
 
 def test_compiled_encoder_scores_like_eager(scorer, pairs):
     """``compile=True`` (torch.compile with weight freezing) gives the scores of the eager
-    encoder; a batch of one (a shape the first compile did not see) works too."""
+    encoder; a batch of one (a shape the first compile did not see) works too, and so do new
+    weights loaded after compiling (freezing baked the old ones in: it scored with those)."""
     cands, refs = pairs[0][:40], pairs[1][:40]
     layer = bsloss.scorer.encoder.ScorerEncoder.from_pretrained(num_layers=2, device="cpu")
     eager = bsloss.BERTScorer(encoder=layer).score(cands, refs)[2]
@@ -153,6 +154,15 @@ def test_compiled_encoder_scores_like_eager(scorer, pairs):
     assert (compiled.score(cands, refs)[2] - eager).abs().max().item() <= 1e-4
     assert counters["stats"]["unique_graphs"] > graphs_before  # it did go through dynamo
     assert (compiled.score(cands[:1], refs[:1])[2] - eager[:1]).abs().max().item() <= 1e-4
+    # new weights: freezing baked the old ones in, so the model is compiled again
+    torch.manual_seed(0)
+    moved = {k: v + 0.05 * torch.randn_like(v) for k, v in layer.model.state_dict().items()}
+    layer.model.load_state_dict(moved)
+    fresh = bsloss.scorer.encoder.ScorerEncoder.from_pretrained(num_layers=2, device="cpu")
+    fresh.model.load_state_dict(moved)
+    moved_eager = bsloss.BERTScorer(encoder=fresh).score(cands[:4], refs[:4])[2]
+    assert (moved_eager - eager[:4]).abs().max().item() > 1e-3  # the weights did move
+    assert (compiled.score(cands[:4], refs[:4])[2] - moved_eager).abs().max().item() <= 1e-4
     # the loss path (with grad) does not go through the frozen compiled model
     ids = torch.tensor([layer.tokenization(["a cat"])[0]])
     embeds = layer.input_embeddings(ids).detach().requires_grad_()

@@ -116,3 +116,75 @@ def test_cached_references_follow_a_change_of_the_scorers_weights():
     metric.clear_cache(), loss.clear_cache()
     torch.testing.assert_close(cached_metric, metric.score(cands, refs)[2], rtol=0, atol=1e-6)
     torch.testing.assert_close(cached_loss, loss(logits=logits, references=refs), rtol=0, atol=1e-6)
+
+
+def changed_embeddings(encoder) -> dict:
+    """The scorer's state with its word embeddings moved (what the candidates are encoded
+    from) and its queries too (what the references are encoded through)."""
+    return {
+        name: value + 0.05 * torch.randn_like(value)
+        if "word_embeddings" in name or "query.weight" in name
+        else value.clone()
+        for name, value in encoder.model.state_dict().items()
+    }
+
+
+def test_the_candidate_table_follows_a_change_of_the_scorers_weights():
+    """The loss's generator table (the scorer's input embeddings, with their weights) was
+    built once per device, dtype and size: after ``loss.load_state_dict`` with ``encoder.*``
+    keys that move the word embeddings, the loss encoded its candidates from the old table
+    (0.186 where a fresh loss on the new weights gives 0.086), and only ``clear_cache()``
+    fixed it."""
+    from bsloss.scorer.encoder import ScorerEncoder
+
+    encoder = ScorerEncoder.from_pretrained(device="cpu")  # its own: the weights change here
+    refs = ["a cat is on it", "a dog barks"]
+    loss = BERTScoreLoss(encoder, reduction="none")
+    ids = encoder.tokenizer(["a cat sat on it", "the dog barked"], padding=True)["input_ids"]
+    ids = torch.tensor(ids)  # [PAD] positions are not content: skipped
+    logits = 8.0 * torch.nn.functional.one_hot(ids, encoder.input_embeddings.num_embeddings)
+    loss(logits=logits.float(), references=refs)  # the table built
+    torch.manual_seed(0)
+    loss.load_state_dict(
+        {f"encoder.model.{k}": v for k, v in changed_embeddings(encoder).items()}, strict=False
+    )
+    fresh = BERTScoreLoss(encoder, reduction="none")
+    torch.testing.assert_close(
+        loss(logits=logits.float(), references=refs),
+        fresh(logits=logits.float(), references=refs),
+        rtol=0,
+        atol=1e-6,
+    )
+
+
+@pytest.mark.parametrize("into", ["model", "loss"])
+def test_caches_follow_weights_loaded_as_new_parameters(into):
+    """``load_state_dict(..., assign=True)`` (the way into a meta-initialised model) installs
+    new parameter objects; the caches counted in-place changes of the old ones only: the
+    metric then scored F 0.48 instead of 0.95, the loss 0.563 instead of 0.086, and the
+    replaced weights stayed alive in the cache's list of parameters (86.6 MiB for MiniLM)."""
+    import gc
+    import weakref
+
+    from bsloss.scorer.encoder import ScorerEncoder
+
+    encoder = ScorerEncoder.from_pretrained(device="cpu")
+    cands, refs = ["a cat sat on the mat", "the dog barked"], ["a cat is on it", "a dog barks"]
+    metric = BERTScorer(encoder=encoder, reference_cache_size=100)
+    loss = BERTScoreLoss(encoder, reduction="none", reference_cache_size=100)
+    logits = torch.randn(2, 4, encoder.input_embeddings.num_embeddings)
+    metric.score(cands, refs), loss(logits=logits, references=refs)  # cached
+    old = weakref.ref(encoder.input_embeddings.weight)
+    torch.manual_seed(0)
+    state = changed_embeddings(encoder)
+    if into == "model":
+        encoder.model.load_state_dict(state, assign=True)
+    else:
+        loss.load_state_dict({f"encoder.model.{k}": v for k, v in state.items()}, assign=True)
+    assert encoder.input_embeddings.weight is not old()  # new parameter objects
+    cached_metric, cached_loss = metric.score(cands, refs)[2], loss(logits=logits, references=refs)
+    metric.clear_cache(), loss.clear_cache()
+    torch.testing.assert_close(cached_metric, metric.score(cands, refs)[2], rtol=0, atol=1e-6)
+    torch.testing.assert_close(cached_loss, loss(logits=logits, references=refs), rtol=0, atol=1e-6)
+    gc.collect()
+    assert old() is None  # the replaced weights are not held

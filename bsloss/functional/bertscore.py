@@ -85,6 +85,7 @@ def _prf(
     reference_mask,
     candidate_weights,
     reference_weights,
+    bounded_f: bool = False,
     **matching_options,
 ) -> PRF:
     cand_scores, ref_scores = token_scores(
@@ -98,7 +99,7 @@ def _prf(
     empty = (cand_total == 0) | (ref_total == 0)
     precision = mean_or_zero((cand_scores * cand_weights).sum(dim=-1), cand_total, empty)
     recall = mean_or_zero((ref_scores * ref_weights).sum(dim=-1), ref_total, empty)
-    return PRF(precision, recall, f_measure(precision, recall))
+    return PRF(precision, recall, f_measure(precision, recall, bounded=bounded_f))
 
 
 def _self_normalized(pair: PRF, cand_self: PRF, ref_self: PRF) -> PRF:
@@ -124,6 +125,7 @@ def bert_score(
     sinkhorn_iterations: int | None = None,
     self_normalize: bool | None = None,
     normalized: bool = False,
+    bounded_f: bool = False,
 ) -> PRF:
     """Per-pair BERTScore from token embeddings.
 
@@ -145,6 +147,9 @@ def bert_score(
         self_normalize: divide by the self-similarities (Chen et al. Eq. 6); default: the
             matching's ``self_normalizes`` (on for Sinkhorn only).
         normalized: the embeddings are already unit-norm.
+        bounded_f: F is :func:`~bsloss.functional.f_measure`'s bounded form: bert_score's
+            harmonic mean where P and R are both positive, else ``min(P, R)`` (no pole at
+            ``P = -R``, which the soft matchings can reach; the loss's F).
 
     Returns:
         :class:`PRF` of ``[B]`` tensors in float32 (float64 for float64 inputs). A pair in which
@@ -195,7 +200,7 @@ def bert_score(
     candidate_weights = _weights(candidate_weights, candidate_mask, "candidate_weights", dtype)
     reference_weights = _weights(reference_weights, reference_mask, "reference_weights", dtype)
 
-    options = dict(matching=match, normalized=normalized)
+    options = dict(matching=match, normalized=normalized, bounded_f=bounded_f)
     pair = _prf(
         candidates,
         references,

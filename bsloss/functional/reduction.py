@@ -43,10 +43,26 @@ def mean_or_zero(weighted_sum: Tensor, total: Tensor, zero: Tensor) -> Tensor:
     return torch.where(zero, 0.0, weighted_sum / torch.where(zero, 1.0, total))
 
 
-def f_measure(precision: Tensor, recall: Tensor) -> Tensor:
-    """Harmonic mean ``2PR / (P + R)``; 0 where ``P + R == 0`` (as bert_score sets NaN to 0)."""
+def f_measure(precision: Tensor, recall: Tensor, bounded: bool = False) -> Tensor:
+    """Harmonic mean ``2PR / (P + R)``; 0 where ``P + R == 0`` (as bert_score sets NaN to 0).
+
+    ``bounded``: the harmonic mean where ``P > 0`` and ``R > 0``, else ``min(P, R)``. The
+    harmonic mean has a pole at ``P = -R`` (``P = -0.0071, R = 0.0071``: F = 11,609), which the
+    soft matchings reach (near-uniform candidates give them negative P or R); the bounded F is
+    continuous (the harmonic mean tends to 0 as P or R does), stays in ``[min, max]`` of P and
+    R, and keeps a gradient there. bert_score's F where both are positive: the loss uses it.
+
+    >>> import torch
+    >>> p, r = torch.tensor([0.2, -0.0071]), torch.tensor([0.6, 0.0071])
+    >>> f_measure(p, r, bounded=True)
+    tensor([ 0.3000, -0.0071])
+    """
     denominator = precision + recall
-    return mean_or_zero(2 * precision * recall, denominator, denominator == 0)
+    if not bounded:
+        return mean_or_zero(2 * precision * recall, denominator, denominator == 0)
+    positive = (precision > 0) & (recall > 0)
+    harmonic = mean_or_zero(2 * precision * recall, denominator, ~positive)
+    return torch.where(positive, harmonic, torch.minimum(precision, recall))
 
 
 def best_over_references(

@@ -72,12 +72,37 @@ def check_checkpointing(value: object) -> Checkpointing:
     raise ValueError(f"gradient_checkpointing must be True, False or 'auto', got {value!r}")
 
 
+_WRAPPED = "layer."  # the wrapped layer's keys inside the wrapper's
+
+
+def _unwrapped_keys(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
+    """State-dict post hook: the wrapped layer's keys without the wrapper's ``layer.``."""
+    inside = prefix + _WRAPPED
+    # the wrapper's keys come last when its hook runs: renamed in their order, they stay there
+    for key in [key for key in state_dict if key.startswith(inside)]:
+        state_dict[prefix + key[len(inside) :]] = state_dict.pop(key)
+
+
+def _wrapped_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """Load-state-dict pre hook: the wrapper's keys as its state dict gives them (the wrapped
+    layer's own) go to the wrapped layer."""
+    for key in [key for key in state_dict if key.startswith(prefix)]:
+        state_dict[prefix + _WRAPPED + key[len(prefix) :]] = state_dict.pop(key)
+
+
 class CheckpointedLayer(nn.Module):
+    """A layer of the scorer's stack that can checkpoint (:attr:`enabled`). Invisible to state
+    dicts, as torch's ``checkpoint_wrapper`` is: the scorer's ``state_dict()`` keys,
+    ``load_state_dict`` of a plain Hugging Face state and ``save_pretrained`` are those of the
+    model as it was loaded (``encoder.layer.0.attention...``, not ``encoder.layer.0.layer.``)."""
+
     def __init__(self, layer: nn.Module):
         super().__init__()
         self.layer = layer
         self.enabled: Checkpointing = True
         self.stack_depth = 1  # layers in the stack: what "auto" estimates the call's cost over
+        self.register_state_dict_post_hook(_unwrapped_keys)
+        self.register_load_state_dict_pre_hook(_wrapped_keys)
 
     def __getattr__(self, name: str):
         # The wrapped layer's submodules stay reachable (``layer[0].attention``), so code that

@@ -28,7 +28,7 @@ from itertools import chain
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from bsloss.inputs import check_int
 from bsloss.scorer.batching import to_device
@@ -152,13 +152,6 @@ class ReferenceCache(Mapping[str, Embedded]):
             self._truncated.discard(oldest)
 
 
-def _weights_version(parameters: list[Tensor]) -> int:
-    """A count that grows with every in-place change of the ``parameters`` (``load_state_dict``,
-    an optimizer step): their version counters, summed (a host read of no tensor). Parameters
-    made under inference mode keep none: they count 0."""
-    return sum(0 if p.is_inference() else p._version for p in parameters)
-
-
 def _nbytes(entry: Embedded) -> int:
     return sum(t.numel() * t.element_size() for t in entry)
 
@@ -192,9 +185,6 @@ class ReferenceEmbedder:
         self.transform = transform
         self.autocast_dtype = autocast_dtype
         self.inference_mode = inference_mode
-        # the scorer's parameters, listed once per model (walking the modules costs ~0.14 ms a
-        # call, the versions' sum ~7 us): the cache's key counts their in-place changes
-        self._parameters: tuple[nn.Module | None, list[Tensor]] = (None, [])
 
     def _context(self) -> ExitStack:
         stack = ExitStack()
@@ -224,13 +214,8 @@ class ReferenceEmbedder:
             self.encoder.linear_weight_dtype,
             autocast,
             window,
-            _weights_version(self._parameters_of(self.encoder.model)),
+            self.encoder.weights_key(),
         )
-
-    def _parameters_of(self, model: nn.Module) -> list[Tensor]:
-        if self._parameters[0] is not model:
-            self._parameters = (model, list(model.parameters()))
-        return self._parameters[1]
 
     def tokenize(
         self, texts: Sequence[str], window: bool = False, threads: int | None = None
