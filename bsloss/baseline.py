@@ -59,7 +59,8 @@ def read_baseline(path: str | Path, num_layers: int) -> torch.Tensor:
         raise FileNotFoundError(f"baseline file {path} does not exist")
     if path.is_dir():
         raise IsADirectoryError(f"baseline file {path} is a directory, not a file")
-    with open(path, newline="", encoding="utf-8") as handle:
+    # utf-8-sig: a byte-order mark (Excel's, Notepad's) is not part of the header
+    with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle)
         header = [cell.strip() for cell in next(reader, [])]
         if header[:4] != _HEADER:

@@ -24,10 +24,13 @@ __all__ = ["compute_baseline", "random_pairs"]
 def random_pairs(
     sentences: Sequence[str], num_pairs: int, seed: int
 ) -> tuple[list[str], list[str]]:
-    """``num_pairs`` pairs of distinct, randomly chosen non-empty sentences.
+    """``num_pairs`` pairs of distinct, randomly chosen non-empty sentences: a line is never
+    paired with itself nor with a copy of itself (a repeated line would score F = 1 against
+    its copy and pull the baseline up; the draw is redone, so a corpus without repeats draws
+    exactly as before).
 
     Raises:
-        ValueError: ``num_pairs`` < 1, or fewer than two non-empty sentences.
+        ValueError: ``num_pairs`` < 1, or fewer than two distinct non-empty sentences.
 
     >>> random_pairs(["a", "b", " "], 2, seed=0)
     (['b', 'a'], ['a', 'b'])
@@ -35,11 +38,13 @@ def random_pairs(
     num_pairs = check_int(num_pairs, "num_pairs", 1)
     rng = random.Random(seed)
     pool = [s for s in sentences if s.strip()]
-    if len(pool) < 2:
-        raise ValueError("a baseline needs a corpus of at least two non-empty sentences")
+    if len({s.strip() for s in pool}) < 2:
+        raise ValueError("a baseline needs a corpus of at least two distinct non-empty sentences")
     cands, refs = [], []
     for _ in range(num_pairs):
         i, j = rng.sample(range(len(pool)), 2)
+        while pool[i].strip() == pool[j].strip():
+            i, j = rng.sample(range(len(pool)), 2)
         cands.append(pool[i])
         refs.append(pool[j])
     return cands, refs

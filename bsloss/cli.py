@@ -103,10 +103,11 @@ def _baseline(args: argparse.Namespace) -> int:
     if args.output.is_dir():
         raise ValueError(f"-o {args.output} is a directory; give the baseline file's name")
     sentences = [s for s in _read_lines(args.corpus, "--corpus") if s.strip()]
-    if len(sentences) < 2:
+    distinct = len({s.strip() for s in sentences})
+    if distinct < 2:
         raise ValueError(
-            f"--corpus {args.corpus} has {len(sentences)} non-empty line(s); a baseline pairs "
-            "unrelated sentences and needs at least two"
+            f"--corpus {args.corpus} has {distinct} distinct non-empty line(s); a baseline "
+            "pairs unrelated sentences and needs at least two"
         )
     progress = None if args.progress == "auto" else args.progress == "on"
     table = compute_baseline(
@@ -132,10 +133,10 @@ def _plot(args: argparse.Namespace) -> int:
     from bsloss import BERTScorer
     from bsloss.plot import check_image_path, draw_pair
 
-    check_image_path(args.output)  # before loading the model
+    output = check_image_path(args.output)  # before loading the model; NAME -> NAME.png
     scorer = BERTScorer(model=args.model, num_layers=args.num_layers, device=args.device)
-    draw_pair(scorer, args.candidate, args.reference, args.output, args.temperature)
-    print(f"wrote {args.output}")
+    draw_pair(scorer, args.candidate, args.reference, output, args.temperature)
+    print(f"wrote {output}")
     return 0
 
 

@@ -969,7 +969,9 @@ def plot_example(
     Raises:
         ImportError, TypeError, ValueError: as :func:`~bsloss.plot.draw_pair` (no matplotlib,
             a bad text, ``temperature`` or image format); a scorer that cannot be built raises
-            as :class:`BERTScorer`.
+            as :class:`BERTScorer`. ``TypeError``: a ``scorer`` that is not a
+            :class:`BERTScorer`, or a scorer setting (``num_layers``, ``lang``,
+            ``rescale_with_baseline``, ...) beside a scorer, where it would be unused.
 
     >>> import bsloss
     >>> figure = bsloss.plot_example("the cat sat", "a cat was sitting")
@@ -977,8 +979,28 @@ def plot_example(
     True
     """
     if isinstance(model_type, BERTScorer):
+        if scorer is not None:
+            raise TypeError("plot_example: a scorer as model_type and scorer=; pass one")
         model_type, scorer = None, model_type
-    if scorer is None:
+    if scorer is not None:
+        if not isinstance(scorer, BERTScorer):
+            raise TypeError(f"scorer must be a BERTScorer, got {type(scorer).__name__}")
+        # settings of the scorer: beside a built one they would be silently unused
+        given = {
+            "model_type": model_type,
+            "num_layers": num_layers,
+            "lang": lang,
+            "rescale_with_baseline": rescale_with_baseline or None,
+            "baseline_path": baseline_path,
+            "use_fast_tokenizer": use_fast_tokenizer or None,
+        }
+        for name, value in given.items():
+            if value is not None:
+                raise TypeError(
+                    f"plot_example: {name}={value!r} is a setting of the scorer; with a "
+                    "scorer, set it on the BERTScorer (or leave the scorer out)"
+                )
+    else:
         scorer = BERTScorer(
             model_type,
             num_layers,

@@ -111,8 +111,9 @@ def _matplotlib():
 
 
 def check_image_path(fname: str | Path) -> Path:
-    """``fname`` as a path matplotlib can write: its extension a format it knows (none: PNG),
-    not a directory, in an existing folder.
+    """``fname`` as the path matplotlib writes: its extension a format it knows (none: the
+    default format's added, ``.png``, as ``savefig`` adds it), not a directory, in an existing
+    folder.
 
     Raises:
         ValueError: an unknown extension, a directory, or a missing folder.
@@ -130,6 +131,8 @@ def check_image_path(fname: str | Path) -> Path:
         )
     if not path.parent.is_dir():
         raise ValueError(f"output {path}: the folder {path.parent} does not exist")
+    if not extension:
+        path = path.with_name(f"{path.name}.{_matplotlib().rcParams['savefig.format']}")
     return path
 
 

@@ -56,3 +56,88 @@ def test_compute_metrics_flags_are_bools(encoder):
         bertscore_compute_metrics(tokenizer, scorer, causal="no")
     with pytest.raises(TypeError, match=r"teacher_forced must be a bool"):
         bertscore_compute_metrics(tokenizer, scorer, teacher_forced="no")
+
+
+# ------------------------------------------------ audit h11: the side entry points
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"num_layers": 3},
+        {"lang": "en"},
+        {"rescale_with_baseline": True},
+        {"baseline_path": "b.tsv"},
+        {"model_type": "roberta-large"},
+        {"use_fast_tokenizer": True},
+    ],
+)
+def test_plot_example_refuses_scorer_settings_beside_a_scorer(encoder, settings):
+    """``plot_example(c, r, scorer, 3)`` (bert_score's order, a scorer for model_type) drew
+    layer 6 and titled it with layer 6's P/R/F; ``rescale_with_baseline=True`` beside
+    ``scorer=`` drew unrescaled scores: every scorer setting beside a scorer was unused,
+    silently."""
+    pytest.importorskip("matplotlib")
+    scorer = bsloss.BERTScorer(encoder=encoder)
+    name = next(iter(settings))
+    with pytest.raises(TypeError, match=rf"plot_example: {name}=.* is a setting of the scorer"):
+        bsloss.plot_example("a cat", "the cat", scorer=scorer, **settings)
+    if name != "model_type":  # the scorer in model_type's place, as bert_score's order has it
+        with pytest.raises(TypeError, match=rf"{name}=.* is a setting of the scorer"):
+            bsloss.plot_example("a cat", "the cat", scorer, **settings)
+    with pytest.raises(TypeError, match=r"scorer must be a BERTScorer, got str"):
+        bsloss.plot_example("a cat", "the cat", scorer="all-mpnet-base-v2")
+
+
+def test_baseline_pairs_never_pair_a_line_with_its_copy():
+    """Repeated lines were paired with their own copies (F = 1, the baseline pulled up: 0.2035
+    instead of 0.1833 with one sentence 10 times in 49 lines), and a corpus of one repeated
+    sentence wrote a baseline of 1.0 that bsloss then refuses. A corpus without repeats draws
+    as before (the shipped baselines reproduce)."""
+    from bsloss.baseline_estimation import random_pairs
+
+    corpus = ["a cat sat", "a cat sat ", "the dog ran", "rain again"]
+    cands, refs = random_pairs(corpus, 200, seed=0)
+    assert all(c.strip() != r.strip() for c, r in zip(cands, refs, strict=True))
+    distinct = [f"sentence {i}" for i in range(30)]
+    assert random_pairs(distinct, 50, seed=3) == random_pairs(distinct, 50, seed=3)
+    import random
+
+    rng = random.Random(3)  # the draw without repeats: rng.sample as before
+    expected = [tuple(rng.sample(range(30), 2)) for _ in range(50)]
+    cands, refs = random_pairs(distinct, 50, seed=3)
+    assert [
+        (distinct.index(c), distinct.index(r)) for c, r in zip(cands, refs, strict=True)
+    ] == expected
+    with pytest.raises(ValueError, match="at least two distinct non-empty sentences"):
+        random_pairs(["same line", "same line", " same line "], 5, seed=0)
+
+
+def test_the_baseline_command_counts_distinct_lines(tmp_path, capsys):
+    from bsloss.cli import main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("same line\nsame line\n\nsame line\n")
+    assert main(["baseline", "--corpus", str(corpus), "-o", str(tmp_path / "b.tsv")]) == 2
+    assert "1 distinct non-empty line(s)" in capsys.readouterr().err
+
+
+def test_a_baseline_file_with_a_byte_order_mark_is_read(tmp_path):
+    """Excel and Notepad save UTF-8 with a byte-order mark; bert_score reads such a file,
+    bsloss refused it (its header did not match)."""
+    from bsloss.baseline import read_baseline
+
+    path = tmp_path / "baseline.csv"
+    rows = "".join(f"{layer},0.8{layer},0.7{layer},0.75\n" for layer in range(7))
+    path.write_text("\ufeffLAYER,P,R,F\n" + rows, encoding="utf-8")
+    assert read_baseline(path, 6).tolist() == [0.86, 0.76, 0.75]
+
+
+def test_plot_without_an_extension_names_the_file_it_wrote(tmp_path):
+    """``bsloss plot -o NAME`` wrote NAME.png (matplotlib adds the extension) and printed
+    ``wrote NAME``."""
+    pytest.importorskip("matplotlib")
+    from bsloss.plot import check_image_path
+
+    assert check_image_path(tmp_path / "figure") == tmp_path / "figure.png"
+    assert check_image_path(tmp_path / "figure.pdf") == tmp_path / "figure.pdf"
