@@ -98,3 +98,28 @@ def test_a_baseline_that_is_one_in_float32_is_refused(tmp_path, encoder):
             read_baseline(path, 6)
         with pytest.raises(ValueError, match=r"must have three finite values below 1"):
             bsloss.BERTScoreLoss(encoder, rescale_with_baseline=str(path))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("matching", [bsloss.Hard(), bsloss.Sinkhorn(0.1)])
+def test_a_zero_vector_gets_an_ordinary_gradient(dtype, matching):
+    """A zero token vector (a hidden state zeroed by a mask upstream) scores cosine 0, but its
+    gradient was upstream / 1e-12 (``normalize``'s eps): 7.6e10 in float32, inf or NaN in
+    float16, and ``0 * inf`` made NaN in the model's gradient behind a mask multiply."""
+    torch.manual_seed(0)
+    candidates = torch.randn(2, 5, 16).to(dtype)
+    references = torch.randn(2, 4, 16).to(dtype)
+    keep = torch.ones(2, 5, 1, dtype=dtype)
+    keep[0, 2] = 0
+    candidates.requires_grad_()
+    masked = candidates * keep  # the zero vector, scored
+    f1 = bert_score(masked, references, matching=matching).f1
+    (through_mask, at_zero) = torch.autograd.grad(f1.sum(), [candidates, masked])
+    assert torch.isfinite(through_mask).all()  # float16: NaN (0 * inf)
+    assert at_zero.float().abs().max() < 10  # float32: 1e10 and more at [0, 2]
+    # the values of ordinary vectors are those of normalize: bit-identical
+    from bsloss.functional.similarity import l2_normalize
+
+    vectors = torch.randn(3, 7, 16)
+    assert torch.equal(l2_normalize(vectors), torch.nn.functional.normalize(vectors, dim=-1))
+    assert torch.equal(l2_normalize(torch.zeros(2, 16)), torch.zeros(2, 16))

@@ -29,15 +29,16 @@ def math_dtype(*tensors: Tensor) -> torch.dtype:
     return dtype
 
 
-def l2_normalize(embeddings: Tensor, eps: float = 1e-12) -> Tensor:
+def l2_normalize(embeddings: Tensor) -> Tensor:
     """Unit-norm token vectors along the last axis, computed in ``math_dtype``.
 
-    A zero vector (a padded slot) stays zero instead of becoming NaN. The norm is scale-safe:
-    each vector is first multiplied by the power of two that brings its largest entry into
-    ``[0.5, 1)``, so its sum of squares neither overflows (entries near 1e20 in float32) nor
-    falls below ``eps`` (entries near 1e-20). A power-of-two scaling is exact, so for ordinary
-    vectors the result is bit-identical to normalising them as they are; the scale is constant
-    for the gradient, which is that of the unit vector itself.
+    A zero vector (a padded slot, a state zeroed by a mask) stays zero instead of becoming NaN,
+    and its gradient is the upstream gradient (``normalize``'s ``eps`` clamp made it upstream /
+    1e-12). The norm is scale-safe: each vector is first multiplied by the power of two that
+    brings its largest entry into ``[0.5, 1)``, so its sum of squares neither overflows
+    (entries near 1e20 in float32) nor underflows (entries near 1e-20). A power-of-two scaling
+    is exact, so for ordinary vectors the result is bit-identical to normalising them as they
+    are; the scale is constant for the gradient, which is that of the unit vector itself.
     """
     embeddings = embeddings.to(math_dtype(embeddings))
     with torch.no_grad():
@@ -47,7 +48,12 @@ def l2_normalize(embeddings: Tensor, eps: float = 1e-12) -> Tensor:
         scale = torch.ldexp(
             torch.ones_like(exponent, dtype=embeddings.dtype), -exponent.clamp(-limit, limit)
         )
-    return torch.nn.functional.normalize(embeddings * scale, p=2.0, dim=-1, eps=eps)
+    scaled = embeddings * scale
+    norm = torch.linalg.vector_norm(scaled, dim=-1, keepdim=True)
+    # a zero vector divides by 1: it stays 0 and passes the upstream gradient on. normalize's
+    # eps clamp divided it by 1e-12, a gradient of upstream / 1e-12 (inf in float16, and NaN
+    # behind a mask multiply); every other norm is >= 0.5 here, the clamp never acted on it
+    return scaled / torch.where(norm == 0, 1.0, norm)
 
 
 def cosine_similarity(candidates: Tensor, references: Tensor, normalized: bool = False) -> Tensor:
