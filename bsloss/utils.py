@@ -86,16 +86,9 @@ def get_idf_dict(arr: Sequence[str], tokenizer, nthreads: int = 4) -> defaultdic
 def get_tokenizer(model_type: str, use_fast: bool = False) -> PreTrainedTokenizerBase:
     """The scorer's tokenizer as bsloss loads it (``use_fast`` is accepted; bsloss uses the
     fast tokenizer, whose ids match)."""
-    from transformers import AutoTokenizer
+    from bsloss.scorer.loading import load_tokenizer, locate_scorer
 
-    from bsloss.scorer.loading import locate_scorer
-    from bsloss.scorer.tokenization import is_byte_level
-
-    path = locate_scorer(model_type)[1]
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if is_byte_level(tokenizer):  # as the scorer loads it
-        tokenizer = AutoTokenizer.from_pretrained(path, add_prefix_space=True)
-    return tokenizer
+    return load_tokenizer(locate_scorer(model_type)[1])
 
 
 def get_model(

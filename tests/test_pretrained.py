@@ -72,23 +72,23 @@ def test_cli_models_prints_the_folders_and_names_an_unknown_one(gemma_folder, ca
 
 
 def test_baseline_of_an_offline_short_name_covers_its_layers(mpnet_folder, monkeypatch):
-    """``bsloss baseline --model all-mpnet-base-v2`` reads the layer count from the converted
-    folder (the short name is no hub folder offline); the scorers are stubbed: only the layers
-    asked for are checked here."""
+    """``bsloss baseline --model all-mpnet-base-v2`` builds one scorer for the short name (no
+    hub folder offline) that keeps every layer; the scorer is stubbed: only what is asked of it
+    and the table's rows (its 12 layers and the embedding output) are checked here."""
     import torch
 
     from bsloss import baseline_estimation
 
-    layers = []
+    built = []
 
-    class Recording:
-        def __init__(self, model, num_layers, **_):
+    class Recording:  # mpnet's 12 layers and its embedding output: 13 rows
+        def __init__(self, model, num_layers, all_layers=False, **_):
             assert model == "all-mpnet-base-v2"
-            layers.append(num_layers)
+            built.append(all_layers)
 
         def score(self, cands, refs, progress=None):
-            return (torch.full((len(cands),), 0.5),) * 3
+            return (torch.full((13, len(cands)), 0.5),) * 3
 
     monkeypatch.setattr(baseline_estimation, "BERTScorer", Recording)
     table = baseline_estimation.compute_baseline(["a b", "c d"], "all-mpnet-base-v2", num_pairs=2)
-    assert layers == list(range(13)) and table.shape == (13, 3)
+    assert built == [True] and table.shape == (13, 3)  # one scorer, every layer

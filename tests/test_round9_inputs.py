@@ -5,6 +5,7 @@ pairs), each named."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import bsloss
 from bsloss.integrations.huggingface import bertscore_compute_metrics
@@ -141,3 +142,35 @@ def test_plot_without_an_extension_names_the_file_it_wrote(tmp_path):
 
     assert check_image_path(tmp_path / "figure") == tmp_path / "figure.png"
     assert check_image_path(tmp_path / "figure.pdf") == tmp_path / "figure.pdf"
+
+
+def test_compute_baseline_is_one_pass_equal_to_a_scorer_per_layer():
+    """One ``all_layers`` pass (was: one scorer per layer, 1 + 2 + ... + L layer passes, 3.7x
+    the time on MiniLM) gives each layer's mean P, R, F as that layer's own scorer does."""
+    from bsloss.baseline_estimation import compute_baseline, random_pairs
+
+    corpus = ["a cat sat on the mat", "the dog ran home", "rain fell all day", "we met at noon"]
+    table = compute_baseline(corpus, num_pairs=6, seed=1)
+    assert table.shape == (7, 3) and table.dtype == torch.float64
+    cands, refs = random_pairs(corpus, 6, seed=1)
+    for layer in (0, 3, 6):
+        p, r, f = bsloss.BERTScorer(num_layers=layer, device="cpu").score(cands, refs)
+        expected = torch.stack([p.double().mean(), r.double().mean(), f.double().mean()])
+        torch.testing.assert_close(table[layer], expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("model", ["roberta-large", "./no-such-scorer-folder"])
+def test_every_scorer_entry_point_explains_an_unloadable_name(model, monkeypatch):
+    """``compute_baseline`` (``bsloss baseline -m``) and ``bsloss.utils.get_tokenizer`` gave
+    transformers' raw error offline ("We couldn't connect to 'https://huggingface.co'") or for
+    a mistyped folder ("Repo id must use alphanumeric chars"), where ``BERTScorer`` explains
+    it."""
+    from bsloss.baseline_estimation import compute_baseline
+    from bsloss.utils import get_tokenizer
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    explained = r"could not load scorer model .* it is not a local folder"
+    with pytest.raises(OSError, match=explained):
+        compute_baseline(["a b", "c d"], model=model, num_pairs=2)
+    with pytest.raises(OSError, match=explained):
+        get_tokenizer(model)

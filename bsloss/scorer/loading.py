@@ -8,6 +8,8 @@ compute stops there. An encoder-decoder contributes its encoder.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -52,17 +54,12 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return resolved
 
 
-def _load(name_or_path: str):
-    from transformers import AutoModel, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    if not sys.stderr.isatty():
-        hf_logging.disable_progress_bar()
+@contextmanager
+def _explained(name_or_path: str) -> Iterator[None]:
+    """transformers' ``OSError`` for a name that is not a local folder (offline: "We couldn't
+    connect", a mistyped folder: "Repo id must use alphanumeric chars") as what it means here."""
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        if is_byte_level(tokenizer):
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path, add_prefix_space=True)
-        model = AutoModel.from_pretrained(name_or_path)
+        yield
     except OSError as error:
         if Path(name_or_path).exists():
             raise
@@ -73,6 +70,29 @@ def _load(name_or_path: str):
             "pass its folder: model='/path/to/DIR' and num_layers=N. model=None uses the embedded "
             "all-MiniLM-L6-v2."
         ) from error
+
+
+def load_tokenizer(name_or_path: str):
+    """The scorer's tokenizer as the scorer loads it (a byte-level BPE one with
+    ``add_prefix_space``, as bert_score's), with :func:`_explained`'s error."""
+    from transformers import AutoTokenizer
+
+    with _explained(name_or_path):
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        if is_byte_level(tokenizer):
+            tokenizer = AutoTokenizer.from_pretrained(name_or_path, add_prefix_space=True)
+    return tokenizer
+
+
+def _load(name_or_path: str):
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    if not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    tokenizer = load_tokenizer(name_or_path)
+    with _explained(name_or_path):
+        model = AutoModel.from_pretrained(name_or_path)
     return tokenizer, model
 
 
