@@ -22,6 +22,7 @@ operations a chunk fewer.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import math
 import os
@@ -130,4 +131,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # no options: --help prints the docstring instead of running the benchmark
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     main()

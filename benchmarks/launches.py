@@ -37,6 +37,7 @@ transformers frame that called them; the autograd engine's own (the backward) ar
 
 from __future__ import annotations
 
+import argparse
 import collections
 import sys
 import tempfile
@@ -213,4 +214,8 @@ def gemma_term_step(encoder, refs: list[str]):
 
 
 if __name__ == "__main__":
+    # no options: --help prints the docstring instead of running the benchmark
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    ).parse_args()
     main()

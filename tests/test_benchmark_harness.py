@@ -288,3 +288,20 @@ def test_head_ce_launches_cuts_the_vocabulary_as_a_card_would():
     kernels = rows[f"fused CE, Triton kernels, {triton_chunks} chunks"]
     assert kernels[1] == triton_chunks + 1  # the statistics kernel, then one per chunk
     assert dense[0] < kernels[0] < torch_pass[0] and torch_pass[1] == 0
+
+
+@pytest.mark.parametrize("script", ["launches.py", "head_ce_launches.py", "fused_head_profile.py"])
+def test_a_benchmark_scripts_help_prints_usage_and_runs_nothing(script):
+    """``--help`` (or a mistyped flag) ran the whole benchmark of the two launch counters (13 s
+    and 6 s); it prints the usage now, and a mistyped flag is an error."""
+    import subprocess
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / script
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    shown = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True,
+                           env=env, timeout=60)  # fmt: skip
+    assert shown.returncode == 0 and shown.stdout.startswith("usage:"), shown.stderr[-500:]
+    assert "|" not in shown.stdout  # no table: nothing measured
+    wrong = subprocess.run([sys.executable, str(path), "--no-such-flag"], capture_output=True,
+                           text=True, env=env, timeout=60)  # fmt: skip
+    assert wrong.returncode == 2 and "error:" in wrong.stderr
