@@ -641,6 +641,12 @@ class BERTScoreLoss(nn.Module):
         empty_rows = [row for row in range(rows) if is_empty[row]]
         # an empty row weighs nothing too: it has its own warning
         weightless = [row for row in range(rows) if zero[row] and not is_empty[row]]
+        # each row's tokens packed to the front, in order, as a text's come: the scorer numbers
+        # positions 0, 1, ... whatever the mask, so a left-padded row (padding_side="left", as
+        # decoder-only pipelines set it) was encoded at shifted positions (a reference's loss
+        # 0.4369 where its text gives 0.3817), and the length check below saw its last column
+        order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices
+        reference_ids, mask, weights = (t.gather(1, order) for t in (reference_ids, mask, weights))
         # padding after the last real column is dropped: a long padded batch of short rows fits
         if mask.shape[1] > self.encoder.max_length:
             columns = mask.any(dim=0).nonzero()

@@ -174,3 +174,42 @@ def test_every_scorer_entry_point_explains_an_unloadable_name(model, monkeypatch
         compute_baseline(["a b", "c d"], model=model, num_pairs=2)
     with pytest.raises(OSError, match=explained):
         get_tokenizer(model)
+
+
+# ------------------------------------------------ audit h13: where the loss's options meet
+
+
+def _padded_ids(encoder, texts, side, width=None):
+    tokens = [encoder.tokenizer(t)["input_ids"] for t in texts]
+    width = width or max(map(len, tokens))
+    ids = torch.zeros(len(texts), width, dtype=torch.long)
+    mask = torch.zeros(len(texts), width, dtype=torch.bool)
+    for row, t in enumerate(tokens):
+        where = slice(0, len(t)) if side == "right" else slice(width - len(t), width)
+        ids[row, where], mask[row, where] = torch.tensor(t), True
+    return ids, mask
+
+
+@pytest.mark.parametrize("width", [None, 600])
+def test_left_padded_reference_ids_score_as_their_text(encoder, width):
+    """``reference_ids`` padded on the left (``padding_side="left"``, decoder-only pipelines)
+    were encoded at shifted positions: a reference's loss 0.4369 where its text, its
+    right-padded ids and the metric give 0.3817; and a left-padded batch wider than 512 columns
+    of short rows was refused as "tokens past position 512"."""
+    refs = ["a cat is on the mat", "the dog runs"]
+    cands = ["the cat sat on the mat", "a dog ran in the park"]
+    ids, mask = _padded_ids(encoder, cands, "right")
+    logits = 8.0 * torch.nn.functional.one_hot(ids, encoder.input_embeddings.num_embeddings)
+    logits = logits.float().requires_grad_()
+    loss = bsloss.BERTScoreLoss(encoder, reduction="none")
+    by_text = loss(bsloss.Logits(logits), refs, candidate_mask=mask)
+    (text_grad,) = torch.autograd.grad(by_text.sum(), logits)
+    for side in ("right", "left"):
+        ref_ids, ref_mask = _padded_ids(encoder, refs, side, width)
+        by_ids = loss(
+            bsloss.Logits(logits), candidate_mask=mask, reference_ids=ref_ids,
+            reference_mask=ref_mask,
+        )  # fmt: skip
+        (grad,) = torch.autograd.grad(by_ids.sum(), logits)
+        torch.testing.assert_close(by_ids, by_text, rtol=0, atol=1e-6)
+        torch.testing.assert_close(grad, text_grad, rtol=0, atol=1e-7)
