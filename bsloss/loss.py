@@ -781,18 +781,10 @@ class BERTScoreLoss(nn.Module):
                 f"reference_ids has {reference_ids.shape[0]} rows for a batch of {batch} candidates"
             )
         if batch == 0:
-            if self.center:
-                # every process joins the centering all-reduces, in the same order, even with
-                # nothing to add: a process that skipped them would leave the others waiting
-                # (in the dtypes of the others' statistics: the scorer's output, float32 refs)
-                device, width = self.encoder.device, self.encoder.hidden_size
-                dtype = self.encoder.input_embeddings.weight.dtype
-                no_mask = torch.zeros(0, 0, dtype=torch.bool, device=device)
-                for _ in range(1 if encoded.exact is None else 2):  # as many as _prf calls
-                    batch_center(torch.zeros(0, 0, width, dtype=dtype, device=device), no_mask)
-                    batch_center(torch.zeros(0, 0, width, device=device), no_mask)
             # an empty batch scores nothing; kept on the graph so that backward() still works
             empty = encoded.hidden.reshape(-1)[:0].float()
+            if self.center:
+                empty = empty + 0.0 * self._join_centering(encoded)
             return PRF(empty, empty, empty), log_likelihood
         if groups is not None:
             _, flat_refs, owner = flatten_groups([""] * batch, groups)
@@ -853,6 +845,27 @@ class BERTScoreLoss(nn.Module):
         with torch.no_grad():
             exact = self._step("prf")(self, encoded.exact, references, index, batch, *empty)
         return PRF(*(e + (x - x.detach()) for e, x in zip(exact, prf, strict=True))), log_likelihood
+
+    def _join_centering(self, encoded: EncodedCandidates) -> Tensor:
+        """An empty batch's part in the centering all-reduces of the other processes' calls,
+        in the same order (a process that skipped them would leave the others waiting), in
+        the dtypes of their statistics (the scorer's output; float32 references), and on the
+        graph where theirs is: their candidates' reduction runs again in the backward pass,
+        so this process's must too (the differentiable pass only, as the others': the
+        decoded text's is without grad). Returns a zero on that graph."""
+        device, width = self.encoder.device, self.encoder.hidden_size
+        dtype = self.encoder.input_embeddings.weight.dtype
+        no_mask = torch.zeros(0, 0, dtype=torch.bool, device=device)
+        tracked = encoded.hidden.requires_grad and torch.is_grad_enabled()
+        joined = encoded.hidden.new_zeros(())
+        for call in range(1 if encoded.exact is None else 2):  # as many as _prf calls
+            with torch.set_grad_enabled(tracked and call == 0):
+                candidates = torch.zeros(0, 0, width, dtype=dtype, device=device)
+                centered = batch_center(candidates.requires_grad_(tracked and call == 0), no_mask)
+                batch_center(torch.zeros(0, 0, width, device=device), no_mask)
+            if centered.requires_grad:
+                joined = joined + centered.sum()
+        return joined
 
     def _encode(
         self, candidates: CandidateInput, candidate_mask: Tensor | None, target_ids: Tensor | None

@@ -105,6 +105,29 @@ def _load_encoder(
         ) from error
 
 
+def _inputs_digest(cands: Sequence[str], groups: Sequence[Sequence[str]]) -> bytes:
+    """16 bytes that differ for different ``cands`` / reference groups (whole inputs, not
+    process shares): every field length-prefixed, so no text can imitate a separator (the
+    texts may hold any character, ``\0`` included).
+
+    >>> _inputs_digest(["a\0b"], [["c"]]) == _inputs_digest(["a"], [["b\0c"]])
+    False
+    """
+
+    def field(text: str) -> bytes:
+        encoded = text.encode()
+        return len(encoded).to_bytes(8, "little") + encoded
+
+    # a parseable sequence: the count of pairs, then each pair's candidate, its group's size
+    # and its references
+    digest = hashlib.sha256(len(cands).to_bytes(8, "little"))
+    for cand, group in zip(cands, groups, strict=True):
+        digest.update(field(cand) + len(group).to_bytes(8, "little"))
+        for reference in group:
+            digest.update(field(reference))
+    return digest.digest()[:16]
+
+
 def _check_progress(progress: object) -> bool | None:
     """``progress``: ``None`` (a bar only on a terminal) or a flag (:func:`check_flag`)."""
     return None if progress is None else check_flag(progress, "progress")
@@ -609,10 +632,7 @@ class BERTScorer:
         world, rank = dist.get_world_size(), dist.get_rank()
         if world == 1:
             return 1, 0
-        digest = hashlib.sha256()
-        for cand, group in zip(cands, groups, strict=True):
-            digest.update(cand.encode() + b"\0" + b"\1".join(r.encode() for r in group) + b"\2")
-        mine = torch.tensor(list(digest.digest()[:16]), device=self._collective_device())
+        mine = torch.tensor(list(_inputs_digest(cands, groups)), device=self._collective_device())
         everyone = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(everyone, mine)
         differ = [r for r, other in enumerate(everyone) if not torch.equal(other, everyone[0])]

@@ -995,3 +995,28 @@ def test_a_bad_num_items_in_batch_given_by_hand_is_named(loss, tokenizer, weight
     with pytest.raises((TypeError, ValueError), match="num_items_in_batch"):
         term(outputs, batch["labels"], count)
     assert torch.isfinite(term(outputs, batch["labels"], 7))
+
+
+@pytest.mark.parametrize("center", [True, False])
+def test_a_micro_batch_without_a_completion_still_calls_a_centering_loss(scorer, tokenizer, center):
+    """With ``center=True`` the loss's all-reduces pair with the other processes' calls only if
+    every process makes every call: a micro-batch whose rows have no completion token skipped
+    the loss, so two processes' centering calls paired up wrongly (F 0.0711 for 0.0700, then a
+    failure or a hang; audit h12). The loss now runs on no row there (and its zero stays on the
+    graph); without centering it is still skipped."""
+    loss = BERTScoreLoss(model=scorer.encoder, center=center)
+    calls = []
+    score = loss.score
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs.get("references"))
+        return score(*args, **kwargs)
+
+    loss.score = recording
+    term = BERTScoreTerm(loss, tokenizer, causal=True)
+    labels = torch.full((2, 6), -100)
+    logits = torch.randn(2, 6, len(tokenizer), requires_grad=True)
+    value = term({"logits": logits}, labels)
+    value.backward()
+    assert calls == ([[]] if center else [])
+    assert value.item() == 0.0 and torch.equal(logits.grad, torch.zeros_like(logits))

@@ -213,3 +213,24 @@ def test_left_padded_reference_ids_score_as_their_text(encoder, width):
         (grad,) = torch.autograd.grad(by_ids.sum(), logits)
         torch.testing.assert_close(by_ids, by_text, rtol=0, atol=1e-6)
         torch.testing.assert_close(grad, text_grad, rtol=0, atol=1e-7)
+
+
+# ------------------------------------------------ audit h12: several processes
+
+
+def test_the_same_inputs_check_tells_every_different_input_apart():
+    """``distributed=True`` compares a digest of each process's inputs; its fields were joined
+    by ``\\0`` / ``\\1`` / ``\\2``, which texts may hold: a group of two references and their
+    ``\\1``-joined single reference, or ``["a\\0b"] / ["c"]`` and ``["a"] / ["b\\0c"]``, passed
+    the check, and a process got scores for pairs it did not pass."""
+    from bsloss.metric import _inputs_digest
+
+    pairs = [
+        ((["x"], [["a cat was on the mat", "rain fell all day"]]),
+         (["x"], [["a cat was on the mat\x01rain fell all day"]])),
+        ((["a\x00b"], [["c"]]), (["a"], [["b\x00c"]])),
+        ((["a", "b"], [["c"], ["d"]]), (["a"], [["c", "b"]])),
+    ]  # fmt: skip
+    for one, other in pairs:
+        assert _inputs_digest(*one) != _inputs_digest(*other), (one, other)
+        assert _inputs_digest(*one) == _inputs_digest(*one)

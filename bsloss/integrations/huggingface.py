@@ -330,11 +330,15 @@ class BERTScoreTerm:
             "candidate_mask": candidate_mask[rows],
             "references": [references[host_rows[i]] for i in kept_rows],
         }
+        # with batch centering over processes the loss runs also on no row: its all-reduces
+        # (and their backward) pair with the other processes' calls only if every process
+        # makes every call
+        scores = bool(kept_rows) or self.loss.center
         if head is None:
             ce_sum = token_cross_entropy(
                 labels, logits=logits, reduction="sum", check_targets=False
             )
-            if kept_rows:
+            if scores:
                 prf = self.loss.score(candidate_logits[rows].float(), **kept)
                 f1 = f1.index_put((rows,), getattr(prf, self.loss.target).float())
         elif own:
@@ -343,7 +347,7 @@ class BERTScoreTerm:
             )
             if kept_rows:
                 f1 = f1.index_put((rows,), f1_kept.float())
-        elif kept_rows:
+        elif scores:
             f1_kept, ce = head.run(self._fused_scores, logits[rows], labels[rows], kept)
             ce_sum = ce.sum()
             f1 = f1.index_put((rows,), f1_kept.float())
@@ -446,7 +450,7 @@ class BERTScoreTerm:
         """(the CE summed over ``labels``' tokens, the candidates' target score per kept row),
         each chunked over ``head`` (called through :meth:`LMHead.run`)."""
         ce_sum = _fused_cross_entropy_sum(head, hidden, labels, self._check_labels)
-        if not kept["references"]:
+        if not kept["references"] and not self.loss.center:
             return ce_sum, ce_sum.new_zeros(0)
         prf = self.loss.score(head.inputs(candidate_hidden), **kept)
         return ce_sum, getattr(prf, self.loss.target)
