@@ -1020,3 +1020,28 @@ def test_a_micro_batch_without_a_completion_still_calls_a_centering_loss(scorer,
     value.backward()
     assert calls == ([[]] if center else [])
     assert value.item() == 0.0 and torch.equal(logits.grad, torch.zeros_like(logits))
+
+
+@pytest.mark.slow  # two processes each load the scorer: ~20 s on 2 busy cores
+def test_logged_metrics_are_the_whole_batchs_over_processes(tmp_path):
+    """Under several processes each logged its own rows' ``ce``, ``bertscore_loss`` and
+    ``bertscore_f`` (the trainer reports rank 0's: ``bertscore_f`` 0.0605 for the batch's
+    0.0918, and ``loss`` != ``ce + bertscore_loss``). ``pop_metrics(distributed=True)`` (what
+    the mixin's ``log`` and ``evaluation_loop`` ask for when ``world_size > 1``) sums the
+    values and weights of every process before dividing; a key one process lacks counts 0."""
+    import _distributed_term_metrics as script
+    from test_distributed_scoring import run_two_processes
+
+    results = run_two_processes("_distributed_term_metrics.py", tmp_path)
+    everyone = {}
+    for recorded in script.RECORDED:
+        for key, entries in recorded.items():
+            everyone.setdefault(key, []).extend(entries)
+    expected = {k: sum(v for v, _ in e) / sum(w for _, w in e) for k, e in everyone.items()}
+    assert expected["ce"] == pytest.approx(9.0)  # (2 + 3 + 4) / (0.25 + 0.25 + 0.5)
+    for rank, result in enumerate(results):
+        assert result["reduced"] == pytest.approx(expected)
+        own = script.RECORDED[rank]
+        assert result["local"] == pytest.approx(
+            {k: sum(v for v, _ in e) / sum(w for _, w in e) for k, e in own.items()}
+        )
