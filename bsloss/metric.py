@@ -583,11 +583,17 @@ class BERTScorer:
         >>> bool(F[0] == scorer.score(["a cat"], ["the cat"])[2][0])
         True
         """
-        cands, groups = validate_pairs(cands, refs)
-        return_hash = check_flag(return_hash, "return_hash")
-        verbose, progress = check_flag(verbose, "verbose"), _check_progress(progress)
-        if batch_size is not None:
-            batch_size = check_int(batch_size, "batch_size", 1)
+        try:
+            cands, groups = validate_pairs(cands, refs)
+            return_hash = check_flag(return_hash, "return_hash")
+            verbose, progress = check_flag(verbose, "verbose"), _check_progress(progress)
+            if batch_size is not None:
+                batch_size = check_int(batch_size, "batch_size", 1)
+        except (TypeError, ValueError):
+            # distributed: the others wait in the inputs' check; it tells them, then this
+            # process raises its own error (they raise one naming it)
+            self._process_group([], [], valid=False)
+            raise
         start_time = time.perf_counter()
         if verbose:
             print("calculating scores...")
@@ -611,9 +617,13 @@ class BERTScorer:
             print(f"done in {elapsed:.2f} seconds, {pairs / max(elapsed, 1e-9):.2f} sentences/sec")
         return (out, self.hash) if return_hash else out
 
-    def _process_group(self, cands: list[str], groups: list[list[str]]) -> tuple[int, int]:
+    def _process_group(
+        self, cands: list[str], groups: list[list[str]], valid: bool = True
+    ) -> tuple[int, int]:
         """``(world_size, rank)`` to split over: ``(1, 0)`` unless ``distributed`` and a process
-        group is up. Checks that every process passed the same inputs."""
+        group is up. Checks that every process passed the same inputs, valid ones: a process
+        whose inputs failed validation (``valid=False``, then it raises its own error) makes
+        the others raise a ``ValueError`` naming it, instead of waiting for it."""
         import torch.distributed as dist
 
         if not self.distributed:
@@ -632,9 +642,19 @@ class BERTScorer:
         world, rank = dist.get_world_size(), dist.get_rank()
         if world == 1:
             return 1, 0
-        mine = torch.tensor(list(_inputs_digest(cands, groups)), device=self._collective_device())
+        # the digest, and a last byte: 1 where the inputs failed validation
+        digest = list(_inputs_digest(cands, groups)) + [0] if valid else [0] * 16 + [1]
+        mine = torch.tensor(digest, device=self._collective_device())
         everyone = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(everyone, mine)
+        if not valid:
+            return 1, 0
+        invalid = [r for r, other in enumerate(everyone) if int(other[-1]) == 1]
+        if invalid:
+            raise ValueError(
+                f"BERTScorer(distributed=True): process(es) {invalid} passed invalid cands/refs "
+                "(their error says which); no pair is scored on any process"
+            )
         differ = [r for r, other in enumerate(everyone) if not torch.equal(other, everyone[0])]
         if differ:
             raise ValueError(

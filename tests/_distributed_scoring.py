@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -21,7 +22,8 @@ from bsloss.scorer import reference_cache
 def main() -> None:
     result_dir, pairs_file = Path(sys.argv[1]), Path(sys.argv[2])
     pairs = json.loads(pairs_file.read_text())
-    dist.init_process_group("gloo")
+    # a short timeout: a process left waiting in a collective fails the run instead of hanging
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
     scorer = bsloss.BERTScorer(
         device="cpu", idf=True, rescale_with_baseline=True, distributed=True, batch_size=16
@@ -46,6 +48,15 @@ def main() -> None:
         plain.score(pairs["cands"][: 10 + rank], pairs["refs"][: 10 + rank])
     except ValueError as caught:
         error = str(caught)
+    # inputs that fail validation on process 1 only (3 candidates, 2 references): every
+    # process raises at once, and the next call finds them in step
+    invalid = ""
+    cands, refs = pairs["cands"][:2], pairs["refs"][:2]
+    try:
+        plain.score(cands + ["one more"] * rank, refs)
+    except ValueError as caught:
+        invalid = str(caught)
+    after = plain.score(cands, refs, progress=False)
     torch.save(
         {
             "prf": torch.stack(prf),
@@ -53,6 +64,8 @@ def main() -> None:
             "all_layers": torch.stack(all_layers),
             "encoded": sum(encoded),
             "error": error,
+            "invalid": invalid,
+            "after": torch.stack(after),
         },
         result_dir / f"rank{rank}.pt",
     )

@@ -41,6 +41,8 @@ def run_two_processes(script: str, result_dir: Path, *args: str) -> list:
 
 @pytest.mark.slow  # two processes each load the scorer: ~40 s on 2 busy cores
 def test_two_processes_split_the_pairs_and_match_one_process(tmp_path, stsb_dev):
+    """Two processes split the pairs and each gets one process's scores; different inputs
+    raise on both; inputs invalid on one process raise on both at once."""
     rows = stsb_dev[:120]
     cands = [r[1] for r in rows]
     refs = [r[2] for r in rows]
@@ -54,6 +56,9 @@ def test_two_processes_split_the_pairs_and_match_one_process(tmp_path, stsb_dev)
     expected = torch.stack(single.score(cands, refs, progress=False))
     expected_multi = torch.stack(bsloss.BERTScorer(encoder=single.encoder).score(cands, multi))
     expected_layers = torch.stack(bsloss.BERTScorer(all_layers=True).score(cands, refs))
+    expected_plain = torch.stack(
+        bsloss.BERTScorer(encoder=single.encoder).score(cands[:2], refs[:2], progress=False)
+    )
     unique_texts = len(set(cands) | set(refs))
     for result in results:
         assert result["prf"].shape == (3, 120)
@@ -64,4 +69,10 @@ def test_two_processes_split_the_pairs_and_match_one_process(tmp_path, stsb_dev)
         # about half of the texts each (pairs are split, not texts: a few may repeat)
         assert 0.4 * unique_texts <= result["encoded"] <= 0.6 * unique_texts
         assert "process(es) [1] passed different cands/refs" in result["error"]
+        # inputs invalid on process 1 only: it raised there and left process 0 waiting in the
+        # inputs' check (paired with its next call, or a timeout: audit h12); now both raise
+        # and the next call is in step
+        torch.testing.assert_close(result["after"], expected_plain, rtol=0, atol=1e-6)
+    assert "process(es) [1] passed invalid cands/refs" in results[0]["invalid"]
+    assert "same length" in results[1]["invalid"]
     assert results[0]["encoded"] + results[1]["encoded"] >= unique_texts
