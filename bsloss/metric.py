@@ -106,7 +106,7 @@ def _load_encoder(
 
 
 def _inputs_digest(cands: Sequence[str], groups: Sequence[Sequence[str]]) -> bytes:
-    """16 bytes that differ for different ``cands`` / reference groups (whole inputs, not
+    r"""16 bytes that differ for different ``cands`` / reference groups (whole inputs, not
     process shares): every field length-prefixed, so no text can imitate a separator (the
     texts may hold any character, ``\0`` included).
 

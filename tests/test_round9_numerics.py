@@ -122,4 +122,6 @@ def test_a_zero_vector_gets_an_ordinary_gradient(dtype, matching):
 
     vectors = torch.randn(3, 7, 16)
     assert torch.equal(l2_normalize(vectors), torch.nn.functional.normalize(vectors, dim=-1))
+    tracked = vectors.clone().requires_grad_()  # the path with the gradient's own division
+    assert torch.equal(l2_normalize(tracked), torch.nn.functional.normalize(vectors, dim=-1))
     assert torch.equal(l2_normalize(torch.zeros(2, 16)), torch.zeros(2, 16))

@@ -57,12 +57,17 @@ def f_measure(precision: Tensor, recall: Tensor, bounded: bool = False) -> Tenso
     >>> f_measure(p, r, bounded=True)
     tensor([ 0.3000, -0.0071])
     """
-    denominator = precision + recall
     if not bounded:
+        denominator = precision + recall
         return mean_or_zero(2 * precision * recall, denominator, denominator == 0)
-    positive = (precision > 0) & (recall > 0)
-    harmonic = mean_or_zero(2 * precision * recall, denominator, ~positive)
-    return torch.where(positive, harmonic, torch.minimum(precision, recall))
+    # min(P, R) by a where: torch.minimum's backward costs four operations more (each a kernel
+    # launch on a card; forward and backward here 23, the unbounded form's 16)
+    smaller = torch.where(precision < recall, precision, recall)
+    positive = smaller > 0
+    # the denominator is 1 where the harmonic mean is not taken: P + R may be 0 there, and
+    # 0/0 on the masked branch would still make its gradient NaN
+    harmonic = 2 * precision * recall / torch.where(positive, precision + recall, 1.0)
+    return torch.where(positive, harmonic, smaller)
 
 
 def best_over_references(

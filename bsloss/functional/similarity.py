@@ -29,6 +29,11 @@ def math_dtype(*tensors: Tensor) -> torch.dtype:
     return dtype
 
 
+# the least norm of a nonzero vector after l2_normalize's scaling is far above it: the clamp
+# only keeps 0 / 0 from a zero vector
+_ZERO_NORM = 1e-30
+
+
 def l2_normalize(embeddings: Tensor) -> Tensor:
     """Unit-norm token vectors along the last axis, computed in ``math_dtype``.
 
@@ -50,9 +55,12 @@ def l2_normalize(embeddings: Tensor) -> Tensor:
         )
     scaled = embeddings * scale
     norm = torch.linalg.vector_norm(scaled, dim=-1, keepdim=True)
-    # a zero vector divides by 1: it stays 0 and passes the upstream gradient on. normalize's
-    # eps clamp divided it by 1e-12, a gradient of upstream / 1e-12 (inf in float16, and NaN
-    # behind a mask multiply); every other norm is >= 0.5 here, the clamp never acted on it
+    if not scaled.requires_grad:  # the values alone (the metric, references): one launch less
+        return scaled / norm.clamp_min(_ZERO_NORM)
+    # a zero vector divides by 1: it stays 0 and passes the upstream gradient on. A clamp of
+    # the norm at a tiny eps divided it by eps, a gradient of upstream / eps (normalize's
+    # 1e-12: inf in float16, NaN behind a mask multiply); every other norm is >= 0.5 here but
+    # a subnormal vector's (scaled by at most 2**126), so no clamp is both exact and mild
     return scaled / torch.where(norm == 0, 1.0, norm)
 
 
