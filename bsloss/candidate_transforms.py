@@ -84,7 +84,10 @@ class CandidateOptions:
             raise TypeError(f"straight_through must be a bool, got {self.straight_through!r}")
         if self.gumbel_temperature is not None:
             if not from_logits:
-                raise ValueError("gumbel_temperature needs logits, not probs")
+                raise ValueError(
+                    "Gumbel(...) (gumbel_temperature) samples from logits, not probabilities: "
+                    "pass the candidates as Logits, or drop the Gumbel transform"
+                )
             check_temperature(self.gumbel_temperature, "gumbel_temperature", SMALLEST_TEMPERATURE)
 
     @property

@@ -117,7 +117,10 @@ def test_a_new_transform_is_one_small_class(encoder, logits):
 def test_options_check_names_the_argument_and_the_vocabulary():
     with pytest.raises(ValueError, match=r"top_k must be in \[1, 5\], got 8"):
         CandidateOptions(top_k=8).check(5)
-    with pytest.raises(ValueError, match="gumbel_temperature needs logits"):
+    # the transform the user passed is named (the message named the deprecated keyword only)
+    with pytest.raises(
+        ValueError, match=r"Gumbel\(\.\.\.\) \(gumbel_temperature\) samples from logits"
+    ):
         CandidateOptions(gumbel_temperature=0.5).check(5, from_logits=False)
     with pytest.raises(ValueError, match="gumbel_temperature"):
         CandidateOptions(gumbel_temperature=0.0).check(5)
