@@ -29,13 +29,17 @@ def random_pairs(
     exactly as before).
 
     Raises:
-        ValueError: ``num_pairs`` < 1, or fewer than two distinct non-empty sentences.
+        TypeError: ``seed`` or ``num_pairs`` not an integer.
+        ValueError: ``num_pairs`` < 1, a negative ``seed``, or fewer than two distinct
+            non-empty sentences.
 
     >>> random_pairs(["a", "b", " "], 2, seed=0)
     (['b', 'a'], ['a', 'b'])
     """
     num_pairs = check_int(num_pairs, "num_pairs", 1)
-    rng = random.Random(seed)
+    # an integer: random.Random takes any hashable, and seed="0" or None drew other pairs
+    # (None: different ones at every call), silently
+    rng = random.Random(check_int(seed, "seed", 0))
     pool = [s for s in sentences if s.strip()]
     if len({s.strip() for s in pool}) < 2:
         raise ValueError("a baseline needs a corpus of at least two distinct non-empty sentences")

@@ -234,3 +234,15 @@ def test_the_same_inputs_check_tells_every_different_input_apart():
     for one, other in pairs:
         assert _inputs_digest(*one) != _inputs_digest(*other), (one, other)
         assert _inputs_digest(*one) == _inputs_digest(*one)
+
+
+def test_baseline_pairs_take_an_integer_seed():
+    """``random.Random`` takes any hashable: ``seed="0"`` drew other pairs than ``seed=0`` and
+    ``seed=None`` different ones at every call, silently."""
+    from bsloss.baseline_estimation import random_pairs
+
+    corpus = [f"sentence {i}" for i in range(10)]
+    for seed in ("0", None, 1.0, True):
+        with pytest.raises(TypeError, match="seed must be an integer"):
+            random_pairs(corpus, 3, seed=seed)
+    assert random_pairs(corpus, 3, seed=7) == random_pairs(corpus, 3, seed=7)
