@@ -199,7 +199,9 @@ class BERTScorer:
         baseline_path: a bert_score-format baseline file; default: the one shipped for the model.
         use_fast_tokenizer: accepted for bert_score compatibility; bsloss always tokenises with
             the tokenizer ``AutoTokenizer`` loads (the fast one), whose ids match bert_score's
-            (tests/test_parity.py).
+            (tests/test_parity.py) under transformers 5; under 4.x bert_score's default slow
+            tokenizer drops characters Python's Unicode tables lack (new emoji) where the fast
+            one gives ``[UNK]`` (docs/metric.md, "Differences").
         autocast_dtype: fast mode: run the encoder under ``torch.autocast`` in this dtype
             (``torch.bfloat16``; ``torch.float16`` on GPU). Matching and reductions stay float32.
             The scorer's own encoder then keeps its linear weights in this dtype
