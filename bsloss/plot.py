@@ -44,7 +44,10 @@ def pair_similarity(
     sim = cosine_similarity(cand[keep_c][None], ref[keep_r][None], normalized=True)[0]
     for kept, name in ((keep_c, "candidate"), (keep_r, "reference")):
         if not kept.any():
-            raise ValueError(f"{name} has no token to draw (empty or whitespace-only text)")
+            raise ValueError(
+                f"{name} has no token to draw: the text is empty, whitespace only, or only the "
+                "scorer's special tokens (such as the literal text '[CLS]')"
+            )
     tokens = scorer.encoder.tokenizer.convert_ids_to_tokens
     return sim.cpu(), tokens(cand_ids[keep_c].tolist()), tokens(ref_ids[keep_r].tolist())
 

@@ -74,13 +74,15 @@ def test_rc14_plot_temperature_zero(scorer):
 
 
 @pytest.mark.parametrize(
-    "cand, ref, name", [("", "a dog", "candidate"), ("a dog", "  ", "reference")]
+    "cand, ref, name",
+    [("", "a dog", "candidate"), ("a dog", "  ", "reference"), ("[CLS]", "a dog", "candidate")],
 )
 def test_rc15_plot_empty_text(scorer, cand, ref, name):
     pytest.importorskip("matplotlib")
     from bsloss import plot_example
 
-    with pytest.raises(ValueError, match=f"{name} has no token"):
+    # "[CLS]" is neither empty nor whitespace: the message says why it has no token
+    with pytest.raises(ValueError, match=f"{name} has no token to draw: .* special tokens"):
         plot_example(cand, ref, scorer=scorer)
     with pytest.raises(TypeError, match="candidate must be a string"):
         plot_example(None, ref, scorer=scorer)
