@@ -74,11 +74,19 @@ def read_baseline(path: str | Path, num_layers: int) -> torch.Tensor:
             if not row:
                 continue
             try:
-                rows[int(float(row[0]))] = row
+                layer = float(row[0])
             except (ValueError, IndexError):
                 raise ValueError(
                     f"baseline file {path}, line {line}: the layer {row[:1]} is not a number"
                 ) from None
+            # bert_score reads a layer's row by its position: the LAYER column must say the
+            # same (a layer 1.7, or a second row for one layer, was read as another's)
+            if layer != len(rows):
+                raise ValueError(
+                    f"baseline file {path}, line {line}: the layer {row[0]!r} is not "
+                    f"{len(rows)}, this row's place (rows go layer 0, 1, 2, ... in order)"
+                )
+            rows[len(rows)] = row
     if num_layers not in rows:
         raise ValueError(
             f"baseline file {path} has no row for layer {num_layers} (layers {sorted(rows)})"

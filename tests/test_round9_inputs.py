@@ -246,3 +246,16 @@ def test_baseline_pairs_take_an_integer_seed():
         with pytest.raises(TypeError, match="seed must be an integer"):
             random_pairs(corpus, 3, seed=seed)
     assert random_pairs(corpus, 3, seed=7) == random_pairs(corpus, 3, seed=7)
+
+
+@pytest.mark.parametrize("layers", [["0", "1.7", "2"], ["0", "1", "1"], ["1", "0", "2"]])
+def test_a_baseline_files_layers_go_in_order(tmp_path, layers):
+    """bert_score reads a layer's row by its position; bsloss keyed rows by the LAYER value, so
+    a layer "1.7" read as layer 1 and a second row for a layer replaced the first, silently."""
+    from bsloss.baseline import read_baseline
+
+    path = tmp_path / "baseline.csv"
+    rows = "".join(f"{layer},0.8{i},0.7{i},0.75\n" for i, layer in enumerate(layers))
+    path.write_text("LAYER,P,R,F\n" + rows)
+    with pytest.raises(ValueError, match=r"line \d: the layer .* is not \d, this row's place"):
+        read_baseline(path, 2)
