@@ -486,7 +486,7 @@ class BERTScoreTerm:
                 sum(float(v) for v, _ in metrics.get(key, ())),
                 sum(float(w) for _, w in metrics.get(key, ())),
             )
-            for key in (*METRIC_KEYS, *sorted(set(metrics) - set(METRIC_KEYS)))
+            for key in METRIC_KEYS
         }
         metrics.clear()
         if distributed:
@@ -494,26 +494,24 @@ class BERTScoreTerm:
         return {key: value / weight for key, (value, weight) in sums.items() if weight > 0}
 
 
-# what BERTScoreTerm records, in a fixed order: all-reduced as one tensor, whichever a process
-# recorded (bertscore_f not when it kept no row)
+# what BERTScoreTerm records (its only keys), in a fixed order: all-reduced as one tensor,
+# whichever a process recorded (bertscore_f not when it kept no row)
 METRIC_KEYS = ("ce", "bertscore_loss", "bertscore_f", "bertscore_weight")
 
 
 def _summed_over_processes(sums: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
-    """Each ``(sum, weight)`` added up over the processes (the identity without a process
-    group); the keys of :data:`METRIC_KEYS` on every process, in that order."""
+    """Each ``(sum, weight)`` of :data:`METRIC_KEYS` added up over the processes (the identity
+    without a process group)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return sums
-    keys = list(METRIC_KEYS)
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":  # NCCL moves CUDA tensors only
         device = torch.device("cuda", torch.cuda.current_device())
-    table = torch.tensor([sums.get(key, (0.0, 0.0)) for key in keys], dtype=torch.float64)
-    table = table.to(device)
+    table = torch.tensor([sums[key] for key in METRIC_KEYS], dtype=torch.float64, device=device)
     dist.all_reduce(table)
-    return dict(zip(keys, map(tuple, table.cpu().tolist()), strict=True))
+    return dict(zip(METRIC_KEYS, map(tuple, table.cpu().tolist()), strict=True))
 
 
 def _given_place(row: int, position: int, documents: PackedDocuments | None) -> str:
