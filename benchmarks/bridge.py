@@ -6,14 +6,22 @@ Parts (``--part``, default all):
 - ``build``: Gemma 3 270M's 262,144-token tokenizer -> the embedded MiniLM, built and cached in
   a fresh subprocess each time (a new cache folder, then the cached load). Each process loads the
   scorer and the tokenizer, resets its peak RSS (``/proc/self/clear_refs``), builds the bridge
-  and its ``[V, d]`` table, and reports the peak RSS above that point (``VmHWM``), the seconds,
-  and the RSS the scorer and the tokenizer take.
+  and its ``[V, d]`` tables (the tokens' own and as word starts, as a loss does), and reports
+  the peak RSS above that point (``VmHWM``), the seconds, and the RSS the scorer and the
+  tokenizer take.
 - ``fidelity``: for each pair, the one-piece share over the vocabulary and weighted by token
   frequency on real text (Brown sentences 20,000-24,999, which the Brown tokenizers were not
   trained on, and 300 XSum summaries), and ``|F_loss - F_text|`` on 200 STS-B dev candidates
   (sentence1 against sentence2, hard matching) in both bridge modes: one-hot candidates (the
   tokenizer's own ids) and soft ones (0.7 on the candidate token, 0.3 spread over 4 random
   tokens; ``F_text`` is then the F of the decoded argmax text).
+- ``cost``: what the word-start table costs a loss (audit h14's fix): forward + backward through
+  Gemma 3's real bridge, with its word-start lists and without them (the same bridge from its
+  piece lists alone, every token mapped alike wherever it stands: the code before the fix),
+  alternately in one process, on STS-B dev candidates tokenised by Gemma (so the word starts
+  are those of real text): dense logits ``[B, L, 262144]`` (8 on each candidate token over
+  standard normal noise) and the LM head's pass (a ``[262144, 64]`` head whose argmax is each
+  candidate token); also the size of the second table.
 - ``train``: a free generator (a learnable ``[B, L, V]`` logits tensor, no model) optimised with
   Adam against real references through the bridge in each mode; the F_BERT of the decoded
   argmax text (BERTScorer) every few steps, and the steps to reach given values.
@@ -28,6 +36,7 @@ Reproduce::
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -67,8 +76,10 @@ def build_once(cache_dir: str) -> dict:
     with harness.MemoryMeter() as meter:
         start = time.perf_counter()
         bridge = VocabularyBridge.build(tokenizer, encoder, cache_dir=cache_dir)
-        table = bridge.embedding_table(encoder.input_embeddings.weight.detach())
-        bridge.weight_table(torch.ones(encoder.input_embeddings.num_embeddings))
+        # the tables a loss builds: the tokens' own and, where it differs, as word starts
+        for word_start in {False, bridge.has_word_starts}:
+            table = bridge.embedding_table(encoder.input_embeddings.weight.detach(), word_start)
+            bridge.weight_table(torch.ones(encoder.input_embeddings.num_embeddings), word_start)
         seconds = time.perf_counter() - start
     return {
         "seconds": seconds,
@@ -77,6 +88,7 @@ def build_once(cache_dir: str) -> dict:
         "scorer_rss_mb": (scorer_rss - start_rss) / MIB,
         "tokenizer_rss_mb": (tokenizer_rss - scorer_rss) / MIB,
         "table_mb": table.numel() * table.element_size() / MIB,
+        "tables": 1 + bridge.has_word_starts,
         "rows": len(table),
     }
 
@@ -210,6 +222,73 @@ def fidelity_row(generator: str, scorer_name: str, folder: Path, n: int = 200) -
     return row
 
 
+# --------------------------------------------------------------------------- word-start cost
+def word_start_cost(folder: Path, rounds: int, batch: int = 16) -> dict:
+    """Loss forward + backward through Gemma's bridge with and without its word-start lists."""
+    from bsloss import Bridge
+
+    tokenizer = load_tokenizer("gemma-3-270m", folder)
+    encoder = load_scorer("minilm")
+    bridge = VocabularyBridge.build(tokenizer, encoder, cache_dir=folder / "bridges")
+    plain = bridge.without_word_starts()
+    cands, refs = load_stsb_dev(batch)
+    ids, mask = padded(tokenizer(cands, add_special_tokens=False)["input_ids"])
+    vocab = len(tokenizer)
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(*ids.shape, vocab, generator=gen)
+    logits.scatter_(-1, ids[..., None], 8.0)
+    head = torch.nn.functional.normalize(torch.randn(vocab, 64, generator=gen), dim=1)
+    hidden = head[ids] * 40.0
+    losses = {
+        name: BERTScoreLoss(model=encoder, bridge=Bridge(mode="average", vocabulary=vocabulary))
+        for name, vocabulary in (("with word starts", bridge), ("without", plain))
+    }
+    mode = losses["with word starts"].candidate_encoder.bridging
+    content = ~(bridge.special | (bridge.piece_counts == 0))[ids] & mask
+    starts = mode.word_starts(ids, mask) & content
+
+    def step(loss: BERTScoreLoss, fused: bool) -> float:
+        if fused:
+            h, w = hidden.clone().requires_grad_(), head.clone().requires_grad_()
+            value = loss(hidden_states=h, output_embeddings=w, candidate_mask=mask, references=refs)
+            value.backward()
+        else:
+            z = logits.clone().requires_grad_()
+            value = loss(logits=z, candidate_mask=mask, references=refs)
+            value.backward()
+        return float(value)
+
+    out = {
+        "batch": list(ids.shape),
+        "content_positions": int(content.sum()),
+        "word_start_positions": int(starts.sum()),
+        "start_table_mb": losses["with word starts"]
+        .candidate_encoder.word_start_table(losses["with word starts"]._placed())
+        .nbytes
+        / MIB,
+    }
+    for fused in (False, True):
+        path = "fused" if fused else "dense"
+        for loss in losses.values():  # warm: tables built, references encoded
+            step(loss, fused)
+        timer = harness.AlternatingTimer(rounds, label=f"word-start cost {path}")
+        series = timer.run(
+            {name: functools.partial(step, loss, fused) for name, loss in losses.items()}
+        )
+        with_, without = series["with word starts"], series["without"]
+        low, high = harness.ratio_range(with_.seconds, without.seconds)
+        out[path] = {
+            "with_word_starts_s": with_.median(),
+            "without_s": without.median(),
+            "ratio_median": with_.median() / without.median(),
+            "ratio_range": [low, high],
+            "loss_with": with_.values[0],
+            "loss_without": without.values[0],
+        }
+        print(path, json.dumps(out[path]), flush=True)
+    return out
+
+
 # --------------------------------------------------------------------------- training
 def train_free_generator(
     generator: str, folder: Path, n_refs: int, steps: int, lr: float, every: int
@@ -266,7 +345,10 @@ def train_free_generator(
 
 def main() -> None:
     parser = harness.argument_parser(__doc__, out=False, json_out=False)
-    parser.add_argument("--part", choices=["build", "fidelity", "train", "all"], default="all")
+    parser.add_argument(
+        "--part", choices=["build", "fidelity", "cost", "train", "all"], default="all"
+    )
+    parser.add_argument("--cost-rounds", type=int, default=5)
     parser.add_argument("--pairs", nargs="*", default=None, help="generator:scorer pairs")
     parser.add_argument("--train-generators", nargs="*", default=["brown-sentencepiece"])
     parser.add_argument("--train-refs", type=int, default=24)
@@ -289,6 +371,8 @@ def main() -> None:
             report["build"] = run_build()
         if args.part in ("fidelity", "all"):
             report["fidelity"] = [fidelity_row(*pair.split(":"), folder=folder) for pair in pairs]
+        if args.part in ("cost", "all"):
+            report["cost"] = word_start_cost(folder, args.cost_rounds)
         if args.part in ("train", "all"):
             report["train"] = [
                 train_free_generator(

@@ -20,9 +20,16 @@ and for text the scorer drops). The piece lists are stored flat (CSR: ``offsets 
 (safetensors), keyed by the contents of both tokenizers (vocabulary, normaliser, pre-tokenizer,
 decoder, special tokens), not by their names.
 
+**Word starts.** A token with no word-start marker is a continuation (``"A"`` -> ``##a``), yet
+the decoded text starts a word with it at a candidate's first position, after whitespace and,
+for a WordPiece scorer, after punctuation it splits off. Each token's pieces as a word start,
+:math:`\pi^{s}(v)`, give a second table :math:`T^{s}`, :math:`\omega^{s}`, taken at those
+positions (:func:`word_start_positions`, from the most probable tokens, as the decoded text).
+
 **bridge_mode="average"**: candidate position :math:`t` gets the expected bridge embedding
-:math:`e_t = \sum_v p_t(v) T[v]` (weight :math:`\sum_v p_t(v)\,\omega[v]`), one scorer position per
-generator position. It approximates the metric wherever a token is several scorer pieces.
+:math:`e_t = \sum_v p_t(v) T[v]` (weight :math:`\sum_v p_t(v)\,\omega[v]`; :math:`T^{s}`,
+:math:`\omega^{s}` where a word starts), one scorer position per generator position. It
+approximates the metric wherever a token is several scorer pieces.
 
 **bridge_mode="retokenize"** (exact): the forward pass scores the decoded candidate text. The
 candidate tokens :math:`y_t = \arg\max_v p_t(v)` (the straight-through / Gumbel-sampled tokens when
@@ -76,10 +83,15 @@ __all__ = [
     "special_token_ids",
     "token_convention",
     "tokenizer_fingerprint",
+    "word_start_positions",
+    "byte_character_positions",
+    "ByteCharacters",
 ]
 
-# v4: piece lists built without the scorer tokenizer's leftover padding (v3 may hold padded ones)
-_CACHE_FORMAT = "v4-csr"
+# v4: piece lists built without the scorer tokenizer's leftover padding (v3 may hold padded ones);
+# v5 (never released): each token's pieces as a word start too, and the tokens after which a
+# word starts; v6: and the byte tokens with the characters they spell
+_CACHE_FORMAT = "v6-csr"
 
 
 def token_convention(tokenizer, vocab: dict[str, int] | None = None) -> str:
@@ -147,16 +159,16 @@ def special_token_ids(tokenizer) -> set[int]:
     return ids
 
 
-def _surface(tokenizer, convention: str, token: str) -> tuple[str, bool]:
-    """(text, starts a word) of one generator token."""
+def _surface(tokenizer, convention: str, token: str) -> tuple[str, bool, bool]:
+    """(text, starts a word, ends in whitespace) of one generator token."""
     if convention == "wordpiece":
-        return (token[2:], False) if token.startswith("##") else (token, True)
+        return (token[2:], False, False) if token.startswith("##") else (token, True, False)
     if convention == "sentencepiece" and not token.startswith("<0x"):
         # Every ▁ is a space (Gemma has tokens of several spaces, "▁▁▁"), not only the first.
         text = token.replace("\u2581", " ")
-        return text.strip(), text[:1].isspace()
-    text = tokenizer.convert_tokens_to_string([token])
-    return text.strip(), text[:1].isspace()
+    else:
+        text = tokenizer.convert_tokens_to_string([token])
+    return text.strip(), text[:1].isspace(), text[-1:].isspace()
 
 
 class _ScorerPieces:
@@ -215,6 +227,49 @@ class _ScorerPieces:
                 out[i] = ids
         return out
 
+    def opens_word(self, items: list[tuple[str, bool]]) -> list[bool]:
+        """Whether the scorer starts a new word right after each ``(text, ends in whitespace)``:
+        after whitespace; for a WordPiece scorer also after what its pre-tokenizer splits off
+        (punctuation, CJK), where the next text is a word of its own, not a ``##`` piece. (After
+        punctuation a byte-level or SentencePiece scorer's next piece carries no space marker:
+        the text's continuation pieces, which the table already holds.)"""
+        opens = [space for _, space in items]
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if self.convention != "wordpiece" or backend is None or backend.pre_tokenizer is None:
+            return opens
+        for index, (text, space) in enumerate(items):
+            # ASCII letters and digits never end a WordPiece word: no tokenizer call for them
+            if space or not text or (text[-1].isascii() and text[-1].isalnum()):
+                continue
+            normalized = backend.normalizer.normalize_str(text) if backend.normalizer else text
+            if not normalized.strip():  # text the scorer drops (a combining mark): no boundary
+                continue
+            words = backend.pre_tokenizer.pre_tokenize_str(normalized + "a")
+            end = len(normalized)
+            opens[index] = bool(words) and words[-1] == ("a", (end, end + 1))
+        return opens
+
+    def character_kinds(self) -> tuple[Tensor, Tensor]:
+        """The assigned non-ASCII code points after which the scorer starts a new word
+        (:meth:`opens_word` of the character alone), and those its normaliser drops: int32
+        tensors (~1 s for Unicode's ~145k assigned characters)."""
+        import unicodedata
+
+        chars = [
+            chr(point)
+            for point in range(0x80, 0x110000)
+            if unicodedata.category(chr(point)) not in ("Cn", "Cs", "Co")
+        ]
+        opens = self.opens_word([(char, char.isspace()) for char in chars])
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        normalizer = None if backend is None else backend.normalizer
+        dropped = [
+            not char.isspace() and normalizer is not None and not normalizer.normalize_str(char)
+            for char in chars
+        ]
+        points = torch.tensor([ord(char) for char in chars], dtype=torch.int32)
+        return points[torch.tensor(opens)], points[torch.tensor(dropped)]
+
     def _wordpiece_continuations(self, texts: list[str], where: list[int], out) -> None:
         """Scorer pieces of texts glued to the end of a word: the part the scorer's
         pre-tokenizer keeps in the same word becomes ``##`` pieces (greedy longest match, as
@@ -250,6 +305,82 @@ class _ScorerPieces:
             out[index] = list(ids) if replace else out[index] + list(ids)
 
 
+@dataclass
+class ByteCharacters:
+    """The generator's tokens that are one byte of a multi-byte UTF-8 character (SentencePiece
+    byte fallback ``<0xC2>``, a byte-level BPE's single-byte tokens), and how the scorer treats
+    the characters they spell. Such a token makes no scorer piece alone (half a character), yet
+    the character is in the decoded text: Gemma spells the no-break space, the ideographic
+    space and ~160 punctuation marks so. :func:`byte_character_positions` rebuilds each
+    character from its bytes to decide whether a word starts after it.
+
+    Attributes:
+        values: ``[V_gen]`` int16, the byte (0x80-0xFF) of each such token, -1 for the others.
+        opening: int32 code points (>= 0x80) after which the scorer starts a new word.
+        dropped: int32 code points (>= 0x80) the scorer's normaliser drops (no word boundary).
+    """
+
+    values: Tensor
+    opening: Tensor
+    dropped: Tensor
+
+    @classmethod
+    def none(cls, size: int) -> ByteCharacters:
+        empty = torch.zeros(0, dtype=torch.int32)
+        return cls(torch.full((size,), -1, dtype=torch.int16), empty, empty)
+
+    @property
+    def present(self) -> bool:
+        return bool(len(self.values)) and int(self.values.max()) >= 0
+
+    def kinds(self) -> Tensor:
+        """``[0x110000]`` int8 over code points: 1 opens a word, 2 dropped, 0 glued."""
+        kinds = torch.zeros(0x110000, dtype=torch.int8)
+        kinds[self.opening.long()] = 1
+        kinds[self.dropped.long()] = 2
+        return kinds
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, character -> byte: printable bytes as themselves, the others
+    shifted past 255 (``Ġ`` is the space, 0x20)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    printable += range(ord("®"), ord("ÿ") + 1)
+    alphabet, shifted = {chr(b): b for b in printable}, 0
+    for byte in range(256):
+        if byte not in alphabet.values():
+            alphabet[chr(256 + shifted)] = byte
+            shifted += 1
+    return alphabet
+
+
+def _byte_value(token: str, convention: str, alphabet: dict[str, int]) -> int:
+    """The byte (>= 0x80) a token is, or -1."""
+    if convention == "sentencepiece":
+        if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+            value = int(token[3:5], 16)
+            return value if value >= 0x80 else -1
+        return -1
+    if convention == "byte_level" and len(token) == 1:
+        value = alphabet.get(token, -1)
+        return value if value >= 0x80 else -1
+    return -1
+
+
+def _rows_to_csr(
+    rows: list[list[int]], indices: list[int], order: list[int], size: int
+) -> tuple[Tensor, Tensor]:
+    """Flat lists of ``size`` tokens from the piece lists ``rows`` of tokens ``indices``
+    (``order``: the rows by id; the other tokens have none)."""
+    counts = torch.zeros(size, dtype=torch.long)
+    counts[torch.tensor(indices, dtype=torch.long)] = torch.tensor(
+        [len(r) for r in rows], dtype=torch.long
+    )
+    offsets = torch.zeros(size + 1, dtype=torch.long)
+    offsets[1:] = counts.cumsum(0)
+    return offsets, torch.tensor([p for k in order for p in rows[k]], dtype=torch.long)
+
+
 def _padded_to_csr(pieces: Tensor) -> tuple[Tensor, Tensor]:
     present = pieces >= 0
     offsets = torch.zeros(pieces.shape[0] + 1, dtype=torch.long)
@@ -270,6 +401,19 @@ def _check_csr(offsets: Tensor, flat: Tensor, special: Tensor, vocab: int | None
     if len(flat) and (int(flat.min()) < 0 or (vocab is not None and int(flat.max()) >= vocab)):
         bound = "" if vocab is None else f", {vocab}"
         raise ValueError(f"piece ids outside [0{bound}): {int(flat.min())}..{int(flat.max())}")
+
+
+_CACHED_TENSORS = (
+    "offsets",
+    "flat",
+    "special",
+    "start_offsets",
+    "start_flat",
+    "opens_word",
+    "byte_values",
+    "opening_chars",
+    "dropped_chars",
+)
 
 
 def _digest(tensors: dict[str, Tensor]) -> str:
@@ -300,6 +444,15 @@ class VocabularyBridge:
     ``flat[offsets[v]:offsets[v + 1]]``; ``special [V_gen]`` marks the generator's special
     tokens.
 
+    A token that carries no word-start marker (Gemma's ``"A"`` beside ``"▁A"``, byte-level
+    BPE's ``"man"`` beside ``"Ġman"``) maps to the scorer's continuation pieces (``##a``): it
+    is glued to the word before it. Where the decoded text starts a word with it anyway (the
+    first token of a candidate, whose text is stripped; after a newline or a lone ``▁``; after
+    punctuation a WordPiece scorer splits off) its pieces as a word start apply: ``start_flat``
+    / ``start_offsets`` (the same as ``flat`` / ``offsets`` for the tokens that start a word
+    themselves), and ``opens_word [V_gen]`` marks the tokens after which the scorer starts a
+    new word. The losses use them at those positions (:func:`word_start_positions`).
+
     Build it with :meth:`build`; ``VocabularyBridge(pieces)`` takes a padded ``[V_gen, P]``
     table (``-1`` = none) and :meth:`from_csr` the flat form.
 
@@ -308,6 +461,9 @@ class VocabularyBridge:
         special: ``[V_gen]`` true on the generator's special tokens (default: tokens that map
             to nothing).
         identity: the vocabularies are equal.
+        start_pieces: ``[V_gen, P']`` the pieces of each token as a word start (default:
+            ``pieces``).
+        opens_word: ``[V_gen]`` true on the tokens after which a word starts (default: none).
 
     Raises:
         AttributeError: from :meth:`build`, a tokenizer without ``get_vocab`` (not a Hugging
@@ -321,16 +477,57 @@ class VocabularyBridge:
     (True, 30522)
     """
 
-    def __init__(self, pieces: Tensor, special: Tensor | None = None, identity: bool = False):
+    def __init__(
+        self,
+        pieces: Tensor,
+        special: Tensor | None = None,
+        identity: bool = False,
+        start_pieces: Tensor | None = None,
+        opens_word: Tensor | None = None,
+    ):
         offsets, flat = _padded_to_csr(pieces.long())
-        self._init(offsets, flat, special, identity)
+        starts = None if start_pieces is None else _padded_to_csr(start_pieces.long())
+        self._init(offsets, flat, special, identity, starts, opens_word)
 
-    def _init(self, offsets: Tensor, flat: Tensor, special: Tensor | None, identity: bool):
+    def _init(
+        self,
+        offsets: Tensor,
+        flat: Tensor,
+        special: Tensor | None,
+        identity: bool,
+        starts: tuple[Tensor, Tensor] | None = None,
+        opens_word: Tensor | None = None,
+        byte_characters: ByteCharacters | None = None,
+    ):
         self.offsets, self.flat = offsets.long(), flat.long()
         counts = self.piece_counts
         # Without a special mask, tokens that map to nothing are taken as the special ones.
         self.special = counts == 0 if special is None else special.bool()
         self.identity = identity
+        size = self.generator_vocab_size
+        start_offsets, start_flat = (self.offsets, self.flat) if starts is None else starts
+        self.start_offsets, self.start_flat = start_offsets.long(), start_flat.long()
+        if len(self.start_offsets) != size + 1:
+            raise ValueError(
+                f"start_offsets has {len(self.start_offsets) - 1} tokens, offsets {size}"
+            )
+        if opens_word is None:
+            opens_word = torch.zeros(size, dtype=torch.bool)
+        if tuple(opens_word.shape) != (size,):
+            raise ValueError(f"opens_word must have shape [{size}], got {list(opens_word.shape)}")
+        self.opens_word = opens_word.bool()
+        if byte_characters is None:
+            byte_characters = ByteCharacters.none(size)
+        if tuple(byte_characters.values.shape) != (size,):
+            raise ValueError(
+                f"byte_characters.values must have shape [{size}], got "
+                f"{list(byte_characters.values.shape)}"
+            )
+        self.byte_characters = byte_characters
+        # whether any token's pieces as a word start differ from its own (else the losses need
+        # no second table)
+        same_offsets = torch.equal(self.start_offsets, self.offsets)
+        self.has_word_starts = not (same_offsets and torch.equal(self.start_flat, self.flat))
         self._padded: Tensor | None = None
         # the fingerprint of the scorer tokenizer whose ids the pieces are (set by build; a
         # bridge made from lists or loaded from a file has none)
@@ -338,11 +535,24 @@ class VocabularyBridge:
 
     @classmethod
     def from_csr(
-        cls, offsets: Tensor, flat: Tensor, special: Tensor | None = None, identity: bool = False
+        cls,
+        offsets: Tensor,
+        flat: Tensor,
+        special: Tensor | None = None,
+        identity: bool = False,
+        start_offsets: Tensor | None = None,
+        start_flat: Tensor | None = None,
+        opens_word: Tensor | None = None,
+        byte_characters: ByteCharacters | None = None,
     ) -> VocabularyBridge:
-        """Bridge from flat lists: token ``v``'s pieces are ``flat[offsets[v]:offsets[v + 1]]``."""
+        """Bridge from flat lists: token ``v``'s pieces are ``flat[offsets[v]:offsets[v + 1]]``,
+        as a word start ``start_flat[start_offsets[v]:start_offsets[v + 1]]`` (default: the
+        same)."""
+        if (start_offsets is None) != (start_flat is None):
+            raise ValueError("start_offsets and start_flat go together")
+        starts = None if start_offsets is None else (start_offsets, start_flat)
         bridge = cls.__new__(cls)
-        bridge._init(offsets, flat, special, identity)
+        bridge._init(offsets, flat, special, identity, starts, opens_word, byte_characters)
         return bridge
 
     @property
@@ -368,9 +578,21 @@ class VocabularyBridge:
             self._padded = padded
         return self._padded
 
-    def pieces_of(self, index: int) -> list[int]:
-        """Scorer piece ids of generator token ``index``."""
-        return self.flat[self.offsets[index] : self.offsets[index + 1]].tolist()
+    def pieces_of(self, index: int, word_start: bool = False) -> list[int]:
+        """Scorer piece ids of generator token ``index`` (``word_start``: as a word start)."""
+        offsets, flat = self._lists(word_start)
+        return flat[offsets[index] : offsets[index + 1]].tolist()
+
+    def without_word_starts(self) -> VocabularyBridge:
+        """This bridge with each token mapped alike wherever it stands (no word-start table: a
+        loss through it skips the second expectation and its read of the device, and maps a
+        candidate's first word as the token's own pieces; ``docs/bridge.md``, "Word starts")."""
+        bridge = VocabularyBridge.from_csr(self.offsets, self.flat, self.special, self.identity)
+        bridge.scorer_fingerprint = self.scorer_fingerprint
+        return bridge
+
+    def _lists(self, word_start: bool) -> tuple[Tensor, Tensor]:
+        return (self.start_offsets, self.start_flat) if word_start else (self.offsets, self.flat)
 
     @classmethod
     def build(
@@ -432,18 +654,36 @@ class VocabularyBridge:
         convention = token_convention(generator_tokenizer, gen_vocab)
         indices = [index for index in gen_vocab.values() if index not in special]
         tokens = generator_tokenizer.convert_ids_to_tokens(indices)
-        items = [_surface(generator_tokenizer, convention, token) for token in tokens]
-        rows = _ScorerPieces(scorer_tokenizer)(items)
-        counts = torch.zeros(size, dtype=torch.long)
-        counts[torch.tensor(indices, dtype=torch.long)] = torch.tensor(
-            [len(r) for r in rows], dtype=torch.long
+        surfaces = [_surface(generator_tokenizer, convention, token) for token in tokens]
+        scorer_pieces = _ScorerPieces(scorer_tokenizer)
+        rows = scorer_pieces([(text, start) for text, start, _ in surfaces])
+        # the glued tokens once more, as word starts (the others start one already)
+        glued = [k for k, (text, start, _) in enumerate(surfaces) if text and not start]
+        start_rows = list(rows)
+        as_starts = scorer_pieces([(surfaces[k][0], True) for k in glued])
+        for k, pieces in zip(glued, as_starts, strict=True):
+            start_rows[k] = pieces
+        opens = torch.zeros(size, dtype=torch.bool)
+        opens[torch.tensor(indices, dtype=torch.long)] = torch.tensor(
+            scorer_pieces.opens_word([(text, space) for text, _, space in surfaces]),
+            dtype=torch.bool,
         )
-        offsets = torch.zeros(size + 1, dtype=torch.long)
-        offsets[1:] = counts.cumsum(0)
         # rows in id order, so that the flat list follows the offsets
         order = sorted(range(len(indices)), key=indices.__getitem__)
-        flat = torch.tensor([p for k in order for p in rows[k]], dtype=torch.long)
-        bridge = cls.from_csr(offsets, flat, special_mask)
+        offsets, flat = _rows_to_csr(rows, indices, order, size)
+        start_offsets, start_flat = _rows_to_csr(start_rows, indices, order, size)
+        alphabet = _byte_level_alphabet()
+        bytes_of = torch.full((size,), -1, dtype=torch.int16)
+        bytes_of[torch.tensor(indices, dtype=torch.long)] = torch.tensor(
+            [_byte_value(token, convention, alphabet) for token in tokens], dtype=torch.int16
+        )
+        no_points = torch.zeros(0, dtype=torch.int32)
+        byte_characters = ByteCharacters(bytes_of, no_points, no_points)
+        if byte_characters.present:
+            byte_characters.opening, byte_characters.dropped = scorer_pieces.character_kinds()
+        bridge = cls.from_csr(
+            offsets, flat, special_mask, False, start_offsets, start_flat, opens, byte_characters
+        )
         if path is not None:
             try:
                 bridge.save(path)
@@ -466,6 +706,14 @@ class VocabularyBridge:
             "offsets": self.offsets.contiguous(),
             "flat": self.flat.contiguous(),
             "special": self.special.contiguous(),
+            # copies: without word-start lists of its own a bridge's are its lists, and
+            # safetensors refuses tensors that share memory
+            "start_offsets": self.start_offsets.clone(),
+            "start_flat": self.start_flat.clone(),
+            "opens_word": self.opens_word.contiguous(),
+            "byte_values": self.byte_characters.values.contiguous(),
+            "opening_chars": self.byte_characters.opening.contiguous(),
+            "dropped_chars": self.byte_characters.dropped.contiguous(),
         }
         metadata = {
             "identity": str(self.identity),
@@ -500,36 +748,48 @@ class VocabularyBridge:
                     raise ValueError(
                         f"it is not of format {_CACHE_FORMAT!r} (got {metadata.get('format')!r})"
                     )
-                tensors = {name: handle.get_tensor(name) for name in ("offsets", "flat", "special")}
+                tensors = {name: handle.get_tensor(name) for name in _CACHED_TENSORS}
             if "sha256" in metadata and metadata["sha256"] != _digest(tensors):
                 raise ValueError("its contents do not match their sha256 (damaged)")
             offsets, flat, special = tensors["offsets"], tensors["flat"], tensors["special"]
             _check_csr(offsets, flat, special, scorer_vocab_size)
+            _check_csr(tensors["start_offsets"], tensors["start_flat"], special, scorer_vocab_size)
+            return cls.from_csr(
+                offsets,
+                flat,
+                special,
+                identity=metadata.get("identity") == "True",
+                start_offsets=tensors["start_offsets"],
+                start_flat=tensors["start_flat"],
+                opens_word=tensors["opens_word"],
+                byte_characters=ByteCharacters(
+                    tensors["byte_values"], tensors["opening_chars"], tensors["dropped_chars"]
+                ),
+            )
         except (SafetensorError, ValueError, KeyError, RuntimeError, OSError) as error:
             raise ValueError(
                 f"{path} is not a valid bridge cache ({error}); delete it to rebuild"
             ) from error
-        return cls.from_csr(offsets, flat, special, identity=metadata.get("identity") == "True")
 
-    def _mean_over_pieces(self, values: Tensor) -> Tensor:
+    def _mean_over_pieces(self, values: Tensor, word_start: bool = False) -> Tensor:
         """``[V_gen, c]``: mean of ``values[piece]`` over each token's pieces (0 for none), one
         ``embedding_bag`` over the flat lists (no ``[V, P, c]`` gather)."""
-        if len(self.flat) == 0:
+        offsets, flat = self._lists(word_start)
+        if len(flat) == 0:
             return values.new_zeros(self.generator_vocab_size, values.shape[1])
         return torch.nn.functional.embedding_bag(
-            self.flat.to(values.device),
-            values,
-            self.offsets[:-1].to(values.device),
-            mode="mean",
+            flat.to(values.device), values, offsets[:-1].to(values.device), mode="mean"
         )
 
-    def embedding_table(self, scorer_table: Tensor) -> Tensor:
-        """``[V_gen, d]`` input embeddings :math:`T` from the scorer's ``[V_scorer, d]`` table."""
-        return self._mean_over_pieces(scorer_table)
+    def embedding_table(self, scorer_table: Tensor, word_start: bool = False) -> Tensor:
+        """``[V_gen, d]`` input embeddings :math:`T` from the scorer's ``[V_scorer, d]`` table
+        (``word_start``: of each token as a word start)."""
+        return self._mean_over_pieces(scorer_table, word_start)
 
-    def weight_table(self, scorer_weights: Tensor) -> Tensor:
-        """``[V_gen]`` importance weights :math:`\\omega` from the scorer's ``[V_scorer]``."""
-        return self._mean_over_pieces(scorer_weights[:, None])[:, 0]
+    def weight_table(self, scorer_weights: Tensor, word_start: bool = False) -> Tensor:
+        """``[V_gen]`` importance weights :math:`\\omega` from the scorer's ``[V_scorer]``
+        (``word_start``: of each token as a word start)."""
+        return self._mean_over_pieces(scorer_weights[:, None], word_start)[:, 0]
 
     def fidelity(self) -> dict[str, float]:
         """Shares of the non-special generator tokens that map to exactly one scorer piece, to
@@ -612,6 +872,116 @@ class Retokenizer:
         return RetokenizedBatch(texts, ids.to(device), piece_mask.to(device))
 
 
+def word_start_positions(
+    tokens: Tensor, mask: Tensor, opens_word: Tensor, transparent: Tensor
+) -> Tensor:
+    """``[B, L]``, true at the positions of ``mask`` whose token begins a word of the decoded
+    text: the first of its row (the scored text is stripped) and each right after a token that
+    opens a word (``opens_word [V]``: its text ends in whitespace, or in punctuation a WordPiece
+    scorer splits off). Tokens that leave the words as they are (``transparent [V]``: those the
+    decoder drops, and those that make no scorer piece and end in no space, such as a combining
+    mark) begin none and are looked past; so are the positions outside ``mask``, as the decoded
+    text has no token there.
+
+    >>> opens = torch.tensor([False, False, True])  # token 2 is a newline
+    >>> clear = torch.tensor([False, False, False])
+    >>> word_start_positions(torch.tensor([[0, 1, 2, 1]]), torch.ones(1, 4, dtype=torch.bool),
+    ...                      opens, clear).tolist()
+    [[True, False, False, True]]
+    """
+    return _word_starts(mask & ~transparent[tokens], opens_word[tokens])
+
+
+def _word_starts(marks: Tensor, opens_at: Tensor) -> Tensor:
+    """:func:`word_start_positions` from the positions that count (``marks [B, L]``) and those
+    after which a word starts (``opens_at [B, L]``)."""
+    batch, length = marks.shape
+    if length == 0:
+        return marks
+    positions = torch.arange(length, device=marks.device).expand(batch, length)
+    last = torch.where(marks, positions, -1).cummax(dim=1).values
+    # the last marked position before each one (-1: none, the row's first word)
+    previous = torch.nn.functional.pad(last[:, :-1], (1, 0), value=-1)
+    after_opener = opens_at.gather(1, previous.clamp(min=0))
+    return marks & ((previous < 0) | after_opener)
+
+
+_LEAD_MASKS = (0x7F, 0x1F, 0x0F, 0x07)  # a UTF-8 lead byte's payload, by sequence length
+
+
+def byte_character_positions(
+    tokens: Tensor,
+    mask: Tensor,
+    byte_values: Tensor,
+    kinds: Tensor,
+    opens_at: Tensor,
+    transparent_at: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """``opens_at``, ``transparent_at`` ``[B, L]`` with the byte tokens' positions decided by
+    the character their bytes spell, rebuilt from UTF-8 on the device: the position of a
+    character's last byte opens a word after it (``kinds[code point] == 1``), counts as text
+    (0) or is looked past (2, a character the scorer drops); its other bytes, and bytes that
+    make no valid character, are looked past.
+
+    Args:
+        tokens, mask: ``[B, L]`` ids and the positions the decoded text keeps (those outside
+            ``mask`` are looked past: the decoder joins the bytes around them).
+        byte_values: ``[V]`` the byte (0x80-0xFF) of each byte token, -1 for the others.
+        kinds: ``[0x110000]`` int8, :meth:`ByteCharacters.kinds`.
+
+    >>> values = torch.full((8,), -1, dtype=torch.int16)
+    >>> values[[5, 6]] = torch.tensor([0xC2, 0xA0], dtype=torch.int16)  # U+00A0, no-break space
+    >>> kinds = torch.zeros(0x110000, dtype=torch.int8); kinds[0xA0] = 1
+    >>> opens = torch.zeros(1, 4, dtype=torch.bool)
+    >>> clear = torch.tensor([[False, True, True, False]])  # byte tokens: no piece of their own
+    >>> tokens, mask = torch.tensor([[1, 5, 6, 2]]), torch.ones(1, 4, dtype=torch.bool)
+    >>> byte_character_positions(tokens, mask, values, kinds, opens, clear)
+    (tensor([[False, False,  True, False]]), tensor([[False,  True, False, False]]))
+    """
+    if tokens.shape[1] == 0:
+        return opens_at, transparent_at
+    values = byte_values[tokens].int()
+    values = torch.where(mask, values, -1)
+    is_byte = values >= 0
+    continuation = is_byte & ((values & 0xC0) == 0x80)
+    # the k-th position of the decoded text before each (-1: none), as the decoder joins the
+    # bytes: past the positions outside `mask`
+    batch, length = tokens.shape
+    positions = torch.arange(length, device=tokens.device).expand(batch, length)
+    last = torch.where(mask, positions, -1).cummax(dim=1).values
+    earlier = [positions, torch.nn.functional.pad(last[:, :-1], (1, 0), value=-1)]
+    for _ in range(2):
+        before = earlier[-1]
+        earlier.append(torch.where(before >= 0, earlier[1].gather(1, before.clamp(min=0)), -1))
+
+    def back(tensor: Tensor, k: int, fill: int | bool) -> Tensor:  # tensor at the k-th before
+        where = earlier[k]
+        return torch.where(where >= 0, tensor.gather(1, where.clamp(min=0)), fill)
+
+    # continuation bytes ending here (0-3), then the lead byte before them
+    run = continuation.int()
+    run = run + (run.bool() & back(continuation, 1, False)).int()
+    run = run + (run == 2).int() * back(continuation, 2, False).int()
+    lead = values.clone()
+    for k in (1, 2, 3):
+        lead = torch.where(run == k, back(values, k, -1), lead)
+    length = torch.full_like(lead, -1)  # the sequence length the lead byte announces
+    for size, (pattern, top) in enumerate(((0xC0, 0xE0), (0xE0, 0xF0), (0xF0, 0xF8)), start=2):
+        length = torch.where((lead & top) == pattern, size, length)
+    complete = is_byte & (lead >= 0) & (length == run + 1)
+    point = torch.zeros_like(values)
+    for size in (2, 3, 4):
+        here = length == size
+        value = (lead & _LEAD_MASKS[size - 1]) << (6 * (size - 1))
+        for k in range(size - 1):  # the continuation bytes, the last one here
+            value = value | ((back(values, k, 0) & 0x3F) << (6 * k))
+        point = torch.where(here, value, point)
+    kind = kinds[point.clamp(0, kinds.shape[0] - 1).long()]
+    opens_at = torch.where(is_byte, complete & (kind == 1), opens_at)
+    transparent_at = torch.where(is_byte, ~complete | (kind == 2), transparent_at)
+    return opens_at, transparent_at
+
+
 # --------------------------------------------------------------------------- modes
 class BridgeMode:
     """How a loss's candidates reach its scorer: chosen once per loss
@@ -633,6 +1003,8 @@ class BridgeMode:
 
     def __init__(self, bridge: VocabularyBridge | None = None):
         self.bridge = bridge
+        # on the candidates' device: opens_word, transparent, special, byte characters' tables
+        self._word_masks: tuple | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -646,6 +1018,58 @@ class BridgeMode:
         if self.bridge is None:
             return scorer_table, scorer_weights
         return self.bridge.embedding_table(scorer_table), self.bridge.weight_table(scorer_weights)
+
+    def word_start_tables(
+        self, scorer_table: Tensor, scorer_weights: Tensor
+    ) -> tuple[Tensor, Tensor] | None:
+        """``[V_gen, d]``, ``[V_gen]``: the :meth:`tables` of the generator's tokens as word
+        starts, for the positions of :meth:`word_starts`; ``None`` where they are the same
+        tables (no bridge, or one whose tokens all map alike wherever they stand)."""
+        if self.bridge is None or not self.bridge.has_word_starts:
+            return None
+        return (
+            self.bridge.embedding_table(scorer_table, word_start=True),
+            self.bridge.weight_table(scorer_weights, word_start=True),
+        )
+
+    def word_starts(self, tokens: Tensor, mask: Tensor) -> Tensor | None:
+        """``[B, L]``: the positions of ``mask`` whose token ``tokens [B, L]`` begins a word of
+        the decoded text (:func:`word_start_positions`, the characters spelled in byte tokens
+        rebuilt: :func:`byte_character_positions`); ``None`` without word-start tables (decided
+        here, where a compiled loss without them keeps its graph whole)."""
+        if self.bridge is None or not self.bridge.has_word_starts:
+            return None
+        return self._word_starts(tokens, mask)
+
+    # the masks are moved to the tokens' device on first use: state a compiled loss would
+    # guard on, and compile again once it is set; the positions' read follows right after
+    @torch.compiler.disable
+    def _word_starts(self, tokens: Tensor, mask: Tensor) -> Tensor:
+        device = tokens.device
+        if self._word_masks is None or self._word_masks[0].device != device:
+            bridge = self.bridge
+            transparent = bridge.special | ((bridge.piece_counts == 0) & ~bridge.opens_word)
+            characters = bridge.byte_characters
+            kinds = None
+            if characters.present:
+                kinds = (characters.values.to(device), characters.kinds().to(device))
+            self._word_masks = (
+                bridge.opens_word.to(device),
+                transparent.to(device),
+                bridge.special.to(device),
+                kinds,
+            )
+        opens, transparent, special, kinds = self._word_masks
+        size = opens.shape[0]
+        # a bridged head's rows past the tokenizer's tokens make no text: outside the mask
+        mask = mask & (tokens < size)
+        tokens = tokens.clamp(max=size - 1)
+        opens_at, transparent_at = opens[tokens], transparent[tokens]
+        if kinds is not None:  # the decoder drops the special tokens between bytes too
+            opens_at, transparent_at = byte_character_positions(
+                tokens, mask & ~special[tokens], *kinds, opens_at, transparent_at
+            )
+        return _word_starts(mask & ~transparent_at, opens_at)
 
     def special_tokens(self, scorer_special: Tensor, scorer_vocab_size: int) -> Tensor:
         """``[V_gen]``, true on the generator tokens that are not content: the generator's

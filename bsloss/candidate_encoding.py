@@ -48,6 +48,7 @@ from bsloss.distributions import (
     check_finite_tensor,
     expected_inputs,
     most_probable_tokens,
+    select_positions,
     token_distribution,
 )
 from bsloss.functional.fused_expectation import (
@@ -107,7 +108,8 @@ class CandidateEncoder:
         self.encoder, self.bridging, self.candidates = encoder, bridging, candidates
         self.idf = idf
         self.last_texts: list[str] = []
-        self._tables: dict[tuple, Tensor] = {}  # the generator table per (device, dtype, size)
+        # the generator table and its word-start twin (or None) per (device, dtype, size, ...)
+        self._tables: dict[tuple, tuple[Tensor, Tensor | None]] = {}
         self._special: dict[tuple, Tensor] = {}  # per (device, vocabulary): not content
 
     @property
@@ -127,6 +129,18 @@ class CandidateEncoder:
         weights or of ``scorer_weights``). ``size``: the candidates' vocabulary when a bridged
         head has rows past the tokenizer's tokens (:meth:`check_vocab`): those rows are 0,
         embedding and weight (they make no text)."""
+        return self._generator_tables(scorer_weights, size)[0]
+
+    def word_start_table(self, scorer_weights: Tensor, size: int | None = None) -> Tensor | None:
+        """``[V_gen, d + 1]``: :meth:`generator_table` of the generator's tokens as word starts
+        (:meth:`~bsloss.bridge.BridgeMode.word_start_tables`), for the candidate positions that
+        begin a word of the decoded text; ``None`` where it would be the same table. Built and
+        kept with it: through Gemma's bridge a second ``[262144, d + 1]`` table."""
+        return self._generator_tables(scorer_weights, size)[1]
+
+    def _generator_tables(
+        self, scorer_weights: Tensor, size: int | None
+    ) -> tuple[Tensor, Tensor | None]:
         table = self.encoder.input_embeddings.weight
         size = self.generator_vocab_size if size is None else size
         weights_version = (
@@ -139,11 +153,10 @@ class CandidateEncoder:
             # a plain tensor even when first built under torch.inference_mode(): a later
             # training call saves it for backward
             with torch.inference_mode(False), torch.no_grad():
-                table, weights = self.bridging.tables(table.detach(), scorer_weights)
-                augmented = augment_table(table, weights)
-                if size > augmented.shape[0]:
-                    augmented = F.pad(augmented, (0, 0, 0, size - augmented.shape[0]))
-                self._tables = {key: augmented}
+                tables = self.bridging.tables(table.detach(), scorer_weights)
+                starts = self.bridging.word_start_tables(table.detach(), scorer_weights)
+                start_table = None if starts is None else _augmented(*starts, size)
+                self._tables = {key: (_augmented(*tables, size), start_table)}
         return self._tables[key]
 
     def check_vocab(self, size: int, name: str) -> None:
@@ -267,7 +280,7 @@ class CandidateEncoder:
         self, candidate_ids: Tensor, candidate_mask: Tensor, name: str, scorer_weights: Tensor
     ) -> EncodedCandidates:
         """Token ids: their rows of the generator table, or (a decoding bridge) their text."""
-        table = self.generator_table(scorer_weights)
+        table, start_table = self._generator_tables(scorer_weights, None)
         bad = (candidate_ids < 0) | (candidate_ids >= table.shape[0])
         if (bad & candidate_mask).any():
             raise ValueError(
@@ -277,10 +290,13 @@ class CandidateEncoder:
         ids = candidate_ids.clamp(0, table.shape[0] - 1)
         if self.bridging.decodes:  # the decoded text, whole: the scorer's own limit
             return EncodedCandidates(*self._retokenized(ids, candidate_mask, scorer_weights))
+        starts = self.bridging.word_starts(ids, candidate_mask)
         candidate_mask = self._fit_candidates(
             self._content(ids, candidate_mask, table.shape[0]), name
         )
         rows = table[ids]
+        if starts is not None:  # a token that begins a word: its pieces as a word start
+            rows = torch.where(starts[..., None], start_table[ids], rows)
         return EncodedCandidates(
             *self._encode_inputs(rows[..., :-1], rows[..., -1], candidate_mask)
         )
@@ -302,7 +318,9 @@ class CandidateEncoder:
             size, source = (weight.shape[0] if whole else None), "output_embeddings"
         if size is not None:
             self.check_vocab(size, source)
-        table = self.generator_table(scorer_weights, size)
+        # both tables here, before the device read below: a compiled loss would guard on the
+        # cache a second time after it, and compile again once it is filled
+        table, start_table = self._generator_tables(scorer_weights, size)
         name = candidates.name
         whole_mask = candidate_mask
         log_likelihood = None
@@ -338,6 +356,22 @@ class CandidateEncoder:
         candidate_mask = self._fit_candidates(
             self._content(tokens, whole_mask, table.shape[0]), name
         )
+        starts = self.bridging.word_starts(tokens, whole_mask)
+        if starts is not None:
+            # the positions whose most probable token begins a word of the decoded text take
+            # the expectation over the tokens as word starts: a second product, over them only
+            # (one read of the device, for their number)
+            rows = (starts & candidate_mask).flatten().nonzero().squeeze(1)
+            if rows.numel():
+                if isinstance(candidates, LMHeadInputs):
+                    values = self._fused_rows(seed, candidates, rows, start_table)
+                    row_inputs, row_weights = values[:, :-1], values[:, -1]
+                else:
+                    sub = select_positions(distribution, rows)
+                    row_inputs, row_weights = (v[0] for v in expected_inputs(sub, start_table))
+                inputs, weights = _replaced_rows(
+                    inputs, weights, rows, row_inputs.to(table.dtype), row_weights
+                )
         encoded = self._encode_inputs(inputs, weights, candidate_mask)
         check_logits()  # the head pass's finiteness, read once the scorer's forward is queued
         exact = None
@@ -394,6 +428,28 @@ class CandidateEncoder:
         )
         hidden = self.encoder(inputs_embeds=spliced.inputs, attention_mask=spliced.attention.long())
         return hidden, spliced.attention, spliced.weights
+
+    def _fused_rows(
+        self, seed: int | None, candidates: LMHeadInputs, rows: Tensor, table: Tensor
+    ) -> Tensor:
+        """``[N, c]``: the LM head pass over the flat positions ``rows`` of ``[B, L]`` with
+        ``table``, under the same options and Gumbel noise (addressed by position) as the
+        pass of :meth:`_fused_inputs`, which has checked its input."""
+        hidden_states = candidates.hidden_states
+        out = fused_expected_inputs(
+            hidden_states.flatten(0, 1).index_select(0, rows),
+            candidates.head,
+            table,
+            softcap=candidates.softcap,
+            temperature=candidates.temperature,
+            top_k=self.candidates.top_k,
+            straight_through=self.candidates.straight_through,
+            gumbel_temperature=self.candidates.gumbel_temperature,
+            gumbel_seed=seed,
+            row_ids=rows,
+            check_finite=False,  # these rows are the first pass's, whose check covers them
+        )
+        return out.expected
 
     def _fused_inputs(
         self,
@@ -478,6 +534,26 @@ class CandidateEncoder:
         if out.log_likelihood is not None:
             log_likelihood = unselected(out.log_likelihood)
         return full[..., :-1], full[..., -1], log_likelihood, tokens, check_logits
+
+
+def _augmented(table: Tensor, weights: Tensor, size: int) -> Tensor:
+    """:func:`augment_table` padded with zero rows to ``size`` (a bridged head's rows past the
+    tokenizer's tokens make no text)."""
+    augmented = augment_table(table, weights)
+    if size > augmented.shape[0]:
+        augmented = F.pad(augmented, (0, 0, 0, size - augmented.shape[0]))
+    return augmented
+
+
+def _replaced_rows(
+    inputs: Tensor, weights: Tensor, rows: Tensor, row_inputs: Tensor, row_weights: Tensor
+) -> tuple[Tensor, Tensor]:
+    """``inputs [B, L, d]`` and ``weights [B, L]`` with the flat positions ``rows`` replaced
+    by ``row_inputs [N, d]`` and ``row_weights [N]`` (out of place: the gradient reaches
+    both)."""
+    flat_inputs = inputs.flatten(0, 1).index_copy(0, rows, row_inputs.to(inputs.dtype))
+    flat_weights = weights.flatten().index_copy(0, rows, row_weights.to(weights.dtype))
+    return flat_inputs.view_as(inputs), flat_weights.view_as(weights)
 
 
 def _nothing_to_check() -> None:

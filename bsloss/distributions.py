@@ -41,6 +41,7 @@ __all__ = [
     "all_true",
     "check_finite_tensor",
     "most_probable_tokens",
+    "select_positions",
 ]
 
 
@@ -235,6 +236,18 @@ def expected_inputs(distribution: TokenDistribution, augmented: Tensor) -> tuple
     (probability moved onto a special token, which weighs 0, lowers that position's weight)."""
     out = _expectation(distribution, augmented)
     return out[..., :-1], out[..., -1]
+
+
+def select_positions(distribution: TokenDistribution, rows: Tensor) -> TokenDistribution:
+    """The distribution at the flat positions ``rows`` of its ``[B, L]``, as a ``[1, N, ...]``
+    one (differentiable: the gradient reaches the selected positions)."""
+
+    def pick(field: Tensor | None) -> Tensor | None:
+        return None if field is None else field.flatten(0, 1).index_select(0, rows)[None]
+
+    return TokenDistribution(
+        pick(distribution.weights), pick(distribution.indices), pick(distribution.logits)
+    )
 
 
 def most_probable_tokens(distribution: TokenDistribution) -> Tensor:

@@ -476,6 +476,141 @@ def test_trained_fidelity_counts_unmapped_tokens(trained, trained_bridge):
     assert mapped_share == pytest.approx(1 - len(unmapped) / len(non_special))
 
 
+def test_trained_first_tokens_map_as_word_starts(trained, trained_bridge, encoder):
+    """Audit h14: a token without the word-start marker ("ing" beside "▁ing" / "Ġing") maps to
+    continuation pieces ("##ing"), yet a candidate's first token starts its text's first word
+    (these two tokenizers add a prefix space to the first word, Gemma's and GPT-2's do not), as
+    does a token after whitespace or after punctuation MiniLM splits off. Its pieces as a
+    word start are kept beside them, and ``opens_word`` marks the tokens after which a word
+    starts."""
+    convention, tok = trained
+    vocab = tok.get_vocab()
+    scorer_tokens = encoder.tokenizer.convert_ids_to_tokens
+    glued = vocab["ing"]
+    assert scorer_tokens(trained_bridge.pieces_of(glued)) == ["##ing"]
+    assert scorer_tokens(trained_bridge.pieces_of(glued, word_start=True)) == ["ing"]
+    marked = vocab[WORD_START[convention] + "the"]
+    assert trained_bridge.pieces_of(marked, word_start=True) == trained_bridge.pieces_of(marked)
+    opens = trained_bridge.opens_word
+    assert all(opens[vocab[t]] for t in (".", ",", "?", ")")), "MiniLM splits punctuation off"
+    assert not any(opens[vocab[t]] for t in ("ing", "s", WORD_START[convention] + "the"))
+    space = "\u2581" if convention == "sentencepiece" else "\u010a"  # "▁"; byte-level "\n"
+    assert opens[vocab[space]]
+    assert not opens[tok.all_special_ids].any()
+
+
+def test_word_start_positions():
+    """Where a word of the decoded text starts: each row's first kept position, and each
+    after an opener; transparent tokens and positions outside the mask are looked past."""
+    from bsloss.bridge import word_start_positions
+
+    # tokens: 0 a word piece, 1 a newline (opens a word), 2 a special token (transparent)
+    opens = torch.tensor([False, True, False])
+    transparent = torch.tensor([False, False, True])
+    tokens = torch.tensor(
+        [
+            [0, 0, 1, 0, 0],  # the first, and the one after the newline
+            [2, 0, 0, 2, 0],  # a leading special token is looked past; so is one mid-row
+            [0, 1, 2, 0, 0],  # newline, special, word: the word still follows the newline
+            [0, 0, 1, 0, 0],  # left padding (positions 0, 1 outside the mask)
+            [0, 1, 0, 0, 0],  # the newline masked out: the word after it is glued
+        ]
+    )
+    mask = torch.ones(5, 5, dtype=torch.bool)
+    mask[3, :2] = False
+    mask[4, 1] = False
+    got = word_start_positions(tokens, mask, opens, transparent).int().tolist()
+    assert got == [
+        [1, 0, 0, 1, 0],
+        [0, 1, 0, 0, 0],
+        [1, 0, 0, 1, 0],
+        [0, 0, 1, 1, 0],
+        [1, 0, 0, 0, 0],
+    ]
+
+
+def test_characters_spelled_in_bytes_are_rebuilt():
+    """Audit h16: a character spelled in byte tokens (Gemma's no-break space "<0xC2>" "<0xA0>",
+    its ideographic space, ~160 punctuation marks) is in the decoded text, though no byte makes
+    a scorer piece alone: its last byte decides whether a word starts after it, from the code
+    point its bytes spell; its other bytes, and bytes that spell no character, are looked past."""
+    from bsloss.bridge import byte_character_positions
+
+    spelled = {  # token id -> byte
+        10: 0xC2, 11: 0xA0, 12: 0xA3,  # C2 A0 no-break space; C2 A3 "£"
+        13: 0xE3, 14: 0x80,  # E3 80 80 ideographic space
+        15: 0xF0, 16: 0x9F, 17: 0xA6, 18: 0xA9,  # F0 9F A6 A9 flamingo (U+1F9A9)
+        19: 0xCC, 20: 0x81,  # CC 81 combining acute (dropped by the scorer)
+    }  # fmt: skip
+    values = torch.full((21,), -1, dtype=torch.int16)
+    values[list(spelled)] = torch.tensor(list(spelled.values()), dtype=torch.int16)
+    kinds = torch.zeros(0x110000, dtype=torch.int8)
+    kinds[[0xA0, 0x3000]] = 1  # spaces open a word; "£" and the flamingo glue (0)
+    kinds[0x301] = 2  # dropped
+    tokens = torch.tensor(
+        [
+            [1, 10, 11, 2, 0, 0],  # word, no-break space, word
+            [1, 10, 12, 2, 0, 0],  # word, "£", word
+            [1, 13, 14, 14, 2, 0],  # ideographic space
+            [1, 15, 16, 17, 18, 2],  # flamingo, 4 bytes
+            [1, 19, 20, 2, 0, 0],  # a dropped combining mark
+            [1, 11, 2, 10, 0, 0],  # a stray continuation byte; a lead byte at the end
+            [1, 10, 3, 11, 2, 0],  # a special token (outside the mask) between the bytes
+        ]
+    )
+    mask = torch.ones_like(tokens, dtype=torch.bool)
+    mask[tokens == 0] = False
+    mask[6, 2] = False
+    no_opens = torch.zeros_like(mask)
+    no_piece = (values >= 0)[tokens]  # byte tokens make no piece alone: looked past until now
+    opens, transparent = byte_character_positions(tokens, mask, values, kinds, no_opens, no_piece)
+    assert opens.int().tolist() == [
+        [0, 0, 1, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0],
+    ]
+    assert transparent.int().tolist() == [
+        [0, 1, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0, 0],  # "£" counts as text where it ends: the next word is glued to it
+        [0, 1, 1, 0, 0, 0],
+        [0, 1, 1, 1, 0, 0],
+        [0, 1, 1, 0, 0, 0],  # the mark the scorer drops is looked past
+        [0, 1, 0, 1, 0, 0],
+        [0, 1, 0, 0, 0, 0],
+    ]
+    for length in (0, 1, 2):  # rows shorter than a character's bytes
+        short = tokens[:, :length]
+        got = byte_character_positions(
+            short, mask[:, :length], values, kinds, no_opens[:, :length], no_piece[:, :length]
+        )
+        assert [tuple(t.shape) for t in got] == [(7, length)] * 2
+
+
+def test_a_bridge_from_lists_has_no_word_starts_unless_given(encoder):
+    """``VocabularyBridge(pieces)`` maps every token alike wherever it stands (no second table);
+    word-start pieces and openers are taken when given, and checked."""
+    pieces = torch.tensor([[-1, -1], [1000, -1], [2000, 2001]])
+    plain = VocabularyBridge(pieces)
+    assert not plain.has_word_starts and not plain.opens_word.any()
+    assert plain.pieces_of(2, word_start=True) == [2000, 2001]
+    starts = torch.tensor([[-1, -1], [1001, -1], [2000, 2001]])
+    bridge = VocabularyBridge(
+        pieces, start_pieces=starts, opens_word=torch.tensor([False, True, False])
+    )
+    assert bridge.has_word_starts and bridge.pieces_of(1, word_start=True) == [1001]
+    undone = bridge.without_word_starts()
+    assert not undone.has_word_starts and undone.pieces_of(1, word_start=True) == [1000]
+    assert torch.equal(undone.flat, bridge.flat) and not undone.opens_word.any()
+    with pytest.raises(ValueError, match=r"opens_word must have shape \[3\]"):
+        VocabularyBridge(pieces, opens_word=torch.zeros(4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="start_offsets and start_flat go together"):
+        VocabularyBridge.from_csr(plain.offsets, plain.flat, start_offsets=plain.offsets)
+
+
 def test_trained_fidelity_gap(trained, trained_bridge, encoder, text_scorer, stsb100):
     """One-hot candidates through the bridge vs. the decoded text through BERTScorer."""
     convention, tok = trained
@@ -509,7 +644,7 @@ def test_trained_fidelity_gap(trained, trained_bridge, encoder, text_scorer, sts
 def test_bridge_cache_roundtrip(trained, encoder, tmp_path, monkeypatch):
     """Building twice with cache_dir: identical pieces, the second from the safetensors file
     (it is not rewritten, and no token is re-tokenised)."""
-    _, tok = trained
+    convention, tok = trained
     built = VocabularyBridge.build(tok, encoder, cache_dir=tmp_path)
     files = list(tmp_path.glob("bridge-*.safetensors"))
     assert len(files) == 1
@@ -521,6 +656,15 @@ def test_bridge_cache_roundtrip(trained, encoder, tmp_path, monkeypatch):
     monkeypatch.setattr(bsloss.bridge, "_ScorerPieces", no_tokenising)
     second = VocabularyBridge.build(tok, encoder, cache_dir=tmp_path)
     assert torch.equal(built.pieces, second.pieces) and second.identity == built.identity
+    assert built.has_word_starts and second.has_word_starts
+    for name in ("start_offsets", "start_flat", "opens_word"):
+        assert torch.equal(getattr(second, name), getattr(built, name)), name
+    for name in ("values", "opening", "dropped"):
+        assert torch.equal(
+            getattr(second.byte_characters, name), getattr(built.byte_characters, name)
+        ), name
+    if convention == "byte_level":  # its 128 single-byte tokens past ASCII
+        assert int((built.byte_characters.values >= 0).sum()) == 128
     assert files[0].stat().st_mtime_ns == stamp
     assert list(tmp_path.glob("bridge-*.safetensors")) == files
     loaded = VocabularyBridge.load(files[0])

@@ -546,8 +546,10 @@ def test_tokens_the_scorer_drops_are_no_positions_of_the_average_encoding(
     of its own, embedding 0, that changed its neighbours' context and that the references'
     tokens could match. "...mat.\\n\\nIt was happy." scored 1 - F 0.171 in average mode,
     against 0.123 with those positions left out of the mask. They are skipped now, as the
-    special tokens are: the same score as with them masked out, on the ids and on one-hot
-    logits (whose expectation is the average mode's, and the gradient of retokenize's)."""
+    special tokens are, and the word after them starts a word (Gemma's "It" after a newline
+    has no "▁"; it mapped to "##it"): the same score as the text with spaces instead, whose
+    tokens are "▁It", "▁large", on the ids and on one-hot logits (whose expectation is the
+    average mode's, and the gradient of retokenize's)."""
     from bsloss import Bridge, Hard, Logits, TokenIds
 
     loss = BERTScoreLoss(
@@ -557,21 +559,105 @@ def test_tokens_the_scorer_drops_are_no_positions_of_the_average_encoding(
         reduction="none",
     )
     texts = ["The cat sat on the mat.\n\nIt was happy.", "Paris is big.\n\tIt is\nlarge."]
-    refs = ["The cat sat on the mat. It was happy.", "Paris is big. It is large."]
-    batch = gemma_tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    spaced = ["The cat sat on the mat. It was happy.", "Paris is big. It is large."]
+
+    def tokenised(texts):
+        batch = gemma_tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        return batch["input_ids"], batch["attention_mask"].bool()
+
+    ids, mask = tokenised(texts)
     no_piece = (gemma_bridge.piece_counts == 0) & ~gemma_bridge.special
     dropped = no_piece[ids] & mask
     assert dropped.sum(dim=1).tolist() == [1, 3]  # "\n\n"; "\n", "\t" and "\n"
+    words = gemma_tokenizer.convert_ids_to_tokens(ids[1][mask[1] & ~dropped[1]])
+    assert words[-4:] == ["It", "▁is", "large", "."], words  # no "▁" after a newline
+    spaced_ids, spaced_mask = tokenised(spaced)
+    assert (spaced_mask.sum(dim=1) == (mask & ~dropped).sum(dim=1)).all()
 
     def as_candidates(ids):
         if candidates == "token_ids":
             return TokenIds(ids)
         return Logits(one_hot(ids, len(gemma_tokenizer), 30.0))
 
-    kept = loss(as_candidates(ids), refs, candidate_mask=mask)
-    masked_out = loss(as_candidates(ids), refs, candidate_mask=mask & ~dropped)
-    torch.testing.assert_close(kept, masked_out, rtol=0, atol=1e-6)
+    kept = loss(as_candidates(ids), spaced, candidate_mask=mask)
+    as_spaced = loss(as_candidates(spaced_ids), spaced, candidate_mask=spaced_mask)
+    torch.testing.assert_close(kept, as_spaced, rtol=0, atol=1e-6)
+    assert as_spaced.max().item() < 1e-6  # each text against itself
+
+
+@pytest.mark.parametrize("source", ["token_ids", "logits", "hidden_states"])
+def test_a_gemma_candidate_against_itself_scores_zero_in_average_mode(
+    gemma_tokenizer, gemma_bridge, encoder, source
+):
+    """Audit h14: Gemma puts no "▁" on a text's first token ("A", not "▁A"), so the bridge
+    mapped every candidate's first word as a continuation ("##a"): "A man is playing a guitar."
+    against itself scored 1 - F 0.069 in average mode, and on 200 STS-B dev candidates that was
+    0.051 of the mode's mean error of 0.063. The word after a newline and a number after a lone
+    "▁" were mapped the same way, and (audit h16) the word after a character Gemma spells in
+    bytes (the no-break space "<0xC2>" "<0xA0>", the ideographic space, ~160 punctuation marks):
+    "A man\\xa0is playing..." scored 0.206. Each now takes its pieces as a word start, on the
+    ids, on one-hot logits and through the LM head's pass: every text scores 0 against itself."""
+    from _helpers import head_for
+
+    from bsloss import Bridge, Hard
+
+    loss = BERTScoreLoss(
+        encoder,
+        matching=Hard(),
+        bridge=Bridge(gemma_tokenizer, mode="average", vocabulary=gemma_bridge),
+        reduction="none",
+    )
+    texts = [
+        "A man is playing a guitar.",
+        "It rained.\nThey stayed in for 5 days.",
+        "A man\xa0is playing\u3000a guitar.",
+    ]
+    rows = [gemma_tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    tokens = [gemma_tokenizer.convert_ids_to_tokens(row) for row in rows]
+    assert tokens[0][0] == "A" and tokens[1][0] == "It"  # no "▁": glued, as tokens go
+    assert tokens[1][3:5] == ["\n", "They"] and tokens[1][8:10] == ["▁", "5"]
+    assert tokens[2][2:5] == ["<0xC2>", "<0xA0>", "is"], tokens[2]  # after bytes, no "▁"
+    scores = []
+    for text, row in zip(texts, rows, strict=True):
+        ids = torch.tensor([row])
+        if source == "token_ids":
+            scores.append(loss(candidate_ids=ids, references=[text]))
+        elif source == "logits":
+            scores.append(loss(logits=one_hot(ids, len(gemma_tokenizer), 30.0), references=[text]))
+        else:
+            hidden, weight = head_for(row, len(gemma_tokenizer), width=32)
+            hidden = hidden * 5.0  # the head's argmax is each token by a wide margin
+            scores.append(loss(hidden_states=hidden, output_embeddings=weight, references=[text]))
+    assert torch.cat(scores).abs().max().item() < 1e-6, scores
+
+
+@pytest.mark.parametrize("source", ["token_ids", "logits", "hidden_states"])
+def test_zero_length_candidates_through_word_starts(gemma_tokenizer, gemma_bridge, encoder, source):
+    """``[B, 0]`` candidates score as empty ones (1 - F = 1), as without word starts (audit
+    h16: the word-start positions indexed a row of length 0)."""
+    from bsloss import Bridge, Hard
+
+    def loss_for(vocabulary):
+        bridge = Bridge(gemma_tokenizer, mode="average", vocabulary=vocabulary)
+        return BERTScoreLoss(encoder, matching=Hard(), bridge=bridge, reduction="none")
+
+    vocab = len(gemma_tokenizer)
+    candidates = {
+        "token_ids": {"candidate_ids": torch.zeros(2, 0, dtype=torch.long)},
+        "logits": {"logits": torch.zeros(2, 0, vocab)},
+        "hidden_states": {
+            "hidden_states": torch.zeros(2, 0, 8),
+            "output_embeddings": torch.zeros(vocab, 8),
+        },
+    }[source]
+    mask, refs = torch.zeros(2, 0, dtype=torch.bool), ["a cat", "a dog"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # empty candidates warn
+        got = loss_for(gemma_bridge)(**candidates, candidate_mask=mask, references=refs)
+        before = loss_for(gemma_bridge.without_word_starts())(
+            **candidates, candidate_mask=mask, references=refs
+        )
+    assert got.tolist() == before.tolist() == [1.0, 1.0]
 
 
 def test_the_fused_head_pass_skips_tokens_the_scorer_drops(gemma_tokenizer, gemma_bridge, encoder):

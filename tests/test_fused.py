@@ -544,15 +544,25 @@ def references(encoder):
     return {"reference_ids": batch["input_ids"], "reference_mask": batch["attention_mask"].bool()}
 
 
-def random_bridge(vocab: int, scorer_vocab: int) -> VocabularyBridge:
+def random_bridge(vocab: int, scorer_vocab: int, word_starts: bool = False) -> VocabularyBridge:
+    """Random piece lists; with ``word_starts`` also other pieces as a word start for a third
+    of the tokens, and a third that open a word (the second table and its positions)."""
     g = torch.Generator().manual_seed(3)
     pieces = torch.randint(1000, scorer_vocab, (vocab, 3), generator=g)
     pieces[torch.rand(vocab, 3, generator=g) < 0.4] = -1
     pieces[:5] = -1  # five special tokens
-    return VocabularyBridge(pieces)
+    if not word_starts:
+        return VocabularyBridge(pieces)
+    starts = pieces.clone()
+    glued = (torch.rand(vocab, generator=g) < 0.33) & (pieces[:, 0] >= 0)
+    starts[glued, 0] = torch.randint(1000, scorer_vocab, (int(glued.sum()),), generator=g)
+    opens = torch.rand(vocab, generator=g) < 0.33
+    return VocabularyBridge(pieces, start_pieces=starts, opens_word=opens)
 
 
-@pytest.mark.parametrize("bridged", [False, True], ids=["scorer-vocab", "bridge"])
+@pytest.mark.parametrize(
+    "bridged", [False, True, "word_starts"], ids=["scorer-vocab", "bridge", "word-starts"]
+)
 @pytest.mark.parametrize(
     "name", ["plain", "top_k", "straight_through", "all", "gumbel", "gumbel_top_k", "gumbel_all"]
 )
@@ -560,12 +570,16 @@ def test_loss_hidden_states_equal_logits(encoder, references, bridged, name):
     options = dict(VARIANTS[name])
     softcap, temperature = options.pop("softcap", None), options.pop("temperature", 1.0)
     vocab = 700 if bridged else encoder.input_embeddings.num_embeddings
-    bridge = random_bridge(vocab, encoder.input_embeddings.num_embeddings) if bridged else None
+    scorer_vocab = encoder.input_embeddings.num_embeddings
+    bridge = random_bridge(vocab, scorer_vocab, bridged == "word_starts") if bridged else None
     loss = BERTScoreLoss(encoder=encoder, bridge=bridge, **options)
     g = torch.Generator().manual_seed(0)
     h = torch.randn(2, 6, 16, generator=g).requires_grad_()
     weight = (0.8 * torch.randn(vocab, 16, generator=g)).requires_grad_()
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]], dtype=torch.bool)
+    if bridged == "word_starts":  # the premise: besides each row's first, a word starts mid-row
+        starts = loss.candidate_encoder.bridging.word_starts((h @ weight.T).argmax(-1), mask)
+        assert 3 <= int(starts.sum()) < int(mask.sum())
     logits = dense_logits(h, weight, softcap=softcap) / temperature
     torch.manual_seed(7)  # the loss draws its Gumbel seed from torch's generator
     dense = loss(logits=logits, candidate_mask=mask, **references)
