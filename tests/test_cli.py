@@ -11,7 +11,7 @@ import torch
 
 import bsloss
 from bsloss.baseline import read_baseline
-from bsloss.cli import main
+from bsloss.cli import build_parser, main
 
 EXAMPLES = Path(bsloss.__file__).parent / "examples"
 
@@ -218,6 +218,21 @@ def test_rc11_cli_bad_numbers_are_argparse_errors(capsys, argv, option):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {option}" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("option", [["--batch-size", "8"], ["--progress", "on"]])
+def test_plot_takes_no_options_it_would_ignore(capsys, option):
+    """``bsloss plot`` scores one pair: it had ``--batch-size`` and ``--progress`` from the
+    options it shares with ``score`` and ``baseline`` and did nothing with them. Now an argparse
+    error names the option; ``score`` and ``baseline`` keep both."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plot", "-c", "a", "-r", "b", "-o", "o.png", *option])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "unrecognized arguments" in err and option[0] in err and "Traceback" not in err
+    for command in (["score", "-c", "c", "-r", "r"], ["baseline", "--corpus", "c", "-o", "o"]):
+        args = build_parser().parse_args([*command, *option])
+        assert str(getattr(args, option[0][2:].replace("-", "_"))) == option[1]
 
 
 def test_rc12_cli_empty_files_do_not_print_nan(files, capsys):

