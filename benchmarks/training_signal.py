@@ -63,6 +63,8 @@ def build_batch(tokenizer, pairs):
 
 
 def run(model, tokenizer, scorer, loss_fn, batch, refs, steps: int, lr: float) -> list[dict]:
+    from bsloss import Logits
+
     ids, attention, targets = batch
     mask = targets != -100
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
@@ -78,7 +80,7 @@ def run(model, tokenizer, scorer, loss_fn, batch, refs, steps: int, lr: float) -
         width = max(counts)
         cand = torch.stack([torch.nn.functional.pad(r, (0, 0, 0, width - len(r))) for r in rows])
         cmask = torch.arange(width)[None] < torch.tensor(counts)[:, None]
-        loss = loss_fn(logits=cand, candidate_mask=cmask, references=refs)
+        loss = loss_fn(Logits(cand), refs, candidate_mask=cmask)
         with torch.no_grad():
             argmax = cand.argmax(-1)
             texts = [
@@ -117,7 +119,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    from bsloss import BERTScoreLoss, BERTScorer
+    from bsloss import BERTScoreLoss, BERTScorer, Bridge
+    from bsloss.functional.matching import resolve_matching
 
     scorer = BERTScorer()
     pairs = verses(args.batch, args.offset)
@@ -134,11 +137,10 @@ def main() -> None:
                 model.get_input_embeddings().weight.requires_grad_(False)
             model.train()
             loss_fn = BERTScoreLoss(
-                encoder=scorer.encoder,
-                matching=matching,
-                temperature=args.temperature,
-                generator_tokenizer=tokenizer,
-                bridge_mode=mode,
+                model=scorer.encoder,
+                # "hard" has no temperature (it ignores one, as the legacy keyword did)
+                matching=resolve_matching(matching, temperature=args.temperature),
+                bridge=Bridge(tokenizer, mode=mode),
             )
             batch = build_batch(tokenizer, pairs)
             start = time.perf_counter()
