@@ -601,6 +601,83 @@ def test_loss_hidden_states_equal_logits(encoder, references, bridged, name):
         assert (a - b).abs().max() <= 1e-3 * b.abs().max()
 
 
+def word_start_paths(encoder, references, device: str, dtype: torch.dtype) -> dict:
+    """Value and gradient of a loss through a bridge with word starts and byte-spelled
+    characters (tokens 690-691: the bytes C2 A0 of a no-break space, which opens a word) on
+    ``device``: token ids, dense logits, and the LM head's pass in ``dtype``."""
+    from bsloss.bridge import ByteCharacters
+
+    vocab = 700
+    bridge = random_bridge(vocab, encoder.input_embeddings.num_embeddings, word_starts=True)
+    values = torch.full((vocab,), -1, dtype=torch.int16)
+    values[690], values[691] = 0xC2, 0xA0
+    opening = torch.tensor([0xA0], dtype=torch.int32)
+    bridge = VocabularyBridge.from_csr(
+        bridge.offsets, bridge.flat, bridge.special, False, bridge.start_offsets,
+        bridge.start_flat, bridge.opens_word, ByteCharacters(values, opening, opening[:0]),
+    )  # fmt: skip
+    scorer = encoder if device == "cpu" else type(encoder).from_pretrained(None, device=device)
+    loss = BERTScoreLoss(model=scorer, bridge=bridge, reduction="none")
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(5, vocab, (2, 8), generator=g)
+    ids[0, 2:4] = torch.tensor([690, 691])  # a no-break space mid-row
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[1, 6:] = False
+    weight = 0.3 * torch.randn(vocab, 16, generator=g)
+    hidden = weight[ids] * 8.0 + 0.1 * torch.randn(2, 8, 16, generator=g)
+    refs = {k: v.to(device) for k, v in references.items()}
+    out = {}
+    with torch.no_grad():
+        out["ids"] = (loss(candidate_ids=ids.to(device), candidate_mask=mask.to(device), **refs),)
+    logits = (hidden @ weight.T).to(device).requires_grad_()
+    value = loss(logits=logits, candidate_mask=mask.to(device), **refs)
+    out["logits"] = (value, *torch.autograd.grad(value.sum(), [logits]))
+    h = hidden.to(device, dtype).requires_grad_()
+    w = weight.to(device, dtype).requires_grad_()
+    value = loss(hidden_states=h, output_embeddings=w, candidate_mask=mask.to(device), **refs)
+    out["fused"] = (value, *torch.autograd.grad(value.sum(), [h, w]))
+    starts = loss.candidate_encoder.bridging.word_starts(ids.to(device), mask.to(device))
+    out["starts"] = (starts,)
+    return {k: tuple(t.detach().float().cpu() for t in v) for k, v in out.items()}
+
+
+def test_word_start_paths_agree_on_the_cpu(encoder, references):
+    """The harness of the CUDA test below, on the CPU: the no-break space's bytes make the next
+    token a word start; the logits and the LM head's pass (the same distributions, soft) give
+    the same value."""
+    out = word_start_paths(encoder, references, "cpu", torch.float32)
+    assert out["starts"][0][0, 4] and not out["starts"][0][0, 2:4].any()
+    torch.testing.assert_close(out["fused"][0], out["logits"][0], rtol=0, atol=1e-5)
+    assert all(torch.isfinite(t).all() for v in out.values() for t in v)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_word_starts_on_cuda_equal_the_cpus(encoder, references, dtype):
+    """On a card (the second pass over the word-start rows, the byte characters rebuilt there,
+    the Triton kernels in bfloat16): the CPU's values and gradients."""
+    cpu = word_start_paths(encoder, references, "cpu", torch.float32)
+    cuda = word_start_paths(encoder, references, "cuda", dtype)
+    assert_word_start_paths_close(cuda, cpu, dtype)
+
+
+def assert_word_start_paths_close(got: dict, want: dict, dtype: torch.dtype) -> None:
+    """float32: values and gradients within float32 noise; bfloat16 (the LM head's pass only):
+    values within 2e-2, gradients of cosine >= 0.99 with float32's."""
+    assert torch.equal(got["starts"][0], want["starts"][0])
+    for path in ("ids", "logits", "fused"):
+        value, *grads = got[path]
+        expected, *expected_grads = want[path]
+        low = dtype != torch.float32 and path == "fused"
+        torch.testing.assert_close(value, expected, rtol=0, atol=2e-2 if low else 1e-5)
+        for a, b in zip(grads, expected_grads, strict=True):
+            if low:
+                cosine = torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0)
+                assert cosine >= 0.99, (path, float(cosine))
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()))
+
+
 def test_loss_with_targets_returns_cross_entropy(encoder, references):
     bridge = random_bridge(500, encoder.input_embeddings.num_embeddings)
     loss = BERTScoreLoss(encoder=encoder, bridge=bridge)
