@@ -27,7 +27,7 @@ def test_plot_example_marks_each_tokens_best_match(scorer, tmp_path):
 
 def test_plot_cli(tmp_path, capsys):
     out = tmp_path / "cli.png"
-    main(["plot", "-c", "a cat sat", "-r", "the cat sits", "-o", str(out), "--progress", "off"])
+    main(["plot", "-c", "a cat sat", "-r", "the cat sits", "-o", str(out)])
     assert out.exists() and "wrote" in capsys.readouterr().out
 
 
