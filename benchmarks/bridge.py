@@ -77,7 +77,7 @@ def build_once(cache_dir: str) -> dict:
         start = time.perf_counter()
         bridge = VocabularyBridge.build(tokenizer, encoder, cache_dir=cache_dir)
         # the tables a loss builds: the tokens' own and, where it differs, as word starts
-        for word_start in {False, bridge.has_word_starts}:
+        for word_start in (False, True) if bridge.has_word_starts else (False,):
             table = bridge.embedding_table(encoder.input_embeddings.weight.detach(), word_start)
             bridge.weight_table(torch.ones(encoder.input_embeddings.num_embeddings), word_start)
         seconds = time.perf_counter() - start

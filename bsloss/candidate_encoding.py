@@ -53,6 +53,7 @@ from bsloss.distributions import (
 )
 from bsloss.functional.fused_expectation import (
     IGNORE_INDEX,
+    FusedHeadOutput,
     check_target_ids,
     fused_expected_inputs,
 )
@@ -364,7 +365,8 @@ class CandidateEncoder:
             rows = (starts & candidate_mask).flatten().nonzero().squeeze(1)
             if rows.numel():
                 if isinstance(candidates, LMHeadInputs):
-                    values = self._fused_rows(seed, candidates, rows, start_table)
+                    # the first pass's rows, whose finiteness it reads
+                    values = self._head_pass(seed, candidates, rows, start_table).expected
                     row_inputs, row_weights = values[:, :-1], values[:, -1]
                 else:
                     sub = select_positions(distribution, rows)
@@ -429,15 +431,21 @@ class CandidateEncoder:
         hidden = self.encoder(inputs_embeds=spliced.inputs, attention_mask=spliced.attention.long())
         return hidden, spliced.attention, spliced.weights
 
-    def _fused_rows(
-        self, seed: int | None, candidates: LMHeadInputs, rows: Tensor, table: Tensor
-    ) -> Tensor:
-        """``[N, c]``: the LM head pass over the flat positions ``rows`` of ``[B, L]`` with
-        ``table``, under the same options and Gumbel noise (addressed by position) as the
-        pass of :meth:`_fused_inputs`, which has checked its input."""
-        hidden_states = candidates.hidden_states
-        out = fused_expected_inputs(
-            hidden_states.flatten(0, 1).index_select(0, rows),
+    def _head_pass(
+        self,
+        seed: int | None,
+        candidates: LMHeadInputs,
+        rows: Tensor,
+        table: Tensor,
+        **targets: object,
+    ) -> FusedHeadOutput:
+        """The LM head's pass over the flat positions ``rows`` of ``[B, L]`` with ``table``,
+        under the loss's candidate options; the Gumbel noise is addressed by the position in
+        ``[B, L]``, as on the dense path, so every pass of a call draws the same. Finiteness is
+        returned unread (the caller reads it once); ``targets``: ``target_ids`` and
+        ``check_targets`` of :func:`fused_expected_inputs`."""
+        return fused_expected_inputs(
+            candidates.hidden_states.flatten(0, 1).index_select(0, rows),
             candidates.head,
             table,
             softcap=candidates.softcap,
@@ -447,9 +455,9 @@ class CandidateEncoder:
             gumbel_temperature=self.candidates.gumbel_temperature,
             gumbel_seed=seed,
             row_ids=rows,
-            check_finite=False,  # these rows are the first pass's, whose check covers them
+            check_finite=False,
+            **targets,
         )
-        return out.expected
 
     def _fused_inputs(
         self,
@@ -487,20 +495,12 @@ class CandidateEncoder:
         if checked_here:
             check_target_ids(target_ids, weight.shape[0])
 
-        out = fused_expected_inputs(
-            hidden_states.flatten(0, 1).index_select(0, row_ids),
-            output_embeddings,
+        out = self._head_pass(
+            seed,
+            candidates,
+            row_ids,
             table,
             target_ids=None if target_ids is None else target_ids.flatten()[row_ids],
-            softcap=softcap,
-            temperature=temperature,
-            top_k=self.candidates.top_k,
-            straight_through=self.candidates.straight_through,
-            gumbel_temperature=self.candidates.gumbel_temperature,
-            gumbel_seed=seed,
-            # the noise is addressed by the position in [B, L], as on the dense path
-            row_ids=row_ids,
-            check_finite=False,
             check_targets=not checked_here,
         )
 
