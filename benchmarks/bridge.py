@@ -61,9 +61,10 @@ sys.path.insert(0, str(harness.REPO_ROOT / "tests"))
 MIB = 2**20
 
 
-def build_once(cache_dir: str) -> dict:
+def build_once(cache_dir: str, word_starts: bool = True) -> dict:
     """In a fresh process (:func:`~benchmarks.harness.run_isolated`): load the scorer and Gemma's
-    tokenizer, then build the bridge and its tables with the peak RSS reset just before."""
+    tokenizer, then build the bridge and the tables a loss builds through it, with the peak RSS
+    reset just before (``word_starts=False``: through ``bridge.without_word_starts()``)."""
     from transformers import AutoTokenizer
 
     from bsloss.pretrained import pretrained_folder
@@ -76,11 +77,15 @@ def build_once(cache_dir: str) -> dict:
     with harness.MemoryMeter() as meter:
         start = time.perf_counter()
         bridge = VocabularyBridge.build(tokenizer, encoder, cache_dir=cache_dir)
-        # the tables a loss builds: the tokens' own and, where it differs, as word starts
-        for word_start in (False, True) if bridge.has_word_starts else (False,):
-            table = bridge.embedding_table(encoder.input_embeddings.weight.detach(), word_start)
-            bridge.weight_table(torch.ones(encoder.input_embeddings.num_embeddings), word_start)
+        if not word_starts:
+            bridge = bridge.without_word_starts()
+        # the tables a loss builds at its first call and keeps: the tokens' own and, where it
+        # differs, as word starts
+        candidates = BERTScoreLoss(encoder=encoder, bridge=bridge).candidate_encoder
+        weights = torch.ones(encoder.input_embeddings.num_embeddings)
+        table = candidates.generator_table(weights)
         seconds = time.perf_counter() - start
+        start_table = candidates.word_start_table(weights)
     return {
         "seconds": seconds,
         "peak_above_scorer_and_tokenizer_mb": meter.extra_peak / MIB,
@@ -88,7 +93,7 @@ def build_once(cache_dir: str) -> dict:
         "scorer_rss_mb": (scorer_rss - start_rss) / MIB,
         "tokenizer_rss_mb": (tokenizer_rss - scorer_rss) / MIB,
         "table_mb": table.numel() * table.element_size() / MIB,
-        "tables": 1 + bridge.has_word_starts,
+        "tables": 1 + (start_table is not None),
         "rows": len(table),
     }
 
@@ -96,8 +101,8 @@ def build_once(cache_dir: str) -> dict:
 def run_build() -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as cache:
-        for name in ("fresh", "cached"):
-            out[name] = harness.run_isolated(build_once, cache)
+        for name in ("fresh", "cached", "cached, without_word_starts()"):
+            out[name] = harness.run_isolated(build_once, cache, "without" not in name)
             print(name, out[name], flush=True)
     return out
 

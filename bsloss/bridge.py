@@ -69,6 +69,7 @@ import torch
 from torch import Tensor
 
 from bsloss._warnings import warn_user
+from bsloss.distributions import augment_table
 
 __all__ = [
     "Bridge",
@@ -771,14 +772,22 @@ class VocabularyBridge:
                 f"{path} is not a valid bridge cache ({error}); delete it to rebuild"
             ) from error
 
-    def _mean_over_pieces(self, values: Tensor, word_start: bool = False) -> Tensor:
-        """``[V_gen, c]``: mean of ``values[piece]`` over each token's pieces (0 for none), one
-        ``embedding_bag`` over the flat lists (no ``[V, P, c]`` gather)."""
+    def _mean_over_pieces(
+        self, values: Tensor, word_start: bool = False, rows: int | None = None
+    ) -> Tensor:
+        """``[rows, c]`` (default ``[V_gen, c]``): mean of ``values[piece]`` over each token's
+        pieces (0 for none, and for the rows past ``V_gen``), one ``embedding_bag`` over the
+        flat lists straight into the result (no ``[V, P, c]`` gather, no padded copy)."""
         offsets, flat = self._lists(word_start)
+        size = self.generator_vocab_size
+        rows = size if rows is None else rows
         if len(flat) == 0:
-            return values.new_zeros(self.generator_vocab_size, values.shape[1])
+            return values.new_zeros(rows, values.shape[1])
+        starts = offsets[:-1]
+        if rows > size:  # empty bags: rows of zeros
+            starts = torch.cat([starts, starts.new_full((rows - size,), len(flat))])
         return torch.nn.functional.embedding_bag(
-            flat.to(values.device), values, offsets[:-1].to(values.device), mode="mean"
+            flat.to(values.device), values, starts.to(values.device), mode="mean"
         )
 
     def embedding_table(self, scorer_table: Tensor, word_start: bool = False) -> Tensor:
@@ -790,6 +799,20 @@ class VocabularyBridge:
         """``[V_gen]`` importance weights :math:`\\omega` from the scorer's ``[V_scorer]``
         (``word_start``: of each token as a word start)."""
         return self._mean_over_pieces(scorer_weights[:, None], word_start)[:, 0]
+
+    def augmented_table(
+        self,
+        scorer_table: Tensor,
+        scorer_weights: Tensor,
+        word_start: bool = False,
+        rows: int | None = None,
+    ) -> Tensor:
+        """``[rows, d + 1]`` (default ``[V_gen, d + 1]``): :meth:`embedding_table` beside
+        :meth:`weight_table` (:func:`~bsloss.distributions.augment_table`), built as one mean
+        over the scorer's ``[V_scorer, d + 1]``, so that no ``[V_gen, d]`` table is held
+        beside it; ``rows`` past ``V_gen`` are 0 (a head padded past the tokenizer's
+        tokens)."""
+        return self._mean_over_pieces(augment_table(scorer_table, scorer_weights), word_start, rows)
 
     def fidelity(self) -> dict[str, float]:
         """Shares of the non-special generator tokens that map to exactly one scorer piece, to
@@ -1013,24 +1036,23 @@ class BridgeMode:
         """The number of generator tokens a candidate distribution must cover."""
         return scorer_vocab_size if self.bridge is None else self.bridge.generator_vocab_size
 
-    def tables(self, scorer_table: Tensor, scorer_weights: Tensor) -> tuple[Tensor, Tensor]:
-        """``[V_gen, d]`` input embeddings and ``[V_gen]`` weights of the generator's tokens."""
+    def tables(
+        self, scorer_table: Tensor, scorer_weights: Tensor, rows: int
+    ) -> tuple[Tensor, Tensor | None]:
+        """``[rows, d + 1]`` :func:`~bsloss.distributions.augment_table` of the generator's
+        tokens (their input embeddings and weights; rows past the vocabulary 0) and the same
+        of the tokens as word starts, for the positions of :meth:`word_starts` (``None`` where
+        it is the same table: no bridge, or one whose tokens map alike wherever they stand)."""
         if self.bridge is None:
-            return scorer_table, scorer_weights
-        return self.bridge.embedding_table(scorer_table), self.bridge.weight_table(scorer_weights)
-
-    def word_start_tables(
-        self, scorer_table: Tensor, scorer_weights: Tensor
-    ) -> tuple[Tensor, Tensor] | None:
-        """``[V_gen, d]``, ``[V_gen]``: the :meth:`tables` of the generator's tokens as word
-        starts, for the positions of :meth:`word_starts`; ``None`` where they are the same
-        tables (no bridge, or one whose tokens all map alike wherever they stand)."""
-        if self.bridge is None or not self.bridge.has_word_starts:
-            return None
-        return (
-            self.bridge.embedding_table(scorer_table, word_start=True),
-            self.bridge.weight_table(scorer_weights, word_start=True),
-        )
+            table = augment_table(scorer_table, scorer_weights)
+            if rows > table.shape[0]:
+                table = torch.nn.functional.pad(table, (0, 0, 0, rows - table.shape[0]))
+            return table, None
+        # one at a time, each straight into its [rows, d + 1]: Gemma's are 385 MiB each
+        own = self.bridge.augmented_table(scorer_table, scorer_weights, rows=rows)
+        if not self.bridge.has_word_starts:
+            return own, None
+        return own, self.bridge.augmented_table(scorer_table, scorer_weights, True, rows)
 
     def word_starts(self, tokens: Tensor, mask: Tensor) -> Tensor | None:
         """``[B, L]``: the positions of ``mask`` whose token ``tokens [B, L]`` begins a word of

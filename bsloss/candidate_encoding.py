@@ -44,7 +44,6 @@ from bsloss.candidate_inputs import (
 from bsloss.candidate_transforms import CandidateOptions
 from bsloss.distributions import (
     all_true,
-    augment_table,
     check_finite_tensor,
     expected_inputs,
     most_probable_tokens,
@@ -134,7 +133,7 @@ class CandidateEncoder:
 
     def word_start_table(self, scorer_weights: Tensor, size: int | None = None) -> Tensor | None:
         """``[V_gen, d + 1]``: :meth:`generator_table` of the generator's tokens as word starts
-        (:meth:`~bsloss.bridge.BridgeMode.word_start_tables`), for the candidate positions that
+        (:meth:`~bsloss.bridge.BridgeMode.tables`), for the candidate positions that
         begin a word of the decoded text; ``None`` where it would be the same table. Built and
         kept with it: through Gemma's bridge a second ``[262144, d + 1]`` table."""
         return self._generator_tables(scorer_weights, size)[1]
@@ -154,10 +153,8 @@ class CandidateEncoder:
             # a plain tensor even when first built under torch.inference_mode(): a later
             # training call saves it for backward
             with torch.inference_mode(False), torch.no_grad():
-                tables = self.bridging.tables(table.detach(), scorer_weights)
-                starts = self.bridging.word_start_tables(table.detach(), scorer_weights)
-                start_table = None if starts is None else _augmented(*starts, size)
-                self._tables = {key: (_augmented(*tables, size), start_table)}
+                self._tables = {}  # the old tables go before the new are built
+                self._tables[key] = self.bridging.tables(table.detach(), scorer_weights, size)
         return self._tables[key]
 
     def check_vocab(self, size: int, name: str) -> None:
@@ -534,15 +531,6 @@ class CandidateEncoder:
         if out.log_likelihood is not None:
             log_likelihood = unselected(out.log_likelihood)
         return full[..., :-1], full[..., -1], log_likelihood, tokens, check_logits
-
-
-def _augmented(table: Tensor, weights: Tensor, size: int) -> Tensor:
-    """:func:`augment_table` padded with zero rows to ``size`` (a bridged head's rows past the
-    tokenizer's tokens make no text)."""
-    augmented = augment_table(table, weights)
-    if size > augmented.shape[0]:
-        augmented = F.pad(augmented, (0, 0, 0, size - augmented.shape[0]))
-    return augmented
 
 
 def _replaced_rows(
