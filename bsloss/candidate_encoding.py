@@ -56,7 +56,7 @@ from bsloss.functional.fused_expectation import (
     check_target_ids,
     fused_expected_inputs,
 )
-from bsloss.functional.gumbel_noise import draw_seed
+from bsloss.functional.gumbel_noise import draw_seed_tensor
 from bsloss.inputs import (
     as_token_ids,
     check_device,
@@ -322,8 +322,13 @@ class CandidateEncoder:
         name = candidates.name
         whole_mask = candidate_mask
         log_likelihood = None
-        # one seed per call: the dense and the fused path draw the same Gumbel noise from it
-        seed = None if self.candidates.gumbel_temperature is None else draw_seed()
+        # one seed per call: the dense and the fused path draw the same Gumbel noise from it;
+        # a tensor, so that a compiled loss takes each call's seed as an input, not a constant
+        seed = (
+            None
+            if self.candidates.gumbel_temperature is None
+            else draw_seed_tensor(candidates.tensor.device)
+        )
         if isinstance(candidates, LMHeadInputs):
             # hidden states are checked where the pass uses them, by its one read of the
             # device: a read here would wait for the whole model's forward
@@ -430,7 +435,7 @@ class CandidateEncoder:
 
     def _head_pass(
         self,
-        seed: int | None,
+        seed: Tensor | None,
         candidates: LMHeadInputs,
         rows: Tensor,
         table: Tensor,
@@ -458,7 +463,7 @@ class CandidateEncoder:
 
     def _fused_inputs(
         self,
-        seed: int | None,
+        seed: Tensor | None,
         candidates: LMHeadInputs,
         target_ids: Tensor | None,
         candidate_mask: Tensor,

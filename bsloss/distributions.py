@@ -29,7 +29,7 @@ from einops import einsum
 from torch import Tensor
 
 from bsloss.candidate_transforms import CandidateOptions, candidate_weights
-from bsloss.functional.gumbel_noise import draw_seed, gumbel_scores
+from bsloss.functional.gumbel_noise import check_seed, draw_seed, gumbel_scores
 from bsloss.inputs import position_of_first
 
 __all__ = [
@@ -121,7 +121,7 @@ def token_distribution(
     top_k: int | None = None,
     straight_through: bool = False,
     gumbel_temperature: float | None = None,
-    gumbel_seed: int | None = None,
+    gumbel_seed: int | Tensor | None = None,
     mask: Tensor | None = None,
 ) -> TokenDistribution:
     """Normalised token weights from ``logits`` or ``probs`` ``[B, L, V]``; ``mask`` ``[B, L]``:
@@ -144,7 +144,7 @@ def token_distribution(
     check_finite_tensor(source, name)
     perturb = None
     if gumbel_temperature is not None:
-        seed = draw_seed() if gumbel_seed is None else gumbel_seed
+        seed = draw_seed() if gumbel_seed is None else check_seed(gumbel_seed)
         perturb = partial(_perturbed, temperature=gumbel_temperature, seed=seed)
     with torch.autocast(device_type=source.device.type, enabled=False):
         values = _math(source)
@@ -159,7 +159,7 @@ def token_distribution(
     return TokenDistribution(p, indices)
 
 
-def _perturbed(scores: Tensor, temperature: float, seed: int) -> Tensor:
+def _perturbed(scores: Tensor, temperature: float, seed: int | Tensor) -> Tensor:
     """Gumbel-softmax scores of ``scores`` ``[B, L, V]`` at flat positions ``b * L + t``, a
     block of positions at a time (the counters are int64: one ``[B, L, V]`` of them would
     double the logits' memory)."""

@@ -900,10 +900,22 @@ class BERTScoreLoss(nn.Module):
         the loss) does not trace into the loss's entry points, which Dynamo skips: traced, their
         reference texts went into the caller's graph. These steps run compiled from it too.
 
+        The compiled encoding builds the candidate table once: in-place changes of
+        ``loss.scorer_weights`` or of the scorer's parameters are not followed there (loads
+        through ``load_state_dict`` are); call ``loss.clear_cache()`` after such a change.
+
         Raises:
+            ValueError: for ``fullgraph=True``: the encoding breaks its graph where it reads the
+                device (the logits' finiteness check; the LM-head pass's row selection).
             RuntimeError: under torch < 2.8, whose Dynamo fails in the compiled LM-head pass
                 (torch 2.6 tried; 2.8 and later pass the compiled loss's tests).
         """
+        if kwargs.get("fullgraph"):
+            raise ValueError(
+                "loss.compile(fullgraph=True): the loss's encoding breaks its graph where it "
+                "reads the device (the logits' finiteness check, the LM head's row selection); "
+                "compile without fullgraph"
+            )
         if TorchVersion(torch.__version__) < COMPILE_NEEDS_TORCH:
             raise RuntimeError(
                 f"loss.compile() needs torch >= {'.'.join(map(str, COMPILE_NEEDS_TORCH))}, "

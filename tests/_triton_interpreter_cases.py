@@ -67,11 +67,39 @@ CASES = {
     # small integer operands: exact logits with many ties across blocks and splits, where the
     # argmax must be the first maximal token, as torch's
     "tied-logits": {"n": 16, "d": 8, "vocab": 200, "c": 4, "integer": True},
+    # audit h17, finding 1: the term alone at T != 1 (no targets) with logits near -60, where
+    # z - log Z(z / T) passed float32's exp range; the kernel multiplied exp() of it by the
+    # unused normaliser's zero gradient: NaN in every gradient. Integer operands: both
+    # backends' logits are exact (at |z| ~ 60 their float32 sums in two orders differ by ulps,
+    # which 1 / T amplifies in the gradient; docs/loss.md)
+    "temperature-without-targets": {
+        "n": 6,
+        "d": 8,
+        "vocab": 70,
+        "c": 4,
+        "bias": True,
+        "shift": -60.0,
+        "temperature": 0.3,
+        "integer": True,
+    },
+    # audit h17, finding 3: a cap far above the logits (1 - exp(-2|z / kappa|) cancelled: at
+    # 1e7 the logits came out in steps of ~1)
+    "large-softcap": {"n": 8, "d": 16, "vocab": 90, "c": 4, "targets": True, "softcap": 1e7},
 }
 
 
 def inputs(
-    n, d, vocab, c, bias=False, targets=False, dtype=torch.float32, integer=False, seed=0, **_
+    n,
+    d,
+    vocab,
+    c,
+    bias=False,
+    targets=False,
+    dtype=torch.float32,
+    integer=False,
+    seed=0,
+    shift=0.0,
+    **_,
 ):
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(n, d, generator=g).to(dtype)
@@ -80,7 +108,7 @@ def inputs(
         h = torch.randint(-1, 2, (n, d), generator=g).to(dtype)
         weight = torch.randint(-1, 2, (vocab, d), generator=g).to(dtype)
     table = None if c is None else torch.randn(vocab, c, generator=g)
-    b = torch.randn(vocab, generator=g).to(dtype) if bias else None
+    b = (torch.randn(vocab, generator=g) + shift).to(dtype) if bias else None
     y = None
     if targets:
         y = torch.randint(0, vocab, (n,), generator=g)

@@ -499,6 +499,17 @@ def test_nothing_vocabulary_sized_is_saved():
         ({"gumbel_temperature": 0.0}, "gumbel_temperature must be"),
         ({"gumbel_temperature": float("nan")}, "gumbel_temperature must be"),
         ({"gumbel_temperature": 0.5, "row_ids": torch.arange(3)}, r"row_ids must be \[4\]"),
+        # audit h17, finding 5: each failed deep inside torch, or passed truncated
+        ({"weight": torch.randn(0, 8), "table": torch.randn(0, 3)}, "output_embeddings has no"),
+        ({"chunk_elements": 2.5}, "chunk_elements must be an int, got float"),
+        ({"chunk_elements": "64"}, "chunk_elements must be an int, got str"),
+        ({"gumbel_temperature": 0.5, "gumbel_seed": 2**63}, r"gumbel_seed must be in \[-2"),
+        ({"gumbel_temperature": 0.5, "gumbel_seed": 1.9}, "gumbel_seed must be an int"),
+        ({"gumbel_temperature": 0.5, "row_ids": [0, 1, 2, 3]}, "row_ids must be a torch.long"),
+        (
+            {"gumbel_temperature": 0.5, "row_ids": torch.tensor([0.2, 1.7, 2.5, 3.9])},
+            "row_ids must be a torch.long or torch.int tensor, got torch.float32",
+        ),
     ],
 )
 def test_bad_input(kwargs, match):
@@ -506,10 +517,30 @@ def test_bad_input(kwargs, match):
     for key in ("hidden", "weight", "table"):
         if key in kwargs:
             args[key] = kwargs.pop(key)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         fused_expected_inputs(args["hidden"], args["weight"], args["table"], **kwargs)
     with pytest.raises(TypeError, match="output_embeddings"):
         fused_expected_inputs(torch.randn(4, 8), torch.nn.ReLU(), None)
+
+
+def test_a_second_derivative_is_refused_named():
+    """The pass's backward builds no graph (audit h17, finding 4: a gradient penalty through
+    it failed inside torch, "mm(): functions with out=... don't support automatic
+    differentiation"): ``.backward()`` through the first derivative names the refusal."""
+    h = torch.randn(4, 8, requires_grad=True)
+    weight, table = torch.randn(40, 8, requires_grad=True), torch.randn(40, 3)
+    expected = fused_expected_inputs(h, weight, table).expected
+    (grad_h,) = torch.autograd.grad(expected.square().sum(), h, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad_h.square().sum().backward()
+
+
+def test_a_dense_gumbel_seed_is_checked_named():
+    logits = torch.randn(1, 3, 10)
+    with pytest.raises(TypeError, match="gumbel_seed must be an int, got float"):
+        token_distribution(logits, gumbel_temperature=0.5, gumbel_seed=1.5)
+    with pytest.raises(ValueError, match=r"gumbel_seed must be in \[-2\*\*63, 2\*\*63\)"):
+        token_distribution(logits, gumbel_temperature=0.5, gumbel_seed=-(2**63) - 1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the SDPA path needs CUDA")

@@ -175,3 +175,20 @@ def test_a_gumbel_temperature_whose_inverse_overflows_is_refused(tau):
         Gumbel(tau)
     with pytest.raises(ValueError, match="gumbel_temperature must be at least 1.18e-38"):
         token_distribution(logits=torch.zeros(1, 2, 5), gumbel_temperature=tau)
+
+
+def test_noise_compiled_by_inductor_over_positions_it_makes_equals_eager():
+    """Inductor's C++ code for the hash's wrapping int64 products over a ``torch.arange`` made
+    in the graph (as the dense path makes its positions) gave other noise (off by 6.1 here,
+    torch 2.13) and, at 30k tokens, a heap corruption (audit h18): the hash is one opaque
+    operator, the same numbers compiled or not."""
+    import torch._dynamo
+
+    def noise():
+        return gumbel_noise(12345, torch.arange(10)[:, None], torch.arange(50)[None], torch.float32)
+
+    try:
+        compiled = torch.compile(noise)()
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(compiled, noise(), rtol=0, atol=0)

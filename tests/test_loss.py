@@ -669,6 +669,56 @@ def test_the_loss_draws_no_progress_bar_on_a_terminal(plain_loss, monkeypatch, c
     assert "bsloss: encoding" not in capsys.readouterr().err
 
 
+def test_compile_refuses_fullgraph_named(encoder):
+    """``fullgraph=True`` failed at every call inside Dynamo ("Skip calling
+    torch.compiler.disable()d function", audit h18, finding 2): refused at ``compile``."""
+    loss = BERTScoreLoss(model=encoder)
+    with pytest.raises(ValueError, match=r"loss.compile\(fullgraph=True\): .* finiteness check"):
+        loss.compile(fullgraph=True)
+    assert getattr(loss, "_compiled_steps", None) is None
+
+
+@pytest.mark.parametrize("path", ["logits", "lm_head"])
+def test_a_compiled_loss_with_gumbel_noise_compiles_once(encoder, vocab, path):
+    """Each call draws a new Gumbel seed (audit h18, finding 1): as a Python int it was a
+    constant of the compiled graph, guarded on, so every call compiled a new graph until
+    Dynamo's limit (8), after which the step ran eagerly. As a 0-d tensor it is an input: the
+    second and later calls compile nothing, and give the eager loss's values for the same
+    ``torch.manual_seed``."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    generator = torch.Generator().manual_seed(0)
+    hidden, head = (
+        torch.randn(2, 5, 16, generator=generator),
+        torch.randn(vocab, 16, generator=generator),
+    )
+    logits = torch.randn(2, 5, vocab, generator=generator)
+    refs = ["a cat sat on the mat", "the weather is fine"]
+
+    def candidates():
+        return bsloss.LMHeadInputs(hidden, head) if path == "lm_head" else bsloss.Logits(logits)
+
+    loss = BERTScoreLoss(model=encoder, candidate_transforms=bsloss.Gumbel(1.0))
+    eager = []
+    for step in range(4):
+        torch.manual_seed(step)
+        eager.append(loss(candidates(), refs))
+    torch._dynamo.reset()
+    loss.compile(backend="eager")
+    try:
+        graphs, compiled = [], []
+        for step in range(4):
+            torch.manual_seed(step)
+            compiled.append(loss(candidates(), refs))
+            graphs.append(counters["stats"]["unique_graphs"])
+    finally:
+        torch._dynamo.reset()
+    assert graphs[1:] == [graphs[0]] * 3, graphs
+    torch.testing.assert_close(torch.stack(compiled), torch.stack(eager), rtol=0, atol=1e-6)
+    assert len(set(torch.stack(eager).tolist())) == 4  # the noise differs from call to call
+
+
 @pytest.mark.parametrize("matching", ["softmax", "hard"])
 def test_the_compiled_loss_breaks_only_at_its_finite_check(encoder, vocab, monkeypatch, matching):
     """``loss.compile()`` (Dynamo, traced through AOT autograd here; inductor on a card): the

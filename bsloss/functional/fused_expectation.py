@@ -84,10 +84,16 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from bsloss.candidate_transforms import CandidateOptions, candidate_weights
 from bsloss.functional.chunk_budget import logits_share
-from bsloss.functional.gumbel_noise import draw_seed, gumbel_perturbed, gumbel_scores
+from bsloss.functional.gumbel_noise import (
+    check_seed,
+    draw_seed,
+    gumbel_perturbed,
+    gumbel_scores,
+)
 from bsloss.functional.matching.base import check_temperature
 from bsloss.functional.table_chunks import TableChunks
 from bsloss.inputs import check_targets_shape, position_of_first
@@ -180,7 +186,7 @@ class _Options(NamedTuple):
     softcap: float | None
     temperature: float
     candidates: CandidateOptions  # top-k, straight-through, Gumbel noise
-    seed: int  # of the Gumbel noise
+    seed: int | Tensor  # of the Gumbel noise (a 0-d int64 tensor from a loss)
     row_block: int
     vocab_chunk: int
     matmul_dtype: torch.dtype
@@ -499,9 +505,12 @@ class _FusedHead(torch.autograd.Function):
             finite,
         )
         ctx.mark_non_differentiable(outputs[2], outputs[3], outputs[4])
+        # an output nothing uses gets None, not zeros: its part of the backward is skipped
+        ctx.set_materialize_grads(False)
         return outputs
 
     @staticmethod
+    @once_differentiable  # a second derivative would need the chunks' graph: refused, named
     def backward(ctx, grad_expected, grad_ll, _argmax, _top, _finite):
         hidden, weight, bias, table, targets, rows, log_z, log_z1, expected, norm = (
             ctx.saved_tensors
@@ -694,6 +703,8 @@ def _check(
             f"{list(weight.shape)}"
         )
     vocab = weight.shape[0]
+    if vocab == 0:
+        raise ValueError("output_embeddings has no rows (a head of 0 tokens)")
     if bias is not None and tuple(bias.shape) != (vocab,):
         raise ValueError(f"the LM head's bias must be [{vocab}], got {list(bias.shape)}")
     if table is not None and (table.dim() != 2 or table.shape[0] != vocab):
@@ -746,7 +757,7 @@ def fused_expected_inputs(
     top_k: int | None = None,
     straight_through: bool = False,
     gumbel_temperature: float | None = None,
-    gumbel_seed: int | None = None,
+    gumbel_seed: int | Tensor | None = None,
     row_ids: Tensor | None = None,
     chunk_elements: int | None = None,
     use_sdpa: bool = False,
@@ -770,7 +781,7 @@ def fused_expected_inputs(
         top_k, straight_through, gumbel_temperature: as in
             :func:`bsloss.distributions.token_distribution`.
         gumbel_seed: the seed of the Gumbel noise (:mod:`bsloss.functional.gumbel_noise`;
-            ``None``: drawn from torch's generator).
+            an int or a 0-d int64 tensor; ``None``: drawn from torch's generator).
         row_ids: ``[N]`` int64 position ids of the rows, which address the noise (default
             ``0 .. N - 1``; the loss passes each row's flat index in its ``[B, L]`` grid, so
             that the dense path's noise for the same seed is the same).
@@ -801,10 +812,15 @@ def fused_expected_inputs(
         tokens [N])``.
 
     Raises:
-        ValueError: for shapes that do not fit together, ids outside the vocabulary,
-            non-positive ``softcap``, ``temperature`` or ``chunk_elements``, an unknown
-            ``backend``, or ``backend="triton"`` where its kernels cannot run.
-        TypeError: when ``output_embeddings`` is neither a tensor nor a module with a weight.
+        ValueError: for shapes that do not fit together, ids outside the vocabulary, a head
+            of no rows, non-positive ``softcap``, ``temperature`` or ``chunk_elements``, an
+            unknown ``backend``, or ``backend="triton"`` where its kernels cannot run.
+        TypeError: when ``output_embeddings`` is neither a tensor nor a module with a weight,
+            or ``chunk_elements``, ``gumbel_seed`` or ``row_ids`` is not an integer (a 0-d
+            int64 tensor for the seed).
+
+    Differentiable once: a second derivative (``create_graph=True``) is refused at
+    ``.backward()`` (both backends' backwards are ``once_differentiable``).
 
     >>> import torch
     >>> h, W, E = torch.randn(5, 8), torch.randn(50, 8), torch.randn(50, 3)
@@ -817,8 +833,13 @@ def fused_expected_inputs(
     candidates = CandidateOptions(top_k, straight_through, gumbel_temperature)
     candidates.check(weight.shape[0])
     if gumbel_temperature is not None:
+        if gumbel_seed is not None:
+            gumbel_seed = check_seed(gumbel_seed)
         if row_ids is None:
             row_ids = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+        elif not isinstance(row_ids, Tensor) or row_ids.dtype not in (torch.long, torch.int):
+            kind = row_ids.dtype if isinstance(row_ids, Tensor) else type(row_ids).__name__
+            raise TypeError(f"row_ids must be a torch.long or torch.int tensor, got {kind}")
         elif tuple(row_ids.shape) != (hidden_states.shape[0],):
             raise ValueError(
                 f"row_ids must be [{hidden_states.shape[0]}], got {list(row_ids.shape)}"
@@ -826,8 +847,11 @@ def fused_expected_inputs(
         row_ids = row_ids.to(device=hidden_states.device, dtype=torch.long)
     else:
         row_ids = None
-    if chunk_elements is not None and chunk_elements < 1:
-        raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+    if chunk_elements is not None:
+        if isinstance(chunk_elements, bool) or not isinstance(chunk_elements, int):
+            raise TypeError(f"chunk_elements must be an int, got {type(chunk_elements).__name__}")
+        if chunk_elements < 1:
+            raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
     width = None if table is None else table.shape[1]
     table = None if table is None else table.detach()
     # zero columns change no product; each backend reads the table chunk by chunk, padded,
@@ -859,7 +883,7 @@ def fused_expected_inputs(
         softcap=None if softcap is None else float(softcap),
         temperature=float(temperature),
         candidates=candidates,
-        seed=(draw_seed() if gumbel_seed is None else int(gumbel_seed))
+        seed=(draw_seed() if gumbel_seed is None else gumbel_seed)
         if gumbel_temperature is not None
         else 0,
         row_block=row_block,

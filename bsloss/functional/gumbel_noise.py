@@ -19,10 +19,18 @@ The seed is drawn from torch's default generator once per loss call (:func:`draw
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["draw_seed", "gumbel_noise", "gumbel_perturbed", "gumbel_scores"]
+__all__ = [
+    "check_seed",
+    "draw_seed",
+    "draw_seed_tensor",
+    "gumbel_noise",
+    "gumbel_perturbed",
+    "gumbel_scores",
+]
 
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64
 _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
@@ -33,6 +41,37 @@ _BITS = 23  # (bin + 0.5) / 2^23 < 1 - 2^-24: exact in float32, never rounded to
 def draw_seed() -> int:
     """A 62-bit seed from torch's default (CPU) generator."""
     return int(torch.randint(0, 2**62, (), dtype=torch.int64))
+
+
+@torch.compiler.disable
+def draw_seed_tensor(device: torch.device | str) -> Tensor:
+    """:func:`draw_seed` as a 0-d int64 tensor on ``device`` (the same draw). A compiled loss
+    takes it as an input of its graph: a Python int there is a constant, guarded on, so every
+    call's new seed compiled a new graph."""
+    return torch.tensor(draw_seed(), dtype=torch.int64).to(device, non_blocking=True)
+
+
+def check_seed(seed: object, name: str = "gumbel_seed") -> int | Tensor:
+    """``seed`` as an int64 value (an int, or a 0-d integer tensor as
+    :func:`draw_seed_tensor` gives), or a ``TypeError`` / ``ValueError`` naming ``name`` (a
+    float would be truncated, and ints past int64 fail inside torch).
+
+    >>> check_seed(2**63)
+    Traceback (most recent call last):
+    ValueError: gumbel_seed must be in [-2**63, 2**63), got 9223372036854775808
+    """
+    if isinstance(seed, Tensor):
+        if seed.dim() != 0 or seed.dtype not in (torch.long, torch.int):
+            raise TypeError(
+                f"{name} must be an int or a 0-d int64 tensor, got a {seed.dtype} tensor of "
+                f"shape {list(seed.shape)}"
+            )
+        return seed.long()
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(seed).__name__}")
+    if not -(2**63) <= int(seed) < 2**63:
+        raise ValueError(f"{name} must be in [-2**63, 2**63), got {seed}")
+    return int(seed)
 
 
 def _shift_right(x: Tensor, bits: int) -> Tensor:
@@ -47,7 +86,7 @@ def _mix(x: Tensor) -> Tensor:
     return x ^ _shift_right(x, 31)
 
 
-def gumbel_noise(seed: int, rows: Tensor, tokens: Tensor, dtype: torch.dtype) -> Tensor:
+def gumbel_noise(seed: int | Tensor, rows: Tensor, tokens: Tensor, dtype: torch.dtype) -> Tensor:
     """Standard Gumbel noise ``g[rows, tokens]`` for ``seed``, broadcast over ``rows`` and
     ``tokens`` (e.g. ``[n, 1]`` positions against ``[1, chunk]`` or ``[n, k]`` token ids).
 
@@ -66,14 +105,29 @@ def gumbel_noise(seed: int, rows: Tensor, tokens: Tensor, dtype: torch.dtype) ->
     ...                                      torch.arange(5)[None], torch.float32))
     (torch.Size([3, 5]), True)
     """
-    key = _mix(rows.long() * _GOLDEN + _mix(torch.as_tensor(seed, dtype=torch.long)))
-    key = _mix(key ^ (tokens.long() * _MIX1))
+    return _hashed_noise(torch.as_tensor(seed, dtype=torch.long), rows.long(), tokens.long(), dtype)
+
+
+# One opaque operator for compiled callers: inductor's C++ code for the wrapping int64
+# products over positions it made itself (torch.arange in the graph) gave other numbers, and
+# at 30k tokens a heap corruption, under torch 2.13 (audit h18): signed overflow is undefined
+# in C++. Eager, the operator runs the same torch ops.
+@torch.library.custom_op("bsloss::gumbel_noise", mutates_args=())
+def _hashed_noise(seed: Tensor, rows: Tensor, tokens: Tensor, dtype: torch.dtype) -> Tensor:
+    key = _mix(rows * _GOLDEN + _mix(seed))
+    key = _mix(key ^ (tokens * _MIX1))
     bins = _shift_right(key, 64 - _BITS).to(torch.float32)  # < 2^23: exact
     u = (bins + 0.5) / (1 << _BITS)
     return (-torch.log(-torch.log(u))).to(dtype)
 
 
-def gumbel_perturbed(scores: Tensor, seed: int, rows: Tensor, tokens: Tensor) -> Tensor:
+@_hashed_noise.register_fake
+def _(seed: Tensor, rows: Tensor, tokens: Tensor, dtype: torch.dtype) -> Tensor:
+    shape = torch.broadcast_shapes(rows.shape, tokens.shape)
+    return rows.new_empty(shape, dtype=dtype)
+
+
+def gumbel_perturbed(scores: Tensor, seed: int | Tensor, rows: Tensor, tokens: Tensor) -> Tensor:
     """``scores + g``, ``g`` the noise of ``rows`` x ``tokens`` (broadcast to ``scores``): the one
     place the dense path, the fused chunks and the fused top-k recomputation perturb their
     scores. Not yet over the temperature: see :func:`gumbel_scores`."""
@@ -81,7 +135,7 @@ def gumbel_perturbed(scores: Tensor, seed: int, rows: Tensor, tokens: Tensor) ->
 
 
 def gumbel_scores(
-    scores: Tensor, temperature: float, seed: int, rows: Tensor, tokens: Tensor
+    scores: Tensor, temperature: float, seed: int | Tensor, rows: Tensor, tokens: Tensor
 ) -> Tensor:
     """``(scores + g - max) / temperature``: Gumbel-softmax's scores over whole rows (the last
     dimension), shifted by each row's maximum before the division (the softmax is the same).

@@ -62,6 +62,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from bsloss.functional.chunk_budget import logits_share
 from bsloss.functional.table_chunks import TableChunks
@@ -188,9 +189,15 @@ if triton is not None:
 
     @triton.jit
     def _softcapped(z, softcap):
-        """``kappa tanh(z / kappa)`` from one exp, stable for any sign and size of ``z``."""
-        t = tl.exp(-2.0 * tl.abs(z / softcap))
-        return tl.where(z < 0, -softcap, softcap) * (1.0 - t) / (1.0 + t)
+        """``kappa tanh(z / kappa)`` from one exp, stable for any sign and size of ``z``; for
+        ``|z / kappa| < 1/8`` its Taylor series (``1 - t`` would cancel there: at a cap of 1e7
+        the logits came out in steps of ~1), to ~1e-9 relative."""
+        x = z / softcap
+        t = tl.exp(-2.0 * tl.abs(x))
+        far = tl.where(z < 0, -softcap, softcap) * (1.0 - t) / (1.0 + t)
+        x2 = x * x
+        near = z * (1.0 - x2 * (1.0 / 3.0 - x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
+        return tl.where(tl.abs(x) < 0.125, near, far)
 
     @triton.jit
     def _logits_tile(
@@ -701,15 +708,21 @@ class _TritonFusedHead(torch.autograd.Function):
             hidden, weight, bias, table, targets, stats.expected, stats.log_z, stats.log_z1
         )
         ctx.mark_non_differentiable(stats.tokens, stats.finite)
+        # an output nothing uses gets None, not zeros: its part of the kernel is skipped (the
+        # CE's normaliser without targets is the expectation's, of z / T: exp(z - it), times a
+        # zero gradient, overflowed to NaN for T != 1)
+        ctx.set_materialize_grads(False)
         expected = stats.expected if table is not None else hidden.new_empty(0)
         return expected, stats.log_z1, target_logit, stats.tokens, stats.finite
 
     @staticmethod
+    @once_differentiable  # a second derivative would need the kernels' graph: refused, named
     def backward(ctx, grad_expected, grad_log_z1, grad_target_logit, _tokens, _finite):
         hidden, weight, bias, table, targets, expected, log_z, log_z1 = ctx.saved_tensors
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         table_grad = table is not None and grad_expected is not None
-        log_z1_grad = grad_log_z1 is not None
+        # the CE's normaliser is only the CE's with targets (without, it stands in for it)
+        log_z1_grad = targets is not None and grad_log_z1 is not None
         target_grad = targets is not None and grad_target_logit is not None
         grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
         grad_w = torch.zeros_like(weight) if need_w else None

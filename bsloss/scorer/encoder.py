@@ -186,7 +186,8 @@ class ScorerEncoder(nn.Module):
 
         Only the no-grad path (:meth:`encode_without_grad`) uses the compiled model; the first
         call compiles (tens of seconds on a CPU; again for a new kind of shape, such as a batch
-        of one), later calls are faster. Freezing bakes the weights in: compile after moving the
+        of one, or rows equal to the padded length: Dynamo's duck sizing tells that apart),
+        later calls are faster. Freezing bakes the weights in: compile after moving the
         encoder to its device.
         """
         self._inference_model = torch.compile(self.model, dynamic=True, options={"freezing": True})
