@@ -523,6 +523,16 @@ def test_bad_input(kwargs, match):
         fused_expected_inputs(torch.randn(4, 8), torch.nn.ReLU(), None)
 
 
+def test_no_rows_unread_give_an_empty_finite_mask():
+    """``check_finite=False`` returns each row's finiteness for the caller to read, an empty
+    one without rows (audit h17, note 6: ``None``, as if checked)."""
+    out = fused_expected_inputs(
+        torch.randn(0, 8), torch.randn(40, 8), torch.randn(40, 3), check_finite=False
+    )
+    assert out.finite is not None and out.finite.dtype == torch.bool
+    assert tuple(out.finite.shape) == (0,) and tuple(out.expected.shape) == (0, 3)
+
+
 def test_a_second_derivative_is_refused_named():
     """The pass's backward builds no graph (audit h17, finding 4: a gradient penalty through
     it failed inside torch, "mm(): functions with out=... don't support automatic

@@ -144,8 +144,11 @@ def test_triton_backend_on_cpu_needs_the_interpreter():
     if interpreter_active():
         pytest.skip("this process imported triton with TRITON_INTERPRET=1")
     h, weight, _, table, *_ = inputs(n=3, d=4, vocab=10, c=2)
-    with pytest.raises(ValueError, match=r"backend='triton' .* TRITON_INTERPRET=1"):
-        fused_expected_inputs(h, weight, table, backend="triton")
+    # without rows too (audit h17, note 10: it ran the PyTorch pass's empty result, so the
+    # error came at the first batch with rows)
+    for rows in (h, h[:0]):
+        with pytest.raises(ValueError, match=r"backend='triton' .* TRITON_INTERPRET=1"):
+            fused_expected_inputs(rows, weight, table, backend="triton")
 
 
 # Triton before 3.4 (torch 2.6's 3.2, torch 2.7's 3.3) on a machine without a GPU, as

@@ -924,7 +924,8 @@ def fused_expected_inputs(
             empty = anchor.expand(0, width) if table is not None else None
             ll = anchor.expand(0) if target_ids is not None else None
             tokens = torch.zeros(0, dtype=torch.long, device=hidden_states.device)
-            return FusedHeadOutput(empty, ll, tokens)
+            finite = None if check_finite else tokens.bool()  # what the caller reads: [0]
+            return FusedHeadOutput(empty, ll, tokens, finite)
         # With top_k the table product runs on the k gathered rows only; the pass then finds the
         # top k (and the CE's normaliser when asked) without the V-wide expectation.
         full_table = table if top_k is None else None
@@ -975,8 +976,11 @@ def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict
     :func:`fused_expected_inputs`); ``backend="triton"`` where they cannot is an error."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if backend == "torch" or hidden.shape[0] == 0:  # no rows: the PyTorch pass's empty result
+    if backend == "torch":
         return False
+    # no rows: the PyTorch pass's empty result, once "triton" was found able to run (a call
+    # without rows that passed would only move the error to the first batch with rows)
+    rows = hidden.shape[0] > 0
     unhandled = [name for name, value in sampling.items() if value not in (None, False)]
     if torch.float64 in (hidden.dtype, weight.dtype):
         unhandled.append("float64 inputs")
@@ -985,7 +989,8 @@ def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict
         # the kernels where they were measured faster (module docstring): CUDA, bfloat16
         # products, a card with bfloat16 tensor cores; the PyTorch pass elsewhere
         return (
-            not unhandled
+            rows
+            and not unhandled
             and installed
             and hidden.is_cuda
             and _matmul_dtype(hidden, weight) == torch.bfloat16
@@ -1008,7 +1013,7 @@ def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict
         )
     if not hidden.is_cuda and (problem := interpreter_problem()) is not None:
         raise ValueError(f"backend='triton' with hidden_states on {hidden.device}: {problem}")
-    return True
+    return rows
 
 
 @cache
