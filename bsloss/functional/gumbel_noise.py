@@ -105,14 +105,16 @@ def gumbel_noise(seed: int | Tensor, rows: Tensor, tokens: Tensor, dtype: torch.
     ...                                      torch.arange(5)[None], torch.float32))
     (torch.Size([3, 5]), True)
     """
-    return _hashed_noise(torch.as_tensor(seed, dtype=torch.long), rows.long(), tokens.long(), dtype)
+    args = (torch.as_tensor(seed, dtype=torch.long), rows.long(), tokens.long(), dtype)
+    # compiled, one opaque operator: inductor's C++ code for the wrapping int64 products over
+    # positions it made itself (torch.arange in the graph) gave other numbers, and at 30k
+    # tokens a heap corruption, under torch 2.13 (audit h18): signed overflow is undefined in
+    # C++. Eager, the same ops without the operator's dispatch (~50 us a call on the CPU).
+    if torch.compiler.is_compiling():
+        return _opaque_noise(*args)
+    return _hashed_noise(*args)
 
 
-# One opaque operator for compiled callers: inductor's C++ code for the wrapping int64
-# products over positions it made itself (torch.arange in the graph) gave other numbers, and
-# at 30k tokens a heap corruption, under torch 2.13 (audit h18): signed overflow is undefined
-# in C++. Eager, the operator runs the same torch ops.
-@torch.library.custom_op("bsloss::gumbel_noise", mutates_args=())
 def _hashed_noise(seed: Tensor, rows: Tensor, tokens: Tensor, dtype: torch.dtype) -> Tensor:
     key = _mix(rows * _GOLDEN + _mix(seed))
     key = _mix(key ^ (tokens * _MIX1))
@@ -121,7 +123,10 @@ def _hashed_noise(seed: Tensor, rows: Tensor, tokens: Tensor, dtype: torch.dtype
     return (-torch.log(-torch.log(u))).to(dtype)
 
 
-@_hashed_noise.register_fake
+_opaque_noise = torch.library.custom_op("bsloss::gumbel_noise", _hashed_noise, mutates_args=())
+
+
+@_opaque_noise.register_fake
 def _(seed: Tensor, rows: Tensor, tokens: Tensor, dtype: torch.dtype) -> Tensor:
     shape = torch.broadcast_shapes(rows.shape, tokens.shape)
     return rows.new_empty(shape, dtype=dtype)
