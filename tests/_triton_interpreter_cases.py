@@ -85,6 +85,11 @@ CASES = {
     # audit h17, finding 3: a cap far above the logits (1 - exp(-2|z / kappa|) cancelled: at
     # 1e7 the logits came out in steps of ~1)
     "large-softcap": {"n": 8, "d": 16, "vocab": 90, "c": 4, "targets": True, "softcap": 1e7},
+    # audit h17, finding 2: float32 at a low temperature. The backward's p came from cuBLAS's
+    # logits and <g, e> from the kernels' tiles, whose last bits differ; the gradient, a
+    # difference of the two divided by T, was ~1e-3 of its size off the PyTorch pass here (19%
+    # of it in the audit's case)
+    "low-temperature": {"n": 20, "d": 40, "vocab": 150, "c": 4, "bias": True, "temperature": 0.01},
 }
 
 

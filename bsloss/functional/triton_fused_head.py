@@ -21,7 +21,9 @@ that ``bridge_mode="retokenize"`` decodes) and a per-row finiteness check come f
 tile. The splits' partial statistics are merged on the host (flash-decoding's split-K), which
 keeps a GPU full when ``N`` is small. With ``log Z`` known, the probabilities kernel writes
 ``p = exp(s - log Z)`` of one vocabulary chunk in the head's dtype, and cuBLAS multiplies it by
-the chunk's table rows. Flash attention's single pass, which carries the ``p E`` accumulator
+the chunk's table rows. (For float32 and float16 products the kernel reads the chunk's logits
+from cuBLAS's ``h W^T``, the backward's own numbers, and ``e`` is renormalised by their ``p``:
+the backward's gradient is then self-consistent, ``_expectation``.) Flash attention's single pass, which carries the ``p E`` accumulator
 through the online softmax, was the first design: with MiniLM's ``c = 385`` columns (a ``[64,
 512]`` float32 accumulator) it did not fit the registers and took 111 ms at Gemma 3's sizes on
 an H200, against ~17 ms for the two passes and the products.
@@ -311,16 +313,20 @@ if triton is not None:
         b_ptr,  # [V] float32
         log_z_ptr,  # [N] float32: normaliser of s
         p_ptr,  # [N, v_end - v_begin] the head's dtype, rows out_stride apart
+        hw_ptr,  # [N, v_end - v_begin] float32: h W^T of the chunk (cuBLAS; FROM_PRODUCT)
+        p_sum_ptr,  # [N] float32: sum of the written p (FROM_PRODUCT)
         N,
         D,
         v_begin,
         v_end,
+        in_stride,
         out_stride,
         softcap,
         inv_temperature,
         N_BUCKET,
         HAS_BIAS: tl.constexpr,
         HAS_SOFTCAP: tl.constexpr,
+        FROM_PRODUCT: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         UPCAST_DOT: tl.constexpr,
         BLOCK_N: tl.constexpr,
@@ -328,24 +334,34 @@ if triton is not None:
         BLOCK_D: tl.constexpr,
     ):
         """``p = exp(s - log Z)`` of one vocabulary chunk, from the logits tile and the
-        statistics pass's normaliser: the operand of the cuBLAS product ``p E``."""
+        statistics pass's normaliser: the operand of the cuBLAS product ``p E``. With
+        ``FROM_PRODUCT`` the logits are the chunk's cuBLAS ``h W^T``, the backward's own
+        numbers, and each row's sum of ``p`` is added up (``_expectation``)."""
         pid_n = tl.program_id(0)
         pid_v = tl.program_id(1)
         rows = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
         row_ok = rows < N
-        cols = (v_begin + pid_v * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
+        local = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        cols = (v_begin + local).to(tl.int64)
         col_ok = cols < v_end
-        z = _logits_tile(  # the logits tile, as in every kernel here
-            h_ptr, w_ptr, b_ptr, rows, cols, row_ok, col_ok, D, softcap, HAS_BIAS,
-            HAS_SOFTCAP, DOT_PRECISION, UPCAST_DOT, BLOCK_N, BLOCK_V, BLOCK_D,
-        )  # fmt: skip
+        ok = row_ok[:, None] & col_ok[None, :]
+        if FROM_PRODUCT:  # as the backward kernel reads them
+            z = tl.load(hw_ptr + rows[:, None] * in_stride + local[None, :], mask=ok, other=0.0)
+            if HAS_BIAS:
+                z += tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            if HAS_SOFTCAP:
+                z = _softcapped(z, softcap)
+        else:
+            z = _logits_tile(  # the logits tile, as in every kernel here
+                h_ptr, w_ptr, b_ptr, rows, cols, row_ok, col_ok, D, softcap, HAS_BIAS,
+                HAS_SOFTCAP, DOT_PRECISION, UPCAST_DOT, BLOCK_N, BLOCK_V, BLOCK_D,
+            )  # fmt: skip
         log_z = tl.load(log_z_ptr + rows, mask=row_ok, other=0.0)
-        p = tl.exp(z * inv_temperature - log_z[:, None])
-        tl.store(
-            p_ptr + rows[:, None] * out_stride + (cols - v_begin)[None, :],
-            p.to(p_ptr.dtype.element_ty),
-            mask=row_ok[:, None] & col_ok[None, :],
-        )
+        p = tl.exp(z * inv_temperature - log_z[:, None]).to(p_ptr.dtype.element_ty)
+        tl.store(p_ptr + rows[:, None] * out_stride + local[None, :], p, mask=ok)
+        if FROM_PRODUCT:
+            p_sum = tl.sum(tl.where(ok, p.to(tl.float32), 0.0), axis=1)
+            tl.atomic_add(p_sum_ptr + rows, p_sum, mask=row_ok)
 
     @triton.jit
     def _grad_logits_kernel(
@@ -456,7 +472,10 @@ if triton is not None:
     }
     _TUNING = {
         _statistics_kernel: {"key": ["D", "N_BUCKET", "Z_STATS"]},
-        _probabilities_kernel: {"key": ["D", "N_BUCKET"]},
+        _probabilities_kernel: {
+            "key": ["D", "N_BUCKET", "FROM_PRODUCT"],
+            "reset_to_zero": ["p_sum_ptr"],
+        },
         _grad_logits_kernel: {
             "key": ["N_BUCKET", "TABLE_GRAD", "LOG_Z1_GRAD", "TARGET_GRAD", "HAS_SOFTCAP"],
             "reset_to_zero": ["db_ptr"],
@@ -641,16 +660,33 @@ def _statistics(hidden, weight, bias, softcap, temperature, z_stats) -> _Statist
     return _Statistics(None, log_z, log_z1, tokens, finite)
 
 
-def _expectation(hidden, weight, bias, table, log_z, softcap, temperature, table_pad) -> Tensor:
+def _expectation(
+    hidden, weight, bias, table, log_z, softcap, temperature, table_pad
+) -> tuple[Tensor, Tensor]:
     """``sum_v p_v E_v`` with ``p = exp(s - log Z)`` known: chunk by chunk of the vocabulary, the
     kernel writes ``p`` in the head's dtype and cuBLAS multiplies it by the table's rows, read
     in that dtype and padded (each chunk's product rounded to that dtype, summed in float32, as
-    ``dh`` is backward). The result has the padded width."""
+    ``dh`` is backward). The result has the padded width; with it, the normaliser the backward
+    is to use.
+
+    The backward's gradient ``p (g E^T - <g, e>) / T`` sums to zero over the vocabulary only if
+    its ``p`` (from cuBLAS's ``h W^T``) are the ones that made ``e``: logits of the kernels'
+    tiles differ from cuBLAS's in their last bits (far more where TF32 is allowed), and the
+    residual, divided by ``T``, was 19% of ``dh`` at ``T = 0.01`` in float32 (audit h17). So
+    for float32 and float16 products ``p`` is formed from the same cuBLAS ``h W^T`` as
+    backward, and ``e`` and ``log Z`` are renormalised by the sum of those ``p``: the
+    backward's ``p`` then sum to 1 and make ``e`` exactly. Bfloat16 products keep the logits
+    tiles (one fewer product per chunk, the kernels' speed measured on an H200): there the
+    bfloat16 rounding of ``p``, ``g`` and ``dz`` is the larger error at ordinary
+    temperatures."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     values = TableChunks(table, hidden.dtype, table_pad)
     expected = torch.zeros(n, values.width, dtype=torch.float32, device=hidden.device)
+    from_product = hidden.dtype != torch.bfloat16
+    p_sum = torch.zeros(n, dtype=torch.float32, device=hidden.device) if from_product else log_z
     for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
+        hw = _float32_product(hidden, weight[v0:v1].T) if from_product else log_z
         _launch(
             _probabilities_kernel,
             grid,
@@ -659,20 +695,27 @@ def _expectation(hidden, weight, bias, table, log_z, softcap, temperature, table
             bias if bias is not None else log_z,
             log_z,
             part,
+            hw,
+            p_sum,
             n,
             d,
             v0,
             v1,
+            hw.stride(0) if from_product else 0,
             part.stride(0),
             float(softcap or 1.0),
             1.0 / temperature,
             _n_bucket(n),
             HAS_BIAS=bias is not None,
             HAS_SOFTCAP=softcap is not None,
+            FROM_PRODUCT=from_product,
             DOT_PRECISION=_dot_precision(hidden.dtype),
         )
+        del hw
         expected += (part @ values.rows(v0, v1)).float()
-    return expected
+    if from_product:
+        return expected / p_sum[:, None], log_z + torch.log(p_sum)
+    return expected, log_z
 
 
 def _forward(hidden, weight, bias, table, softcap, temperature, z_stats, table_pad) -> _Statistics:
@@ -684,10 +727,12 @@ def _forward(hidden, weight, bias, table, softcap, temperature, z_stats, table_p
     stats = _statistics(hidden, weight, bias, softcap, temperature, z_stats)
     if table is None:
         return stats
-    expected = _expectation(
+    expected, log_z = _expectation(
         hidden, weight, bias, table, stats.log_z, softcap, temperature, table_pad
     )
-    return stats._replace(expected=expected)
+    # log_z1, the CE's normaliser, stays the statistics' (at T = 1 the same tensor as their
+    # log Z): the renormalised log Z is the expectation's, for the backward's p
+    return stats._replace(expected=expected, log_z=log_z)
 
 
 class _TritonFusedHead(torch.autograd.Function):
