@@ -209,9 +209,8 @@ class BERTScorer:
             passed in is left as it is. ``None`` (default): exact float32.
         compile: encode through ``torch.compile`` with weight freezing
             (:meth:`~bsloss.scorer.encoder.ScorerEncoder.compile_inference`): the first calls
-            compile (tens of seconds on a CPU, again for a new kind of shape: a batch of one,
-            or one whose rows equal its padded length, which Dynamo's duck sizing tells
-            apart), later ones are faster; for a validation set or reward scored many times.
+            compile (tens of seconds on a CPU, again for a new kind of shape: a batch of one),
+            later ones are faster; for a validation set or reward scored many times.
             Needs a C++ compiler on CPU.
         long_inputs: ``"truncate"`` (as bert_score, with a warning) texts longer than the
             model's maximum, or ``"window"``: encode them whole with overlapping windows

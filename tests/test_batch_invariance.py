@@ -170,6 +170,38 @@ def test_compiled_encoder_scores_like_eager(scorer, pairs):
     assert embeds.grad is not None and torch.isfinite(embeds.grad).all()
 
 
+@pytest.mark.parametrize("paced", [False, True], ids=["cpu-mask", "gpu-prepared-mask"])
+def test_a_compiled_encoder_compiles_once_for_rows_equal_to_the_length(monkeypatch, paced):
+    """Audit h18, note 4: the first batch had as many rows as tokens (16 x 16, which the
+    metric's buckets often make), Dynamo's duck sizing tied the two sizes, and the next batch
+    (16 x 24) compiled the model again (~50 s on a CPU). Dynamo's own graphs are counted (the
+    eager backend: inductor's code generation is not what is tested), for the mask as the CPU
+    passes it and as prepared where the host sets the pace (a view of a ``[B, L]`` mask)."""
+    import bsloss.scorer.encoder as encoder_module
+
+    real_compile = torch.compile
+
+    def dynamo_only(model, dynamic=None, options=None):
+        return real_compile(model, dynamic=dynamic, backend="eager")
+
+    monkeypatch.setattr(encoder_module.torch, "compile", dynamo_only)
+    monkeypatch.setattr(encoder_module, "paced_by_host", lambda device: paced)
+    torch._dynamo.reset()
+    encoder = encoder_module.ScorerEncoder.from_pretrained(num_layers=1, device="cpu")
+    encoder.compile_inference()
+    graphs = []
+    for rows, length in ((16, 16), (16, 24), (8, 40), (24, 8)):
+        ids = torch.randint(1000, 2000, (rows, length))
+        mask = torch.ones(rows, length, dtype=torch.long)
+        mask[0, -3:] = 0
+        before = counters["stats"]["unique_graphs"]
+        with torch.no_grad():
+            hidden = encoder.encode_without_grad(ids, mask)
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+        assert hidden.shape[:2] == (rows, length)
+    assert graphs == [1, 0, 0, 0]
+
+
 def test_next_chunk_is_tokenized_ahead_on_one_background_thread(scorer, pairs, monkeypatch):
     """Several chunks: the first chunk's texts are tokenised on the caller's thread, every later
     chunk's on the background thread (started before the previous chunk is encoded), never two

@@ -21,12 +21,13 @@ that ``bridge_mode="retokenize"`` decodes) and a per-row finiteness check come f
 tile. The splits' partial statistics are merged on the host (flash-decoding's split-K), which
 keeps a GPU full when ``N`` is small. With ``log Z`` known, the probabilities kernel writes
 ``p = exp(s - log Z)`` of one vocabulary chunk in the head's dtype, and cuBLAS multiplies it by
-the chunk's table rows. (For float32 and float16 products the kernel reads the chunk's logits
-from cuBLAS's ``h W^T``, the backward's own numbers, and ``e`` is renormalised by their ``p``:
-the backward's gradient is then self-consistent, ``_expectation``.) Flash attention's single pass, which carries the ``p E`` accumulator
-through the online softmax, was the first design: with MiniLM's ``c = 385`` columns (a ``[64,
-512]`` float32 accumulator) it did not fit the registers and took 111 ms at Gemma 3's sizes on
-an H200, against ~17 ms for the two passes and the products.
+the chunk's table rows. (For float32 and float16 products the kernel reads the chunk's logits from
+cuBLAS's ``h W^T``, the backward's own numbers, and ``e`` is renormalised by their ``p``: the
+backward's gradient is then self-consistent, ``_expectation``.) Flash attention's single pass,
+which carries the ``p E`` accumulator through the online softmax, was the first design: with
+MiniLM's ``c = 385`` columns (a ``[64, 512]`` float32 accumulator) it did not fit the registers
+and took 111 ms at Gemma 3's sizes on an H200, against ~17 ms for the two passes and the
+products.
 
 Backward, per chunk of the vocabulary: cuBLAS makes the chunk's ``h W^\top`` and ``g E^\top``
 in float32 (the kernels' own tiles of them ran at ~150 TFLOP/s), and one elementwise kernel

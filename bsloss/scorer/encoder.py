@@ -186,9 +186,8 @@ class ScorerEncoder(nn.Module):
 
         Only the no-grad path (:meth:`encode_without_grad`) uses the compiled model; the first
         call compiles (tens of seconds on a CPU; again for a new kind of shape, such as a batch
-        of one, or rows equal to the padded length: Dynamo's duck sizing tells that apart),
-        later calls are faster. Freezing bakes the weights in: compile after moving the
-        encoder to its device.
+        of one, whose size Dynamo specialises), later calls are faster. Freezing bakes the
+        weights in: compile after moving the encoder to its device.
         """
         self._inference_model = torch.compile(self.model, dynamic=True, options={"freezing": True})
         self._compiled_weights = self.weights_key()
@@ -244,17 +243,32 @@ class ScorerEncoder(nn.Module):
             self._check_precision()
             model = compiled or self.model
             mask = self._model_mask(attention_mask)
+            if compiled is not None:
+                _rows_and_length_apart(input_ids, mask)
             out = model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True)
             return torch.cat(out.hidden_states, dim=-1)
         if compiled is None or torch.is_grad_enabled():
             return self(input_ids=input_ids, attention_mask=attention_mask)
         self._check_precision()
         mask = self._model_mask(attention_mask)
+        _rows_and_length_apart(input_ids, mask)
         out = compiled(input_ids=input_ids, attention_mask=mask)
         return out.last_hidden_state
 
     def describe(self) -> str:
         return f"{self.name} (layer {self.num_layers})"
+
+
+def _rows_and_length_apart(input_ids: Tensor, mask: Tensor | None) -> None:
+    """Every size of the compiled model's inputs as a dynamic dimension of its own: the ids',
+    the mask's and, for a prepared mask (a ``[B, 1, L, L]`` view), its ``[B, L]`` base's,
+    which Dynamo sees too. Under ``dynamic=True`` its duck sizing gives sizes equal at the first
+    call one symbol, and the metric's buckets (rows and lengths in multiples of 8 or 16) often
+    make ``B == L``: the next batch then compiled the model again (~50 s on a CPU, audit h18).
+    ``maybe_``: a size of 1, which Dynamo specialises, is no error."""
+    for tensor in (input_ids, mask, None if mask is None else mask._base):
+        for dim in range(0 if tensor is None else tensor.dim()):
+            torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
 def usable_positions(model: nn.Module) -> int:
