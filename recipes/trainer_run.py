@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -21,6 +21,16 @@ from transformers import PrinterCallback, ProgressCallback, TrainerCallback, Tra
 
 RECIPE_STATE = "recipe_state.json"  # in each checkpoint: the log's time and cpu, early stopping
 REFERENCE_COLUMN = "reference"  # the training examples' target text (the term's reference)
+
+
+def _trainer_checkpointing_off(arguments_class) -> dict:
+    """The trainer's own checkpointing switched off under the name its version reads:
+    transformers 5.24 renamed ``gradient_checkpointing`` ``activation_checkpointing`` (the old
+    name warns at every run, and is ignored once the new one is set: TRL's ``True`` default
+    of it included); earlier versions know only the old name."""
+    if "activation_checkpointing" in {field.name for field in fields(arguments_class)}:
+        return {"activation_checkpointing": False}
+    return {"gradient_checkpointing": False}
 
 
 def trainer_arguments(run: RecipeRun, arguments_class, **extra):
@@ -45,7 +55,7 @@ def trainer_arguments(run: RecipeRun, arguments_class, **extra):
         max_grad_norm=train.max_grad_norm or 0.0,
         seed=train.seed,
         data_seed=train.seed,
-        gradient_checkpointing=False,
+        **_trainer_checkpointing_off(arguments_class),
         bf16=mixed == "bf16",
         fp16=mixed == "fp16",
         use_cpu=run.args.cpu or not torch.cuda.is_available(),
