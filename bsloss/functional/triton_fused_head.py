@@ -523,10 +523,37 @@ def _launch(kernel, grid, *args, **kwargs) -> None:
                 f"{missing}, {len(args)} positional for {len(kernel.arg_names)} parameters"
             )
         _CHECKED_LAUNCHES.add(signature)
+    _check_zeroed_apart(kernel, args)
     (kernel if interpreted else _tuned(kernel))[grid](*args, **kwargs)
 
 
 _CHECKED_LAUNCHES: set = set()
+
+
+def _check_zeroed_apart(kernel, args) -> None:
+    """The autotuner zeroes each ``reset_to_zero`` argument (an accumulator of atomics) before
+    every timed run and again after tuning: one that shared memory with another argument
+    would zero that one as well, on a GPU's first call only, where the interpreter (which
+    does not tune) shows nothing. Checked at every launch, in both modes (a stand-in for an
+    unused accumulator once was the normaliser ``log Z``)."""
+    zeroed = _TUNING.get(kernel, {}).get("reset_to_zero", ())
+    bound = dict(zip(kernel.arg_names, args, strict=False))  # positional ones (tensors)
+    for name in zeroed:
+        target = bound.get(name)
+        if not isinstance(target, Tensor) or target.numel() == 0:
+            continue
+        address = target.untyped_storage().data_ptr()
+        for other_name, other in bound.items():
+            if (
+                other_name != name
+                and isinstance(other, Tensor)
+                and other.numel() > 0
+                and other.untyped_storage().data_ptr() == address
+            ):
+                raise RuntimeError(
+                    f"{kernel.__name__}: {name}, which the autotuner zeroes, shares memory "
+                    f"with {other_name}"
+                )
 
 
 def _n_bucket(n: int) -> int:
@@ -685,7 +712,8 @@ def _expectation(
     values = TableChunks(table, hidden.dtype, table_pad)
     expected = torch.zeros(n, values.width, dtype=torch.float32, device=hidden.device)
     from_product = hidden.dtype != torch.bfloat16
-    p_sum = torch.zeros(n, dtype=torch.float32, device=hidden.device) if from_product else log_z
+    # (unused without from_product: an empty stand-in, as the autotuner zeroes it)
+    p_sum = torch.zeros(n if from_product else 0, dtype=torch.float32, device=hidden.device)
     for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
         hw = _float32_product(hidden, weight[v0:v1].T) if from_product else log_z
         _launch(
