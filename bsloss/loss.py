@@ -66,7 +66,7 @@ from bsloss.inputs import (
     flatten_groups,
     position_of_first,
 )
-from bsloss.scorer.batching import pad_embedded
+from bsloss.scorer.batching import pad_embedded, to_device
 from bsloss.scorer.checkpointing import (
     Checkpointing,
     check_checkpointing,
@@ -819,10 +819,11 @@ class BERTScoreLoss(nn.Module):
                 ]
                 self._warn_weightless(where, batch)
             # which pairs are empty: they score 0, rescaled or not, and do not compete for a
-            # candidate's best (a host list to the device: no read)
+            # candidate's best (a host list to the device, pinned and asynchronous: a plain
+            # copy from pageable memory would wait for the scorer's forward queued before it)
             reference_empty = None
             if self.baseline is not None or owner != list(range(batch)):
-                reference_empty = torch.tensor(references[5], device=references[1].device)
+                reference_empty = to_device(torch.tensor(references[5]), references[1].device)
             references = references[:3]
         else:
             *encoded_refs, weightless, empty_rows, reference_empty = self._encode_reference_ids(
@@ -836,7 +837,7 @@ class BERTScoreLoss(nn.Module):
         specials = 0 if isinstance(candidates, Embeddings) else self._special_count()
         # one reference per candidate, in order: no gather, no max over references
         one_each = owner == list(range(batch))
-        index = None if one_each else torch.tensor(owner, device=encoded.hidden.device)
+        index = None if one_each else to_device(torch.tensor(owner), encoded.hidden.device)
         empty = (reference_empty, specials)
         prf = self._step("prf")(self, encoded[:3], references, index, batch, *empty)
         if encoded.exact is None:

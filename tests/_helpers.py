@@ -136,12 +136,41 @@ BOOLEAN_INDEXING_OPS = {
 
 class HostReads(TorchDispatchMode):
     """Counts the operations that read a device value back to the host (``.item()``, ``bool()``,
-    ``nonzero``, boolean indexing), with the innermost bsloss caller of each in ``where``."""
+    ``nonzero``, boolean indexing), with the innermost bsloss caller of each in ``where``; and,
+    as waits of the same kind, bsloss's ``torch.tensor`` / ``torch.as_tensor`` of host data with
+    a ``device=``: on CUDA that copy from pageable memory synchronises the stream (host data
+    goes through :func:`bsloss.scorer.batching.to_device`, pinned and asynchronous). Audit h19
+    found two such copies in the loss, after the scorer's forward was queued."""
 
     def __init__(self):
         super().__init__()
         self.count = 0
         self.where: list[str] = []
+        self._factories: list = []
+
+    def __enter__(self):
+        for name in ("tensor", "as_tensor"):
+            made = getattr(torch, name)
+            self._factories.append((name, made))
+            setattr(torch, name, self._copy_counted(name, made))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        while self._factories:
+            name, made = self._factories.pop()
+            setattr(torch, name, made)
+        return super().__exit__(*exc)
+
+    def _copy_counted(self, name, made):
+        def factory(data, *args, **kwargs):
+            host = kwargs.get("device") is not None and not isinstance(data, torch.Tensor)
+            caller = _bsloss_caller(depth=1) if host else "outside"
+            if not caller.startswith("outside"):
+                self.count += 1
+                self.where.append(f"torch.{name}(host data, device=) from {caller}")
+            return made(data, *args, **kwargs)
+
+        return factory
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         boolean_index = func in BOOLEAN_INDEXING_OPS and any(
@@ -153,8 +182,8 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _bsloss_caller() -> str:
-    frame = sys._getframe(2)
+def _bsloss_caller(depth: int = 2) -> str:
+    frame = sys._getframe(depth)
     while frame is not None:
         if "bsloss" in Path(frame.f_code.co_filename).parts:
             return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"

@@ -57,6 +57,29 @@ def test_the_dense_loss_reads_the_device_once(encoder, vocab, paced, masked):
     assert "distributions.py" in reads.where[0]
 
 
+@pytest.mark.parametrize("layout", ["several-references", "rescaled"])
+def test_the_dense_loss_reads_once_with_several_references_or_a_baseline(
+    encoder, vocab, paced, layout
+):
+    """Audit h19, finding 2: with several references per candidate (the owner of each) or a
+    baseline (which pairs are empty) the loss made a device tensor of a host list with
+    ``torch.tensor(..., device=)``, after the scorer's forward was queued: on CUDA a copy that
+    waits for the stream, two more waits a call. Now pinned and asynchronous."""
+    options = {"rescale_with_baseline": True} if layout == "rescaled" else {}
+    loss = BERTScoreLoss(model=encoder, matching=Softmax(0.1), **options)
+    logits = torch.randn(2, 9, vocab, requires_grad=True)
+    references = REFERENCES
+    if layout == "several-references":
+        references = [[REFERENCES[0], REFERENCES[1]], [REFERENCES[1]]]
+
+    def step():
+        loss(logits, references=references).backward()
+
+    reads = reads_of(step)
+    assert reads.count == 1, reads.where
+    assert "distributions.py" in reads.where[0]
+
+
 def test_the_fused_loss_reads_the_device_three_times(plain_loss, paced):
     """Hidden states, head and targets in, forward + backward: the selected rows (their
     number), the targets' range and the pass's finiteness check, once each per call; no read

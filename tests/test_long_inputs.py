@@ -69,6 +69,20 @@ def test_text_of_twice_the_maximum_is_fully_covered(scorer):
     assert r.item() != r_t.item()
 
 
+def test_windows_go_to_the_device_without_a_wait(scorer):
+    """Audit h19: each batch of windows went to the device by ``torch.tensor(..., device=)``,
+    on CUDA a copy that waits for the card at every batch of the loop; now pinned and
+    asynchronous, as the metric's other batches (no device tensor made from host data)."""
+    from _helpers import HostReads
+
+    encoder = scorer.encoder
+    text = _long_text()
+    ids = encoder.tokenization.encode([text], truncate=False)[0][0]
+    with HostReads() as waits:
+        embed_windows(encoder, ids)
+    assert not [w for w in waits.where if "host data" in w], waits.where
+
+
 def test_window_mode_leaves_short_texts_unchanged(scorer):
     cands, refs = ["a man plays the guitar"], ["someone is playing a guitar"]
     plain = torch.stack(scorer.score(cands, refs))

@@ -179,7 +179,9 @@ def embed_windows(
     out: Tensor | None = None
     for first in range(0, len(windows), per_call):
         last = min(first + per_call, len(windows))
-        input_ids = torch.tensor(windows[first:last], device=device)  # all of the full width
+        # all of the full width; pinned and asynchronous (a plain copy would wait for the
+        # card at every window batch)
+        input_ids = to_device(torch.tensor(windows[first:last]), device)
         # no padding, no mask: transformers would drop an all-ones one after reading it back
         hidden = encoder.encode_without_grad(input_ids, None)
         if out is None:
