@@ -386,6 +386,55 @@ def test_an_accumulator_the_autotuner_zeroes_shares_no_other_arguments_memory():
     kernels._check_zeroed_apart(kernels._probabilities_kernel, unused)
 
 
+def test_an_error_of_a_float32_output_product_reaches_the_caller(monkeypatch):
+    """Audit h19, note 3: whether ``torch.mm`` takes ``out_dtype`` was learnt from the first
+    product that failed, so one out-of-memory error (a ``RuntimeError``) turned the fast
+    product off for the process, silently, every later one upcasting both operands. Now asked
+    once with 1 x 1 pieces; a product's own error is raised. (CUDA emulated: a tensor that
+    reports it, ``torch.mm(out_dtype=)`` as a stub that fails once at full size.)"""
+    from bsloss.functional import triton_fused_head as kernels
+
+    class ReportsCuda(torch.Tensor):
+        @property
+        def device(self):
+            return torch.device("cuda", 0)
+
+    real_mm, calls = torch.mm, []
+
+    def mm(a, b, *args, out_dtype=None, **kwargs):
+        if out_dtype is None:
+            return real_mm(a, b, *args, **kwargs)
+        calls.append(tuple(a.shape))
+        if a.shape[0] > 1 and len(calls) == 2:  # the first full-size product
+            raise torch.OutOfMemoryError("CUDA out of memory (emulated)")
+        return real_mm(a.float(), b.float())
+
+    monkeypatch.setattr(kernels, "_FLOAT32_OUTPUT", {})
+    monkeypatch.setattr(torch, "mm", mm)
+    a = torch.randn(8, 4).bfloat16().as_subclass(ReportsCuda)
+    b = torch.randn(4, 3).bfloat16().as_subclass(ReportsCuda)
+    with pytest.raises(torch.OutOfMemoryError):
+        kernels._float32_product(a, b)
+    product = kernels._float32_product(a, b)  # the fast product again, not the fallback
+    assert calls == [(1, 1), (8, 4), (8, 4)]
+    torch.testing.assert_close(product, a.float() @ b.float(), rtol=0, atol=0)
+    # a torch whose mm has no out_dtype: asked once, the operands upcast from then on
+    monkeypatch.setattr(kernels, "_FLOAT32_OUTPUT", {})
+    asked = []
+
+    def mm_without_out_dtype(a, b, *args, **kwargs):
+        if kwargs:
+            asked.append(tuple(a.shape))
+            raise TypeError("mm() got an unexpected keyword argument 'out_dtype'")
+        return real_mm(a, b, *args)
+
+    monkeypatch.setattr(torch, "mm", mm_without_out_dtype)
+    for _ in range(2):
+        product = kernels._float32_product(a, b)
+        torch.testing.assert_close(product, a.float() @ b.float(), rtol=0, atol=0)
+    assert asked == [(1, 1)]
+
+
 def test_auto_backend_takes_the_kernels_only_on_cuda_for_bf16_products(monkeypatch):
     """``"auto"``: the kernels for CUDA tensors whose products run in bfloat16 (a bf16 head or
     autocast to it) on a card with bf16 tensor cores, options permitting; the PyTorch pass for

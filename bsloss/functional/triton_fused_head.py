@@ -615,7 +615,8 @@ def _vocab_chunks(n: int, vocab: int, like: Tensor):
         yield v0, v1, buffer[:, : v1 - v0], grid
 
 
-_FLOAT32_OUTPUT = {}
+# (device type, dtype) -> whether torch.mm(..., out_dtype=torch.float32) runs there
+_FLOAT32_OUTPUT: dict[tuple[str, torch.dtype], bool] = {}
 
 
 def _float32_product(a: Tensor, b: Tensor) -> Tensor:
@@ -625,13 +626,27 @@ def _float32_product(a: Tensor, b: Tensor) -> Tensor:
     numbers fits a float32)."""
     if a.dtype == torch.float32:
         return a @ b
-    device = a.device.type
-    if _FLOAT32_OUTPUT.get(device, True) and device == "cuda":
-        try:
-            return torch.mm(a, b, out_dtype=torch.float32)
-        except (TypeError, RuntimeError, NotImplementedError):
-            _FLOAT32_OUTPUT[device] = False
+    if a.device.type == "cuda" and _outputs_float32(a, b):
+        return torch.mm(a, b, out_dtype=torch.float32)
     return a.float() @ b.float()
+
+
+def _outputs_float32(a: Tensor, b: Tensor) -> bool:
+    """Whether this torch's ``mm`` takes ``out_dtype`` for ``a``'s device and dtype, asked once
+    with ``1 x 1`` pieces of the operands. It was learnt from the first failing product of
+    full size instead, whose out-of-memory error (a ``RuntimeError``) or CUDA error turned the
+    fast product off for the rest of the process, silently (audit h19); a real product's
+    errors now reach the caller."""
+    key = (a.device.type, a.dtype)
+    known = _FLOAT32_OUTPUT.get(key)
+    if known is None:
+        try:
+            torch.mm(a[:1, :1], b[:1, :1], out_dtype=torch.float32)
+            known = True
+        except (TypeError, RuntimeError, NotImplementedError):
+            known = False
+        _FLOAT32_OUTPUT[key] = known
+    return known
 
 
 def _statistics(hidden, weight, bias, softcap, temperature, z_stats) -> _Statistics:
