@@ -8,6 +8,7 @@ subprocess (tests/_triton_interpreter_cases.py), and this process only compares 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import math
@@ -340,6 +341,7 @@ def test_compiled_launches_get_exactly_each_kernels_arguments(monkeypatch, case)
 
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
+                assert guarded, f"{self.kernel.__name__} launched outside the device guard"
                 launched.append(self.kernel.__name__)
                 tuned = {k for c in kernels._CONFIGS[self.kernel] for k in c.kwargs}
                 names = self.kernel.arg_names[: len(args)] + list(kwargs)
@@ -349,6 +351,18 @@ def test_compiled_launches_get_exactly_each_kernels_arguments(monkeypatch, case)
             return launch
 
     monkeypatch.setattr(kernels, "_TUNED", {k: Recorder(k) for k in kernels._CONFIGS})
+    # every launch inside the guard that makes the tensors' GPU the current device
+    guarded = []
+
+    @contextlib.contextmanager
+    def device_guard(tensor):
+        guarded.append(tensor)
+        try:
+            yield
+        finally:
+            guarded.pop()
+
+    monkeypatch.setattr(kernels, "_device_guard", device_guard)
     monkeypatch.setattr(kernels, "_vocab_splits", lambda n, vocab, device: 64)
     h, weight, bias, table, targets, grad_e, grad_ll = inputs(**CASES[case])
     h.requires_grad_(), weight.requires_grad_()
@@ -384,6 +398,63 @@ def test_an_accumulator_the_autotuner_zeroes_shares_no_other_arguments_memory():
     kernels._check_zeroed_apart(kernels._probabilities_kernel, own)
     unused = [args[name] if name != "p_sum_ptr" else torch.zeros(0) for name in args]
     kernels._check_zeroed_apart(kernels._probabilities_kernel, unused)
+
+
+def test_the_device_guard_makes_the_tensors_gpu_current(monkeypatch):
+    """Audit h19, finding 1: Triton launches on the current device, not on its arguments', so
+    a head on ``cuda:1`` under ``cuda:0`` (``device_map="auto"``) was launched on the wrong
+    GPU. Forward and backward launch inside :func:`_device_guard` (checked launch by launch in
+    ``test_compiled_launches_get_exactly_each_kernels_arguments``), which enters
+    ``torch.cuda.device`` of a CUDA tensor (a stand-in here) and nothing for a CPU one."""
+    from bsloss.functional import triton_fused_head as kernels
+
+    entered = []
+    monkeypatch.setattr(
+        torch.cuda, "device", lambda device: entered.append(device) or contextlib.nullcontext()
+    )
+
+    class OnSecondGpu:
+        is_cuda = True
+        device = torch.device("cuda", 1)
+
+    with kernels._device_guard(OnSecondGpu()):
+        pass
+    with kernels._device_guard(torch.zeros(1)):
+        pass
+    assert entered == [torch.device("cuda", 1)]
+
+
+@needs_triton
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_the_kernels_run_on_a_second_gpu_that_is_not_current():
+    """The head and its hidden states on ``cuda:1`` while ``cuda:0`` is current: the kernels'
+    values and gradients are the PyTorch pass's (which switches devices by itself)."""
+    g = torch.Generator(device="cuda:1").manual_seed(0)
+    h = torch.randn(64, 64, device="cuda:1", generator=g).bfloat16()
+    weight = (torch.randn(3000, 64, device="cuda:1", generator=g) / 8).bfloat16()
+    table = torch.randn(3000, 16, device="cuda:1", generator=g)
+    grad_e = torch.randn(64, 16, device="cuda:1", generator=g)
+    results = {}
+    with torch.cuda.device(0):
+        for backend in ("triton", "torch"):
+            # the PyTorch pass on the float32 values of the same operands
+            hh, ww = (h, weight) if backend == "triton" else (h.float(), weight.float())
+            hh = hh.clone().requires_grad_()
+            out = fused_expected_inputs(hh, ww, table, backend=backend)
+            results[backend] = (
+                out.expected,
+                torch.autograd.grad((out.expected * grad_e).sum(), hh),
+            )
+    step = BF16_ROUNDINGS_EXPECTED * 2.0**-9 * float(table.abs().max())
+    torch.testing.assert_close(results["triton"][0], results["torch"][0], rtol=0.0, atol=step)
+    bound = BF16_ROUNDINGS_GRADIENT * 2.0**-9
+    expected_grad = results["torch"][1][0]
+    torch.testing.assert_close(
+        results["triton"][1][0].float(),
+        expected_grad,
+        rtol=bound,
+        atol=bound * float(expected_grad.abs().max()),
+    )
 
 
 def test_an_error_of_a_float32_output_product_reaches_the_caller(monkeypatch):

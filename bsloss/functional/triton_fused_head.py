@@ -61,6 +61,7 @@ CPU tensors run under Triton's interpreter, which must be switched on before tri
 imported (``TRITON_INTERPRET=1`` in the environment): the tests' path, slow, for small shapes.
 """
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -787,7 +788,8 @@ class _TritonFusedHead(torch.autograd.Function):
     def forward(
         ctx, hidden, weight, bias, table, targets, softcap, temperature, z_stats, table_pad
     ):
-        stats = _forward(hidden, weight, bias, table, softcap, temperature, z_stats, table_pad)
+        with _device_guard(hidden):
+            stats = _forward(hidden, weight, bias, table, softcap, temperature, z_stats, table_pad)
         ctx.softcap, ctx.temperature, ctx.z_stats = softcap, temperature, z_stats
         ctx.table_pad = table_pad
         target_logit = hidden.new_empty(0, dtype=torch.float32)
@@ -807,69 +809,84 @@ class _TritonFusedHead(torch.autograd.Function):
     @staticmethod
     @once_differentiable  # a second derivative would need the kernels' graph: refused, named
     def backward(ctx, grad_expected, grad_log_z1, grad_target_logit, _tokens, _finite):
-        hidden, weight, bias, table, targets, expected, log_z, log_z1 = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        table_grad = table is not None and grad_expected is not None
-        # the CE's normaliser is only the CE's with targets (without, it stands in for it)
-        log_z1_grad = targets is not None and grad_log_z1 is not None
-        target_grad = targets is not None and grad_target_logit is not None
-        grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
-        grad_w = torch.zeros_like(weight) if need_w else None
-        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=hidden.device)
-        if not (table_grad or log_z1_grad or target_grad) or not (need_h or need_w or need_b):
-            # nothing reaches the logits: zero gradients
-            return _grads(grad_h if need_h else None, hidden, grad_w, grad_b if need_b else None)
-        n, d = hidden.shape
-        vocab = weight.shape[0]
-        # the product g E^T reads g (of the padded width) and the table in the head's dtype;
-        # <g, e> uses the same rounded g, so that the rounding moves g itself, not the
-        # difference g E_v - <g, e>
-        g = grad_expected.to(hidden.dtype).contiguous() if table_grad else hidden
-        g_dot_e = (g.float() * expected).sum(dim=1) if table_grad else log_z
-        g_log_z1 = grad_log_z1.float().contiguous() if log_z1_grad else log_z
-        g_target = grad_target_logit.float().contiguous() if target_grad else log_z
-        target_ids = targets if target_grad else log_z  # (unread without TARGET_GRAD)
-        values = TableChunks(table, hidden.dtype, ctx.table_pad) if table_grad else None
-        for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
-            # the chunk's logits and g E^T as float32 products of the half-precision operands:
-            # the same numbers as the kernels' own float32 tiles, in another summation order
-            hw = _float32_product(hidden, weight[v0:v1].T)
-            g_e = _float32_product(g, values.rows(v0, v1).T) if table_grad else hw
-            _launch(
-                _grad_logits_kernel,
-                grid,
-                hw,
-                g_e,
-                bias if bias is not None else log_z,
-                g_dot_e,
-                log_z,
-                g_log_z1,
-                log_z1,
-                target_ids,
-                g_target,
-                part,
-                grad_b,
-                n,
-                v0,
-                v1,
-                hw.stride(0),
-                part.stride(0),
-                float(ctx.softcap or 1.0),
-                1.0 / ctx.temperature,
-                _n_bucket(n),
-                HAS_BIAS=bias is not None,
-                HAS_SOFTCAP=ctx.softcap is not None,
-                TABLE_GRAD=table_grad,
-                LOG_Z1_GRAD=log_z1_grad,
-                TARGET_GRAD=target_grad,
-                BIAS_GRAD=need_b,
-            )
-            if need_h:  # each chunk's product rounds to the head's dtype, summed in float32
-                grad_h += (part @ weight[v0:v1]).float()
-            if need_w:
-                torch.mm(part.T, hidden, out=grad_w[v0:v1])
-            del hw, g_e  # freed before the next chunk's products are made, not after
+        with _device_guard(ctx.saved_tensors[0]):
+            return _backward(ctx, grad_expected, grad_log_z1, grad_target_logit)
+
+
+def _device_guard(tensor: Tensor):
+    """The tensor's GPU as the current device while its kernels launch: Triton launches on the
+    current device and stream, not on its arguments' (torch's own operations switch; a raw
+    launch does not), so a head on ``cuda:1`` under ``cuda:0`` (``device_map="auto"`` puts
+    the head on the last GPU) failed to read its pointers, or ran unordered with the stream
+    that wrote them (audit h19)."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
+
+
+def _backward(ctx, grad_expected, grad_log_z1, grad_target_logit):
+    """:meth:`_TritonFusedHead.backward` on the tensors' device."""
+    hidden, weight, bias, table, targets, expected, log_z, log_z1 = ctx.saved_tensors
+    need_h, need_w, need_b = ctx.needs_input_grad[:3]
+    table_grad = table is not None and grad_expected is not None
+    # the CE's normaliser is only the CE's with targets (without, it stands in for it)
+    log_z1_grad = targets is not None and grad_log_z1 is not None
+    target_grad = targets is not None and grad_target_logit is not None
+    grad_h = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device)
+    grad_w = torch.zeros_like(weight) if need_w else None
+    grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=hidden.device)
+    if not (table_grad or log_z1_grad or target_grad) or not (need_h or need_w or need_b):
+        # nothing reaches the logits: zero gradients
         return _grads(grad_h if need_h else None, hidden, grad_w, grad_b if need_b else None)
+    n, d = hidden.shape
+    vocab = weight.shape[0]
+    # the product g E^T reads g (of the padded width) and the table in the head's dtype;
+    # <g, e> uses the same rounded g, so that the rounding moves g itself, not the
+    # difference g E_v - <g, e>
+    g = grad_expected.to(hidden.dtype).contiguous() if table_grad else hidden
+    g_dot_e = (g.float() * expected).sum(dim=1) if table_grad else log_z
+    g_log_z1 = grad_log_z1.float().contiguous() if log_z1_grad else log_z
+    g_target = grad_target_logit.float().contiguous() if target_grad else log_z
+    target_ids = targets if target_grad else log_z  # (unread without TARGET_GRAD)
+    values = TableChunks(table, hidden.dtype, ctx.table_pad) if table_grad else None
+    for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
+        # the chunk's logits and g E^T as float32 products of the half-precision operands:
+        # the same numbers as the kernels' own float32 tiles, in another summation order
+        hw = _float32_product(hidden, weight[v0:v1].T)
+        g_e = _float32_product(g, values.rows(v0, v1).T) if table_grad else hw
+        _launch(
+            _grad_logits_kernel,
+            grid,
+            hw,
+            g_e,
+            bias if bias is not None else log_z,
+            g_dot_e,
+            log_z,
+            g_log_z1,
+            log_z1,
+            target_ids,
+            g_target,
+            part,
+            grad_b,
+            n,
+            v0,
+            v1,
+            hw.stride(0),
+            part.stride(0),
+            float(ctx.softcap or 1.0),
+            1.0 / ctx.temperature,
+            _n_bucket(n),
+            HAS_BIAS=bias is not None,
+            HAS_SOFTCAP=ctx.softcap is not None,
+            TABLE_GRAD=table_grad,
+            LOG_Z1_GRAD=log_z1_grad,
+            TARGET_GRAD=target_grad,
+            BIAS_GRAD=need_b,
+        )
+        if need_h:  # each chunk's product rounds to the head's dtype, summed in float32
+            grad_h += (part @ weight[v0:v1]).float()
+        if need_w:
+            torch.mm(part.T, hidden, out=grad_w[v0:v1])
+        del hw, g_e  # freed before the next chunk's products are made, not after
+    return _grads(grad_h if need_h else None, hidden, grad_w, grad_b if need_b else None)
 
 
 def _grads(grad_h, hidden, grad_w, grad_b):
