@@ -202,6 +202,30 @@ def test_a_compiled_encoder_compiles_once_for_rows_equal_to_the_length(monkeypat
     assert graphs == [1, 0, 0, 0]
 
 
+def test_a_compiled_all_layers_encoder_encodes_as_eager(monkeypatch):
+    """Audit h20: ``all_layers=True`` with a compiled model chose it by ``compiled or model``,
+    whose truth asked the compiled BERT for its ``len()``: a TypeError at every call. (Dynamo
+    with the eager backend: inductor's code generation is not what is tested.)"""
+    import bsloss.scorer.encoder as encoder_module
+
+    real_compile = torch.compile
+
+    def dynamo_only(model, dynamic=None, options=None):
+        return real_compile(model, dynamic=dynamic, backend="eager")
+
+    monkeypatch.setattr(encoder_module.torch, "compile", dynamo_only)
+    torch._dynamo.reset()
+    encoder = encoder_module.ScorerEncoder.from_pretrained(
+        num_layers=1, device="cpu", all_layers=True
+    )
+    ids = torch.randint(1000, 2000, (4, 7))
+    mask = torch.ones(4, 7, dtype=torch.long)
+    with torch.no_grad():
+        eager = encoder.encode_without_grad(ids, mask)
+        compiled = encoder.compile_inference().encode_without_grad(ids, mask)
+    torch.testing.assert_close(compiled, eager)
+
+
 def test_next_chunk_is_tokenized_ahead_on_one_background_thread(scorer, pairs, monkeypatch):
     """Several chunks: the first chunk's texts are tokenised on the caller's thread, every later
     chunk's on the background thread (started before the previous chunk is encoded), never two

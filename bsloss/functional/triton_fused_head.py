@@ -21,7 +21,7 @@ that ``bridge_mode="retokenize"`` decodes) and a per-row finiteness check come f
 tile. The splits' partial statistics are merged on the host (flash-decoding's split-K), which
 keeps a GPU full when ``N`` is small. With ``log Z`` known, the probabilities kernel writes
 ``p = exp(s - log Z)`` of one vocabulary chunk in the head's dtype, and cuBLAS multiplies it by
-the chunk's table rows. (For float32 and float16 products the kernel reads the chunk's logits from
+the chunk's table rows. (For float32 products the kernel reads the chunk's logits from
 cuBLAS's ``h W^T``, the backward's own numbers, and ``e`` is renormalised by their ``p``: the
 backward's gradient is then self-consistent, ``_expectation``.) Flash attention's single pass,
 which carries the ``p E`` accumulator through the online softmax, was the first design: with
@@ -717,17 +717,18 @@ def _expectation(
     its ``p`` (from cuBLAS's ``h W^T``) are the ones that made ``e``: logits of the kernels'
     tiles differ from cuBLAS's in their last bits (far more where TF32 is allowed), and the
     residual, divided by ``T``, was 19% of ``dh`` at ``T = 0.01`` in float32 (audit h17). So
-    for float32 and float16 products ``p`` is formed from the same cuBLAS ``h W^T`` as
-    backward, and ``e`` and ``log Z`` are renormalised by the sum of those ``p``: the
-    backward's ``p`` then sum to 1 and make ``e`` exactly. Bfloat16 products keep the logits
-    tiles (one fewer product per chunk, the kernels' speed measured on an H200): there the
-    bfloat16 rounding of ``p``, ``g`` and ``dz`` is the larger error at ordinary
-    temperatures."""
+    for float32 products ``p`` is formed from the same cuBLAS ``h W^T`` as backward, and ``e``
+    and ``log Z`` are renormalised by the sum of those ``p``: the backward's ``p`` then sum to
+    1 and make ``e`` exactly. Half-precision products keep the logits tiles (one fewer product
+    per chunk; bfloat16's speed measured on an H200): the ``p`` written for ``p E`` are
+    rounded to the head's dtype, so their sum no longer normalises the backward's float32
+    ``p`` (float16 near one-hot rows at ``T = 1e-3`` got ``|dh|`` ~0.9 where it is ~1e-13,
+    audit h20), and that rounding is the larger error there anyway."""
     n, d = hidden.shape
     vocab = weight.shape[0]
     values = TableChunks(table, hidden.dtype, table_pad)
     expected = torch.zeros(n, values.width, dtype=torch.float32, device=hidden.device)
-    from_product = hidden.dtype != torch.bfloat16
+    from_product = hidden.dtype == torch.float32
     # (unused without from_product: an empty stand-in, as the autotuner zeroes it)
     p_sum = torch.zeros(n if from_product else 0, dtype=torch.float32, device=hidden.device)
     for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):

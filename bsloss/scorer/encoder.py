@@ -186,8 +186,8 @@ class ScorerEncoder(nn.Module):
 
         Only the no-grad path (:meth:`encode_without_grad`) uses the compiled model; the first
         call compiles (tens of seconds on a CPU; again for a new kind of shape, such as a batch
-        of one, whose size Dynamo specialises), later calls are faster. Freezing bakes the
-        weights in: compile after moving the encoder to its device.
+        of one or texts of one token, sizes Dynamo specialises), later calls are faster.
+        Freezing bakes the weights in: compile after moving the encoder to its device.
         """
         self._inference_model = torch.compile(self.model, dynamic=True, options={"freezing": True})
         self._compiled_weights = self.weights_key()
@@ -241,7 +241,8 @@ class ScorerEncoder(nn.Module):
         compiled = self._compiled()
         if self.all_layers:
             self._check_precision()
-            model = compiled or self.model
+            # (not `compiled or ...`: a module's truth is its len(), which BERT has not)
+            model = compiled if compiled is not None else self.model
             mask = self._model_mask(attention_mask)
             if compiled is not None:
                 _rows_and_length_apart(input_ids, mask)
