@@ -4,6 +4,7 @@ values and gradients of h and W, CE, gradcheck, autocast, the loss's hidden_stat
 from __future__ import annotations
 
 import weakref
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -569,6 +570,24 @@ def test_sdpa_path_matches_chunked_on_cuda():
     # element of 120,000, off by 3.3e-4).
     for a, b in zip(*outs, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=3000 * 2.0**-24 * float(b.abs().max()))
+
+
+def test_sdpa_without_a_kernel_warns_and_running_out_of_memory_is_raised(monkeypatch):
+    """``use_sdpa=True`` falls back to the chunked pass where no SDPA kernel takes the inputs,
+    saying so; running out of memory is the caller's error, not a missing kernel (it was taken
+    for one: the chunked pass ran after it, silently)."""
+    h, weight, table = problem(n=6, d=10, vocab=50, c=7)
+    options = SimpleNamespace(matmul_dtype=torch.float32, temperature=0.7, dtype=torch.float32)
+    # the CPU has no memory-efficient kernel: torch's own "no kernel" error
+    with pytest.warns(UserWarning, match=r"use_sdpa=True\): no SDPA kernel .*the chunked pass"):
+        assert fused_expectation._sdpa_expectation(h, weight, table, options) is None
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate"):
+        fused_expectation._sdpa_expectation(h, weight, table, options)
 
 
 # ----------------------------------------------------------------------------- the loss

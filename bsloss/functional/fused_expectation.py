@@ -78,6 +78,7 @@ where this pass took 116 and 106 ms; in the Gemma-shaped training step the two w
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from functools import cache, partial
 from typing import NamedTuple
 
@@ -723,8 +724,10 @@ def _check(
 
 
 def _sdpa_expectation(hidden: Tensor, weight: Tensor, table: Tensor, o: _Options) -> Tensor | None:
-    """``softmax(h W^T / T) E`` by the memory-efficient SDPA kernel on CUDA; ``None`` where no
-    kernel takes these shapes (the chunked path runs instead)."""
+    """``softmax(h W^T / T) E`` by the memory-efficient SDPA kernel on CUDA; ``None``, with a
+    warning, where no kernel takes these shapes (the chunked path runs instead). Running out of
+    memory is raised, not taken for a missing kernel: the caller's memory is short either way,
+    and the chunked pass retried after it would hide that (or fail deeper)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dtype = o.matmul_dtype if o.matmul_dtype != torch.float64 else None
@@ -740,7 +743,15 @@ def _sdpa_expectation(hidden: Tensor, weight: Tensor, table: Tensor, o: _Options
     try:
         with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
             out = F.scaled_dot_product_attention(q, k, v, scale=1.0 / o.temperature)
-    except RuntimeError:
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        warnings.warn(
+            f"fused_expected_inputs(use_sdpa=True): no SDPA kernel for these inputs ({reason}); "
+            "the chunked pass computes them instead",
+            stacklevel=3,
+        )
         return None
     return out[0, 0, :, : table.shape[1]].to(o.dtype)
 
@@ -790,8 +801,9 @@ def fused_expected_inputs(
             :data:`DEFAULT_CHUNK_ELEMENTS` (~16 MB of float32) on the CPU, up to 16,384 rows by
             vocabulary chunks of up to 256 MiB on CUDA.
         use_sdpa: on CUDA, try the memory-efficient SDPA kernel in the plain case (of the
-            ``"torch"`` backend); off by default: slower than the chunked pass on an H200
-            (module docstring).
+            ``"torch"`` backend; where no kernel takes the inputs, a warning and the chunked
+            pass; running out of memory is raised); off by default: slower than the chunked
+            pass on an H200 (module docstring).
         backend: ``"auto"`` (the Triton kernels on CUDA for bfloat16 products where the
             options allow, else the PyTorch pass; module docstring), ``"triton"`` (the kernels of
             :mod:`bsloss.functional.triton_fused_head`, without ``top_k``,
