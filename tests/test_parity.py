@@ -33,10 +33,16 @@ def pairs(stsb_dev):
     return [s1 for _, s1, _ in stsb_dev], [s2 for _, _, s2 in stsb_dev]
 
 
-def test_plain(pairs):
+@pytest.fixture(scope="module")
+def plain_reference(pairs):
+    """bert_score's plain scores at batch_size=1, computed once: two tests compare with them
+    (a run of bert_score one sentence at a time is most of this module's time)."""
+    return _reference_scorer().score(*pairs, batch_size=1)
+
+
+def test_plain(pairs, plain_reference):
     cands, refs = pairs
-    theirs = _reference_scorer().score(cands, refs, batch_size=1)
-    _assert_equal(bsloss.BERTScorer(num_layers=6).score(cands, refs), theirs)
+    _assert_equal(bsloss.BERTScorer(num_layers=6).score(cands, refs), plain_reference)
 
 
 def test_idf_from_references(pairs):
@@ -73,12 +79,12 @@ def test_multiple_references(pairs):
     assert torch.all(ours[2] >= single[2] - 1e-6)  # batch composition moves scores by <1e-6
 
 
-def test_bert_score_batch_artifact_is_not_reproduced(pairs):
+def test_bert_score_batch_artifact_is_not_reproduced(pairs, plain_reference):
     """bert_score with batch_size > 1 multiplies padded similarity cells by 0, which clamps a
     token's max at 0; bsloss masks padded cells out and so agrees with batch_size=1."""
     cands, refs = pairs
     padded = _reference_scorer().score(cands, refs, batch_size=64)
-    exact = _reference_scorer().score(cands, refs, batch_size=1)
+    exact = plain_reference
     ours = bsloss.BERTScorer(num_layers=6, batch_size=64).score(cands, refs)
     changed = (padded[2] - exact[2]).abs() > 1e-4
     assert changed.sum() > 0, "expected bert_score's padding artifact on STS-B dev"
