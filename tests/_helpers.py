@@ -147,27 +147,31 @@ class HostReads(TorchDispatchMode):
         self.count = 0
         self.where: list[str] = []
         self._factories: list = []
+        self._depth = 0  # entered again inside its own block: the factories stay patched
 
     def __enter__(self):
-        for name in ("tensor", "as_tensor"):
-            made = getattr(torch, name)
-            self._factories.append((name, made))
-            setattr(torch, name, self._copy_counted(name, made))
+        if self._depth == 0:
+            for name in ("tensor", "as_tensor"):
+                made = getattr(torch, name)
+                self._factories.append((name, made))
+                setattr(torch, name, self._copy_counted(name, made))
+        self._depth += 1
         return super().__enter__()
 
     def __exit__(self, *exc):
-        while self._factories:
+        self._depth -= 1
+        while self._depth == 0 and self._factories:
             name, made = self._factories.pop()
             setattr(torch, name, made)
         return super().__exit__(*exc)
 
     def _copy_counted(self, name, made):
         def factory(data, *args, **kwargs):
-            host = kwargs.get("device") is not None and not isinstance(data, torch.Tensor)
-            caller = _bsloss_caller(depth=1) if host else "outside"
-            if not caller.startswith("outside"):
-                self.count += 1
-                self.where.append(f"torch.{name}(host data, device=) from {caller}")
+            if kwargs.get("device") is not None and not isinstance(data, torch.Tensor):
+                caller = _bsloss_caller()
+                if not caller.startswith("outside"):
+                    self.count += 1
+                    self.where.append(f"torch.{name}(host data, device=) from {caller}")
             return made(data, *args, **kwargs)
 
         return factory
@@ -182,8 +186,9 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _bsloss_caller(depth: int = 2) -> str:
-    frame = sys._getframe(depth)
+def _bsloss_caller() -> str:
+    """The innermost bsloss frame of the stack (this file's frames are not bsloss's)."""
+    frame = sys._getframe(1)
     while frame is not None:
         if "bsloss" in Path(frame.f_code.co_filename).parts:
             return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"

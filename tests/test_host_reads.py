@@ -209,3 +209,18 @@ def test_the_fused_pass_is_checked_once_the_scorers_forward_is_queued(plain_loss
     reads = [i for i, what in enumerate(order) if what == "read"]
     first_scorer = order.index("scorer")
     assert reads[0] < first_scorer < reads[-1], (reads, first_scorer)
+
+
+def test_a_copy_is_counted_in_a_block_entered_twice():
+    """The counter itself: entered again inside its own block (a helper that counts, called
+    from a test that counts), bsloss's copies of host data are still counted after the inner
+    block ends (its exit unpatched the factories for the rest of the outer block)."""
+    copy = compile("torch.tensor([1, 2], device='cpu')", "/site/bsloss/copying.py", "eval")
+    factory, reads = torch.tensor, HostReads()
+    with reads:
+        with reads:
+            eval(copy, {"torch": torch})
+        assert reads.count == 1, reads.where  # once, not once a level
+        eval(copy, {"torch": torch})
+    assert reads.count == 2, reads.where
+    assert torch.tensor is factory  # restored once the outer block ends
