@@ -3,6 +3,8 @@ loading. (The reference cache: tests/test_reference_cache.py; BERTScorer: tests/
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -142,6 +144,121 @@ def test_tokens_added_to_the_tokenizer_later_are_seen(encoder, tmp_path):
     after = tokens.encode(["a zxqvword here"])[0]
     assert after != before
     assert after == [tokenizer(tokens.prepare(["a zxqvword here"]))["input_ids"][0]]
+
+
+def test_changes_to_the_tokenizer_after_it_was_copied_are_seen(encoder, tmp_path):
+    """Audit h21: the private copy was made again only when the vocabulary grew. An existing
+    token added again (BERT's ``[unused1]`` made special, a word added as a token) leaves the
+    size alone but is split off by the call from then on; ``split_special_tokens`` set later
+    changes the ids too. Each now reaches the next call."""
+    from transformers import AutoTokenizer
+
+    from bsloss.scorer.tokenization import ScorerTokenizer
+
+    encoder.tokenizer.save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    tokens = ScorerTokenizer(tokenizer, "copy")
+    text = ["mark [unused1] here, concatenate [SEP] a"]
+
+    def the_calls() -> list[list[int]]:
+        return tokenizer(tokens.prepare(text))["input_ids"]
+
+    before = tokens.encode(text)[0]
+    assert before == the_calls()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[unused1]"]})
+    tokenizer.add_tokens(["cat"])  # "concatenate" -> con cat en ##ate
+    assert len(tokenizer) == 30522  # no new id: the size did not change
+    assert tokens.encode(text)[0] == the_calls() != before
+    tokenizer.split_special_tokens = True  # "[SEP]" in the text is text now
+    assert tokens.encode(text)[0] == the_calls()
+    assert tokenizer.convert_tokens_to_ids("[SEP]") not in tokens.encode(text)[0][0][1:-1]
+
+
+def test_byte_level_text_starting_with_a_special_token_gets_no_lone_space():
+    """Audit h21: bert_score's leading space for a byte-level BPE was written before the text,
+    where a tokenizer with ``add_prefix_space=True`` (as bsloss loads them) adds it itself to
+    each piece between special tokens: a text starting with ``<s>``, ``</s>`` or an added token
+    began with a lone ``Ġ`` that neither the call nor bert_score's ``sent_encode`` makes."""
+    import json
+
+    from _tokenizers import brown_lines
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2TokenizerFast, RobertaTokenizerFast
+
+    from bsloss.scorer.tokenization import ScorerTokenizer
+
+    raw = ByteLevelBPETokenizer()
+    specials = ["<pad>", "<unk>", "<s>", "</s>", "<|endoftext|>"]
+    raw.train_from_iterator(
+        brown_lines(500), vocab_size=1000, show_progress=False, special_tokens=specials
+    )
+    model = json.loads(raw.to_str())["model"]
+    vocab, merges = model["vocab"], [tuple(m) for m in model["merges"]]
+    for kind in (RobertaTokenizerFast, GPT2TokenizerFast):
+        tokenizer = kind(vocab=vocab, merges=merges, add_prefix_space=True)
+        tokenizer.add_tokens(["[NEW]"])
+        tokens = ScorerTokenizer(tokenizer, kind.__name__)
+        texts = ["<s> a cat", "</s>", "<|endoftext|> a cat", "[NEW] a cat", " a cat <s> ", "a"]
+        expected = tokenizer([t.strip() for t in texts])["input_ids"]
+        assert tokens.encode(texts)[0] == expected, kind.__name__
+        assert tokens.encode(["a"])[0][0][-1 if kind is GPT2TokenizerFast else -2] == (
+            tokenizer.convert_tokens_to_ids("Ġa")
+        )  # the first word still reads as one after a space
+
+
+def test_a_tokenizer_with_a_custom_python_piece_goes_through_its_call(encoder):
+    """Audit h21: a Rust tokenizer with a custom Python piece (RoFormer's Jieba
+    pre-tokenizer) has no JSON form, and the copy raised ``Exception: Custom PreTokenizer
+    cannot be serialized`` while building the scorer; the call serves it."""
+    import copy
+
+    from tokenizers.pre_tokenizers import PreTokenizer
+
+    from bsloss.scorer.tokenization import ScorerTokenizer
+
+    class SplitOnSpaces:
+        def pre_tokenize(self, pretokenized):
+            pretokenized.split(lambda i, text: text.split(" ", "removed"))
+
+    tokenizer = copy.deepcopy(encoder.tokenizer)
+    tokenizer.backend_tokenizer.pre_tokenizer = PreTokenizer.custom(SplitOnSpaces())
+    tokens = ScorerTokenizer(tokenizer, "custom")
+    assert tokens._backend is None
+    texts = ["a cat sat", "héllo wörld"]
+    assert tokens.encode(texts)[0] == tokenizer(texts)["input_ids"]
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_truncation_cuts_the_ids_it_has_without_calling_the_tokenizer_again(
+    encoder, tmp_path, side
+):
+    """Audit h21: the texts too long were tokenised again by the caller's tokenizer, set to
+    truncate: a call of the caller's on another thread in between left rows of 602 tokens
+    past the limit of 512, and a long text cost its tokenisation twice. The ids made are cut
+    as the call would cut them, for every kind of tokenizer and both truncation sides."""
+    import warnings
+
+    from bsloss.scorer.tokenization import ScorerTokenizer
+
+    texts = ["word " * 700, "a cat sat", "é " * 600, "x, " * 100]
+    for kind, tokenizer in _tokenizers_of_every_kind(encoder, tmp_path).items():
+        tokenizer.truncation_side = side
+        with warnings.catch_warnings():  # MiniLM declares 512: cut to the 64 here, warned
+            warnings.simplefilter("ignore")
+            tokens = ScorerTokenizer(tokenizer, kind, max_positions=64, absolute_positions=True)
+        prepared = tokens.prepare(texts)
+        expected = tokenizer(prepared, truncation=True, max_length=tokens.max_length)
+        call = type(tokenizer).__call__
+        with mock.patch.object(type(tokenizer), "__call__", autospec=True, side_effect=call) as spy:
+            ids, too_long = tokens.encode(texts)
+        assert ids == expected["input_ids"], (kind, side)
+        assert too_long == [0, 2, 3], kind
+        assert spy.call_count == 0, kind
+
+
+def test_a_single_string_is_refused_not_split_into_characters(encoder):
+    with pytest.raises(TypeError, match="texts must be a sequence of strings, got a single str"):
+        encoder.tokenization.encode("a cat")
 
 
 def _tiny_folder(folder, kind: str, encoder, max_length: int | None = None) -> str:

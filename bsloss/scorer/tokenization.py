@@ -62,8 +62,8 @@ class ScorerTokenizer:
     ):
         self.tokenizer = tokenizer
         self.name = name
-        self.prefix_space = is_byte_level(tokenizer)
-        limit = int(getattr(tokenizer, "model_max_length", _HUGE_MAX_LENGTH))
+        declared = getattr(tokenizer, "model_max_length", None)
+        limit = _HUGE_MAX_LENGTH if declared is None else int(declared)  # None: no limit
         self.max_length = max_positions if limit >= _HUGE_MAX_LENGTH else limit
         if absolute_positions and self.max_length > max_positions:
             # a longer text would index past the position table inside the model
@@ -73,16 +73,32 @@ class ScorerTokenizer:
                 f"{max_positions}"
             )
             self.max_length = max_positions
+        self._read_tokenizer()
+        self._threads = max(1, min(_MAX_THREADS, os.cpu_count() or 1))
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0  # the process that made the pool: a forked child makes its own
+
+    def _read_tokenizer(self) -> None:
+        """What this object takes from the tokenizer, read again when the tokenizer changed
+        (:meth:`_ids`): its special tokens, its wrapping, its private Rust copy."""
+        tokenizer = self.tokenizer
         # The special tokens the tokenizer wraps every sentence with (CLS/SEP, BOS/EOS): they
         # weigh 0 in P and R but stay matchable, as in bert_score.
         self.special_token_ids: tuple[int, ...] = tuple(
             sorted(set(tokenizer("", add_special_tokens=True)["input_ids"]))
         )
         self.prefix_ids, self.suffix_ids = self._special_wrapping()
+        # bert_score gives a byte-level BPE's text a leading space (its first word then reads
+        # as one after a space, "Ġword"); a tokenizer set with add_prefix_space gives it one
+        # itself, to each piece between special or added tokens, so writing another one
+        # would make a text that starts with such a token begin with a lone "Ġ" (audit h21)
+        self.prefix_space = is_byte_level(tokenizer) and not self._adds_prefix_space()
         self._backend = _call_free_backend(tokenizer)
-        self._threads = max(1, min(_MAX_THREADS, os.cpu_count() or 1))
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0  # the process that made the pool: a forked child makes its own
+        self._state = _tokenizer_state(tokenizer)
+
+    def _adds_prefix_space(self) -> bool:
+        bare = self.tokenizer("a", add_special_tokens=False)["input_ids"]
+        return bare == self.tokenizer(" a", add_special_tokens=False)["input_ids"]
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_pool": None}  # threads are not copied or pickled
@@ -122,23 +138,47 @@ class ScorerTokenizer:
         whole with ``truncate=False`` (for sliding windows). ``threads``: at most this many
         threads tokenise a large batch of a fast tokenizer (default: up to 4, as the machine
         has cores)."""
+        if isinstance(texts, (str, bytes)):  # would be tokenised one character a row
+            raise TypeError(
+                f"texts must be a sequence of strings, got a single {type(texts).__name__}"
+            )
         if not texts:  # a tokenizer given an empty batch fails inside transformers
             return [], []
         prepared = self.prepare(texts)
         ids = self._ids(prepared, self._threads if threads is None else threads)
         too_long = [i for i, row in enumerate(ids) if len(row) > self.max_length]
         if too_long and truncate:
-            shortened = self.tokenizer(
-                [prepared[i] for i in too_long],
-                add_special_tokens=True,
-                truncation=True,
-                max_length=self.max_length,
-                return_token_type_ids=False,
-                return_attention_mask=False,
-            )["input_ids"]
-            for i, row in zip(too_long, shortened, strict=True):
+            cut = [self._truncated(ids[i]) for i in too_long]
+            if any(row is None for row in cut):  # not wrapped as the tokenizer wraps "a"
+                cut = self.tokenizer(
+                    [prepared[i] for i in too_long],
+                    add_special_tokens=True,
+                    truncation=True,
+                    max_length=self.max_length,
+                    return_token_type_ids=False,
+                    return_attention_mask=False,
+                )["input_ids"]
+            for i, row in zip(too_long, cut, strict=True):
                 ids[i] = row
         return ids, too_long
+
+    def _truncated(self, row: list[int]) -> list[int] | None:
+        """``row`` cut to ``max_length`` as the Hugging Face call truncates a single text: its
+        content cut on the tokenizer's ``truncation_side``, the special tokens kept; ``None``
+        where the row is not wrapped as :meth:`_special_wrapping` found. From the ids already
+        made, not by a second call: that call re-configures the tokenizer the caller shares (a
+        call of the caller's on another thread in between left rows uncut, audit h21) and
+        tokenises the whole text again."""
+        prefix, suffix = self.prefix_ids, self.suffix_ids
+        if not (prefix or suffix) and self.special_token_ids:
+            return None  # it wraps texts, but not found around "a": its call knows how
+        end = len(row) - len(suffix)
+        if row[: len(prefix)] != prefix or row[end:] != suffix or end < len(prefix):
+            return None
+        content, keep = row[len(prefix) : end], max(0, self.content_length)
+        left = getattr(self.tokenizer, "truncation_side", "right") == "left"
+        kept = content[len(content) - keep :] if left else content[:keep]
+        return [*prefix, *kept, *suffix]
 
     def _ids(self, prepared: list[str], threads: int) -> list[list[int]]:
         """Each prepared text's ids with special tokens, untruncated.
@@ -162,9 +202,10 @@ class ScorerTokenizer:
                 return_token_type_ids=False,
                 return_attention_mask=False,
             )["input_ids"]
-        vocabulary = self.tokenizer.backend_tokenizer.get_vocab_size(True)
-        if self._backend.get_vocab_size(True) != vocabulary:  # tokens added: copy it again
-            self._backend = _call_free_backend(self.tokenizer)
+        if _tokenizer_state(self.tokenizer) != self._state:  # tokens added, a setting changed
+            self._read_tokenizer()
+            if self._backend is None:
+                return self._ids(prepared, threads)
         threads = min(threads, len(prepared) // _TEXTS_PER_THREAD)
         if threads <= 1:
             return [encoding.ids for encoding in self._backend.encode_batch(prepared)]
@@ -214,9 +255,31 @@ def _call_free_backend(tokenizer):
             return None
     from tokenizers import Tokenizer
 
-    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    try:
+        backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    except Exception:  # a custom Python piece (RoFormer's Jieba pre-tokenizer) has no JSON form
+        return None
     backend.no_truncation()
     backend.no_padding()
     if hasattr(backend, "encode_special_tokens"):
         backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
     return backend
+
+
+def _tokenizer_state(tokenizer) -> tuple | None:
+    """What of a fast tokenizer decides its ids and may change after a scorer was built: its
+    vocabulary with the tokens added to it (an existing token added again, as BERT's
+    ``[unused1]`` made special, leaves the size alone but is split off from then on), special
+    tokens' splitting, its post-processor (``add_eos_token`` rebuilds it); ``None`` for a slow
+    tokenizer (its call is used every time). Reading the added tokens costs ~2 us with a
+    BERT's 5 and ~20 ms with Gemma 3's 6,384, once per :meth:`ScorerTokenizer.encode`."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    processor = backend.post_processor
+    return (
+        backend.get_vocab_size(True),
+        len(backend.get_added_tokens_decoder()),
+        bool(getattr(tokenizer, "split_special_tokens", False)),
+        None if processor is None else processor.__getstate__(),
+    )
