@@ -746,7 +746,7 @@ def _sdpa_expectation(hidden: Tensor, weight: Tensor, table: Tensor, o: _Options
     except torch.OutOfMemoryError:
         raise
     except RuntimeError as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         warnings.warn(
             f"fused_expected_inputs(use_sdpa=True): no SDPA kernel for these inputs ({reason}); "
             "the chunked pass computes them instead",
