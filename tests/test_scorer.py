@@ -97,6 +97,40 @@ def test_a_tokenizer_class_that_changes_the_call_goes_through_the_call(encoder):
     assert tokens.encode(["the cat sat", "héllo"])[0] == [[7, *ids] for ids in plain]
 
 
+def test_a_tokenizer_class_that_changes_the_text_in_its_call_goes_through_the_call(encoder):
+    """A subclass rewriting the text in ``__call__`` itself (as SeamlessM4T's and UDOP's do, or a
+    user's pre-edit) had the Rust shortcut, which skipped the rewrite (audit h21 note 5)."""
+    from bsloss.scorer.tokenization import ScorerTokenizer
+
+    def respelling_call(self, text=None, *args, **kwargs):
+        if isinstance(text, str):
+            text = text.replace("colour", "color")
+        elif text is not None:
+            text = [t.replace("colour", "color") for t in text]
+        return super(Respelling, self).__call__(text, *args, **kwargs)
+
+    Respelling = type("Respelling", (type(encoder.tokenizer),), {"__call__": respelling_call})
+    respelling = Respelling.from_pretrained(encoder.tokenizer.name_or_path)
+    tokens = ScorerTokenizer(respelling, "respelling")
+    plain = encoder.tokenization
+    assert tokens.encode(["the colour red"])[0] == plain.encode(["the color red"])[0]
+    assert tokens.encode(["the colour red"])[0] != plain.encode(["the colour red"])[0]
+
+
+def test_a_tokenizer_whose_limit_is_none_is_refused_with_what_to_set(encoder):
+    """``model_max_length = None`` makes transformers' own call fail on every text ("'>' not
+    supported between instances of 'int' and 'NoneType'", from inside transformers, at the
+    scorer's construction): refused by name (audit h21 note 3)."""
+    import copy
+
+    from bsloss.scorer.tokenization import ScorerTokenizer
+
+    tokenizer = copy.deepcopy(encoder.tokenizer)
+    tokenizer.model_max_length = None
+    with pytest.raises(ValueError, match="MiniLM tokenizer's model_max_length is None.*512"):
+        ScorerTokenizer(tokenizer, "MiniLM")
+
+
 def test_the_tokenizer_copies_pickles_and_survives_a_fork(encoder):
     """The thread pool is neither copied nor pickled, and a forked child (a DataLoader
     worker) makes its own: the parent's threads do not exist there."""

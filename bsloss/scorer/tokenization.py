@@ -62,8 +62,18 @@ class ScorerTokenizer:
     ):
         self.tokenizer = tokenizer
         self.name = name
-        declared = getattr(tokenizer, "model_max_length", None)
-        limit = _HUGE_MAX_LENGTH if declared is None else int(declared)  # None: no limit
+        if not hasattr(tokenizer, "model_max_length"):
+            limit = _HUGE_MAX_LENGTH  # no limit declared
+        elif tokenizer.model_max_length is None:
+            # transformers' own call then fails on every text ("'>' not supported between
+            # instances of 'int' and 'NoneType'"): say what to set instead
+            raise ValueError(
+                f"the {name} tokenizer's model_max_length is None, which its own call cannot "
+                f"compare a length with; set it to a number of tokens (1e30, what "
+                f"transformers loads for no limit, takes the model's {max_positions} positions)"
+            )
+        else:
+            limit = int(tokenizer.model_max_length)
         self.max_length = max_positions if limit >= _HUGE_MAX_LENGTH else limit
         if absolute_positions and self.max_length > max_positions:
             # a longer text would index past the position table inside the model
@@ -250,7 +260,9 @@ def _call_free_backend(tokenizer):
     base = PreTrainedTokenizerFast
     if not isinstance(tokenizer, base):
         return None
-    for method in ("_encode_plus", "_batch_encode_plus"):  # transformers 5, 4
+    # a class that changes the text or the ids in one of these (LayoutLM, LUKE) or in the call
+    # itself (SeamlessM4T, UDOP, a user's subclass) would have its change skipped
+    for method in ("__call__", "_encode_plus", "_batch_encode_plus"):  # 5 and 4
         if getattr(type(tokenizer), method, None) is not getattr(base, method, None):
             return None
     from tokenizers import Tokenizer
