@@ -746,6 +746,10 @@ def leaking_generation_settings(first: int, eos: int) -> list[dict]:
         {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8, "min_p": 0.3},
         {"do_sample": True, "typical_p": 0.2, "epsilon_cutoff": 0.1},
         {"return_dict_in_generate": True, "output_scores": True},
+        # refused by generate for these batches (audit h22, N2): token healing wants the
+        # tokenizer, prompt lookup a batch of one
+        {"token_healing": True},
+        {"prompt_lookup_num_tokens": 3},
     ]
 
 

@@ -425,6 +425,43 @@ def test_t5gemma_term_fused_equals_dense(scorer):
     assert_same_step(term_step(model, batch, term, labels, fused=True, seed=0), dense)
 
 
+def test_a_lora_wrapped_bart_keeps_its_final_bias_and_the_fused_term_equals_dense(scorer):
+    """BART (Marian, mBART, Pegasus) adds ``final_logits_bias`` after its head. Wrapped by PEFT,
+    the bias was read through the wrapper but switched off on it, not on the BART module: the
+    mixin's default (``lm_head_refusal``) raised ``KeyError: "attribute 'final_logits_bias'
+    already exists"`` and a forward in the block failed on shapes (audit h22, F1)."""
+    peft = pytest.importorskip("peft")
+    from bsloss.integrations.huggingface import BERTScoreTerm
+    from bsloss.integrations.lm_head import lm_head_refusal
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    bart = tiny_seq2seq("bart", len(tokenizer))
+    model = peft.get_peft_model(bart, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    model.eval()  # no dropout: forward passes compared
+    assert lm_head_refusal(model) is None and "final_logits_bias" not in vars(model)
+    labels = torch.tensor(
+        [tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
+         for r in ("the cat sleeps .", "a big old house")]
+    )  # fmt: skip
+    batch = {
+        "input_ids": torch.tensor([tokenizer("el gato duerme")["input_ids"]] * 2),
+        "decoder_input_ids": torch.cat(
+            [torch.full((2, 1), tokenizer.cls_token_id), labels[:, :-1]], dim=1
+        ),
+    }
+    logits = model(**batch).logits
+    with lm_head_inputs(model) as head:
+        hidden = model(**batch).logits
+    torch.testing.assert_close(hidden @ head.weight.T + head.bias, logits, rtol=0, atol=1e-5)
+    assert torch.equal(model(**batch).logits, logits) and "final_logits_bias" not in vars(model)
+    term = BERTScoreTerm(
+        bsloss.BERTScoreLoss(encoder=scorer.encoder), tokenizer, weight=1.0, causal=False
+    )
+    dense = term_step(model, batch, term, labels, fused=False, seed=0)
+    assert any("lora" in name for name in dense[1])
+    assert_same_step(term_step(model, batch, term, labels, fused=True, seed=0), dense)
+
+
 class _ScaledHead(torch.nn.Linear):  # a head whose output is not h @ W.T + b (LoRA-like)
     def forward(self, hidden):
         return 2.0 * super().forward(hidden)

@@ -501,6 +501,11 @@ NEUTRAL_GENERATION: dict[str, Any] = {
     "exponential_decay_length_penalty": None,
     "max_time": None,
     "stop_strings": None,
+    # the prompt (token healing rewrites its last tokens) and speculative decoding from the
+    # prompt or the model's own early layers (batches of one only: transformers refuses more)
+    "token_healing": False,
+    "prompt_lookup_num_tokens": None,
+    "assistant_early_exit": None,
     # the output's layout
     "num_return_sequences": 1,
     "return_dict_in_generate": False,

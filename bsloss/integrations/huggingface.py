@@ -264,16 +264,20 @@ class BERTScoreTerm:
 
         Raises:
             ValueError: ``labels`` missing or of the wrong shape, ``references`` of the wrong
-                length, only one of ``candidate_outputs`` / ``candidate_labels``, or a
+                length, only one of ``candidate_outputs`` / ``candidate_labels``,
+                ``candidate_rows`` without them, outside the batch or repeating a row, or a
                 :class:`~bsloss.integrations.term_weights.TermWeight` whose result is NaN,
                 infinite or negative.
-            TypeError: a ``TermWeight`` whose result is not one number.
+            TypeError: a ``TermWeight`` whose result is not one number; ``candidate_rows``
+                not a 1-D integer tensor.
         """
         if labels is None:
             raise ValueError("BERTScoreTerm needs labels (-100 outside the completion)")
         _check_token_count(num_items_in_batch)
         if (candidate_outputs is None) != (candidate_labels is None):
             raise ValueError("candidate_outputs and candidate_labels go together: pass both")
+        if candidate_rows is not None:
+            _check_candidate_rows(candidate_rows, candidate_outputs is not None)
         logits, labels = self._aligned(outputs, labels, "labels")
         if training is None:
             training = torch.is_grad_enabled() and logits.requires_grad
@@ -294,9 +298,13 @@ class BERTScoreTerm:
                 )
         else:
             candidate_logits, candidate_labels = logits, labels
+        given_rows = candidate_rows is not None
         if candidate_rows is None:
             candidate_rows = torch.arange(labels.shape[0], device=labels.device)
         candidate_rows = candidate_rows.to(labels.device)
+        # rows given are checked on the host by the one read below; until then they index
+        # within the batch
+        usable_rows = candidate_rows.clamp(0, labels.shape[0] - 1) if given_rows else candidate_rows
         mask = labels != IGNORE_INDEX
         total = mask.sum() if num_items_in_batch is None else num_items_in_batch
         total = torch.as_tensor(total, device=logits.device).clamp(min=1)
@@ -311,7 +319,7 @@ class BERTScoreTerm:
         # a row is scored when it has a completion or a candidate; an empty candidate of a row
         # with a completion scores F = 0 (the loss's rule for an empty candidate) and weighs
         # as one token, so that answering nothing is the term's worst value, not its best
-        keep = (tokens > 0) | mask[candidate_rows].any(dim=1)
+        keep = (tokens > 0) | mask[usable_rows].any(dim=1)
         row_weights = tokens.clamp_min(1) * keep
         f1 = torch.zeros(candidate_labels.shape[0], device=logits.device)
         # the host picks the rows' references: one read of the device, for every use below,
@@ -323,8 +331,10 @@ class BERTScoreTerm:
         answered = keep.shape[0]
         if host[-1]:
             raise self._labels_outside(labels, vocab, documents)
-        kept_rows = [i for i, kept_row in enumerate(host[:answered]) if kept_row]
         host_rows = host[answered : 2 * answered]
+        if given_rows:
+            _check_row_values(host_rows, labels.shape[0])
+        kept_rows = [i for i, kept_row in enumerate(host[:answered]) if kept_row]
         rows = torch.tensor(kept_rows, dtype=torch.long).to(logits.device, non_blocking=True)
         kept = {
             "candidate_mask": candidate_mask[rows],
@@ -374,7 +384,9 @@ class BERTScoreTerm:
         metrics["bertscore_loss"].append((term_mean.detach(), share))
         if kept_rows:
             metrics["bertscore_f"].append((f1[rows].sum().detach(), len(kept_rows)))
-        if not isinstance(self.weight, Fixed):  # a step-by-step weight is logged
+        if kept_rows and not isinstance(self.weight, Fixed):
+            # a step-by-step weight is logged, where it weighs a term (with no row scored,
+            # Balanced's is CE / min_term, thousands, and would swamp the window's mean)
             metrics["bertscore_weight"].append((weight, 1))
         return self.ce_weight * ce_mean + weight * term_mean
 
@@ -520,6 +532,45 @@ def _given_place(row: int, position: int, documents: PackedDocuments | None) -> 
     if documents is not None:
         row, position = documents.place(row, position)
     return f"labels[{row}, {position}]"
+
+
+def _check_candidate_rows(rows: Any, with_candidates: bool) -> None:
+    """``candidate_rows``' type and shape (its values are read with the term's one read of the
+    device: :func:`_check_row_values`)."""
+    if not with_candidates:
+        raise ValueError(
+            "candidate_rows names the batch rows that candidate_outputs answer: pass it with "
+            "candidate_outputs and candidate_labels"
+        )
+    if (
+        not isinstance(rows, Tensor)
+        or rows.dim() != 1
+        or rows.dtype.is_floating_point
+        or rows.dtype.is_complex
+        or rows.dtype == torch.bool
+    ):
+        got = (
+            f"a {list(rows.shape)} {rows.dtype} tensor"
+            if isinstance(rows, Tensor)
+            else type(rows).__name__
+        )
+        raise TypeError(f"candidate_rows must be a [R] tensor of integer row indices, got {got}")
+
+
+def _check_row_values(rows: list[int], batch_size: int) -> None:
+    """Each of ``candidate_rows`` a row of the batch, none twice (a candidate per row)."""
+    first: dict[int, int] = {}
+    for position, row in enumerate(rows):
+        if not 0 <= row < batch_size:
+            raise ValueError(
+                f"candidate_rows[{position}] is {row}: outside the batch's rows 0..{batch_size - 1}"
+            )
+        if row in first:
+            raise ValueError(
+                f"candidate_rows[{position}] repeats row {row} (candidate_rows[{first[row]}]): "
+                "one candidate a row"
+            )
+        first[row] = position
 
 
 def _check_token_count(num_items_in_batch: object) -> None:

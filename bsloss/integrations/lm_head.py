@@ -144,6 +144,16 @@ def _module_chain(model: nn.Module, module: nn.Module) -> tuple[list[nn.Module],
     )
 
 
+def _final_logits_bias_owner(modules: list[nn.Module]) -> nn.Module | None:
+    """The innermost of ``modules`` holding a ``final_logits_bias`` tensor of its own (not one
+    read through a wrapper's attribute forwarding), or None."""
+    for module in reversed(modules):
+        held = {**module._parameters, **module._buffers, **vars(module)}.get("final_logits_bias")
+        if isinstance(held, Tensor):
+            return module
+    return None
+
+
 def _configs_read_for_the_cap(model: nn.Module, modules: list[nn.Module]) -> list[Any]:
     """The configs a forward that applies the head may read its soft-cap from: each module's
     own (Gemma 2 / 3: ``self.config``), its text config (Gemma 3n / 4 conditional generation:
@@ -318,28 +328,31 @@ def lm_head_inputs(model: nn.Module) -> Iterator[LMHead]:
     parent, runs_the_head = chain[-2], chain[:-1]
     places, softcap = _softcap_places(model, runs_the_head)
     bias = head.bias
-    extra = getattr(model, "final_logits_bias", None)  # BART adds it after the head
-    if isinstance(extra, Tensor):
+    # BART (Marian, mBART, Pegasus...) adds its final_logits_bias after the head, in the forward
+    # of the module that holds it: switched off there (a PEFT wrapper only forwards reads)
+    bias_owner = _final_logits_bias_owner(runs_the_head)
+    extra = None if bias_owner is None else bias_owner.final_logits_bias
+    if extra is not None:
         bias = extra[0] if bias is None else bias + extra[0]
     # the soft-cap is applied after the head: off in the model, given to the loss instead
     with _softcap_off(model, places):
         owner = _fsdp2_owner(chain)
         try:
-            if isinstance(extra, Tensor):
-                model.final_logits_bias = torch.zeros_like(extra[:, :1])
+            if extra is not None:
+                bias_owner.final_logits_bias = torch.zeros_like(extra[:, :1])
             setattr(parent, name, _PassThrough())
             yield LMHead(
                 head.weight,
                 bias,
                 softcap,
                 module=head,
-                extra_bias=extra if isinstance(extra, Tensor) else None,
+                extra_bias=extra,
                 owner=owner,
             )
         finally:
             setattr(parent, name, head)
-            if isinstance(extra, Tensor):
-                model.final_logits_bias = extra
+            if extra is not None:
+                bias_owner.final_logits_bias = extra
 
 
 def token_cross_entropy(
