@@ -400,14 +400,9 @@ def test_lm_head_inputs_finds_a_softcap_kept_in_a_sub_config(kind):
     )
 
 
-def test_t5gemma_term_fused_equals_dense(scorer):
-    """The mixin's default path for a seq2seq model, on a T5Gemma with cap 2 in its decoder's
-    config: BERTScoreTerm's fused value and gradients equal the dense ones (once 11.3504
-    against 11.3637)."""
-    from bsloss.integrations.huggingface import BERTScoreTerm
-
-    tokenizer = scorer_vocabulary_tokenizer(scorer)
-    model = capped_model("t5gemma", len(tokenizer)).train()
+def seq2seq_batch(tokenizer) -> tuple[torch.Tensor, dict]:
+    """Two Spanish sources and their English labels (the scorer's tokenizer's ids, SEP-ended)
+    with their teacher-forced decoder inputs."""
     labels = torch.tensor(
         [tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
          for r in ("the cat sleeps .", "a big old house")]
@@ -418,6 +413,18 @@ def test_t5gemma_term_fused_equals_dense(scorer):
             [torch.full((2, 1), tokenizer.cls_token_id), labels[:, :-1]], dim=1
         ),
     }
+    return labels, batch
+
+
+def test_t5gemma_term_fused_equals_dense(scorer):
+    """The mixin's default path for a seq2seq model, on a T5Gemma with cap 2 in its decoder's
+    config: BERTScoreTerm's fused value and gradients equal the dense ones (once 11.3504
+    against 11.3637)."""
+    from bsloss.integrations.huggingface import BERTScoreTerm
+
+    tokenizer = scorer_vocabulary_tokenizer(scorer)
+    model = capped_model("t5gemma", len(tokenizer)).train()
+    labels, batch = seq2seq_batch(tokenizer)
     term = BERTScoreTerm(
         bsloss.BERTScoreLoss(encoder=scorer.encoder), tokenizer, weight=1.0, causal=False
     )
@@ -439,16 +446,7 @@ def test_a_lora_wrapped_bart_keeps_its_final_bias_and_the_fused_term_equals_dens
     model = peft.get_peft_model(bart, peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     model.eval()  # no dropout: forward passes compared
     assert lm_head_refusal(model) is None and "final_logits_bias" not in vars(model)
-    labels = torch.tensor(
-        [tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.sep_token_id]
-         for r in ("the cat sleeps .", "a big old house")]
-    )  # fmt: skip
-    batch = {
-        "input_ids": torch.tensor([tokenizer("el gato duerme")["input_ids"]] * 2),
-        "decoder_input_ids": torch.cat(
-            [torch.full((2, 1), tokenizer.cls_token_id), labels[:, :-1]], dim=1
-        ),
-    }
+    labels, batch = seq2seq_batch(tokenizer)
     logits = model(**batch).logits
     with lm_head_inputs(model) as head:
         hidden = model(**batch).logits
