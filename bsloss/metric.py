@@ -190,7 +190,8 @@ class BERTScorer:
             of sentences to compute idf from, or a ``{token_id: weight}`` dict.
         idf_sents: sentences to compute idf weights from when ``idf=True`` (bert_score's name):
             a list of strings (a string, or a bad item ``idf_sents[i]``, is refused by name).
-        device: default CUDA when available, else CPU.
+        device: default this process's GPU when CUDA is available (its ``LOCAL_RANK``'s
+            under a launcher, before the device is set), else CPU.
         lang: pick bert_score's default model for this language when ``model_type`` is None
             (``"en"``: roberta-large, ``"zh"``: bert-base-chinese, ``"tr"``:
             dbmdz/bert-base-turkish-cased, ``"en-sci"``: allenai/scibert_scivocab_uncased,

@@ -219,6 +219,10 @@ class BERTScoreReward:
                 f"passed to the reward ({given}){why}; set reference_column= to the column that "
                 "holds the references"
             )
+        if isinstance(prompts, Sequence) and len(prompts) != len(completions):
+            # unread here, but a batch whose prompts and completions differ in number is not
+            # the batch its references were taken for
+            raise ValueError(f"{len(completions)} completions but {len(prompts)} prompts")
         references = columns[self.reference_column]
         check_reference_groups(references, self.reference_column)
         if len(references) != len(completions):

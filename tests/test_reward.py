@@ -56,6 +56,9 @@ def test_reference_column_and_target(scorer):
         reward(completions=["ok", 3, "x"], summary=REFS)
     with pytest.raises(ValueError, match="3 completions but 2 references"):
         reward(completions=CANDS, summary=REFS[:2])
+    # prompts are not read, but a different number of them is not this batch (audit h23, N1)
+    with pytest.raises(ValueError, match="3 completions but 2 prompts"):
+        reward(prompts=["p"] * 2, completions=CANDS, summary=REFS)
 
 
 def test_reference_embeddings_are_cached_across_calls(scorer, monkeypatch):

@@ -22,6 +22,28 @@ def test_device_names_are_checked(encoder):
         resolve_device("cuda:99")
 
 
+@pytest.mark.parametrize(
+    "local_rank, count, current, expected",
+    [("1", 2, 0, 1), (None, 2, 0, 0), ("1", 1, 0, 0), ("0", 2, 1, 1), ("x", 2, 0, 0)],
+    ids=["launcher", "no-launcher", "one-visible-gpu", "set-by-the-script", "odd-rank"],
+)
+def test_the_default_gpu_is_this_processs(monkeypatch, local_rank, count, current, expected):
+    """A scorer built with no device (or ``"cuda"``) in a multi-GPU run before the trainer set
+    each process's device (a TRL reward made at the top of a script) went to the current device,
+    GPU 0, in every process (audit h23, N3): under a launcher it is the one of ``LOCAL_RANK``."""
+    from bsloss.scorer.loading import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    assert resolve_device(None) == resolve_device("cuda") == torch.device("cuda", expected)
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+
+
 def _tokenizers_of_every_kind(encoder, folder):
     """MiniLM's WordPiece, an MPNet layout, a SentencePiece-style and a byte-level BPE."""
     from _tokenizers import (

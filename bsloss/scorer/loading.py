@@ -7,6 +7,7 @@ compute stops there. An encoder-decoder contributes its encoder.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,11 +27,12 @@ from bsloss.scorer.identity import recognise, same_architecture
 from bsloss.scorer.layers import default_num_layers, num_hidden_layers, truncate_layers
 from bsloss.scorer.tokenization import is_byte_level
 
-__all__ = ["load_scorer", "locate_scorer", "resolve_device"]
+__all__ = ["load_scorer", "locate_scorer", "process_gpu", "resolve_device"]
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``device`` as a ``torch.device`` (``None``: CUDA when available, else CPU).
+    """``device`` as a ``torch.device`` (``None``: this process's GPU when CUDA is available,
+    :func:`process_gpu`, else the CPU; ``"cuda"``: this process's GPU).
 
     Raises:
         ValueError: not a device name, or a CUDA device on a machine without CUDA.
@@ -39,7 +41,9 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     device(type='cpu')
     """
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda", process_gpu())
+        return torch.device("cpu")
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError) as error:
@@ -47,11 +51,25 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     if resolved.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device {device!r}: CUDA is not available on this machine")
+        if resolved.index is None:  # "cuda": this process's GPU, as for None
+            return torch.device("cuda", process_gpu())
         if resolved.index is not None and resolved.index >= torch.cuda.device_count():
             raise ValueError(
                 f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
             )
     return resolved
+
+
+def process_gpu() -> int:
+    """The CUDA device this process works on: the current one once set (``torch.cuda.set_device``,
+    as accelerate and torchrun scripts do), else, under a launcher, the one of its ``LOCAL_RANK``.
+    A scorer built before the trainer set the device (a TRL reward made at the top of a script)
+    would otherwise sit on GPU 0 in every process."""
+    current = torch.cuda.current_device()
+    local_rank = os.environ.get("LOCAL_RANK", "")
+    if current == 0 and local_rank.isdigit() and int(local_rank) < torch.cuda.device_count():
+        return int(local_rank)
+    return current
 
 
 @contextmanager
