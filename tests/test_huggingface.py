@@ -897,6 +897,45 @@ def test_a_packed_batch_is_scored_document_by_document(loss, tokenizer, tmp_path
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["dense", "fused"])
+def test_trls_padding_free_batch_gives_the_padded_batchs_loss_and_gradients(
+    loss, tokenizer, tmp_path, fused
+):
+    """TRL's own padding-free collator (``pad_to_multiple_of=8``: padding after the last
+    document), a one-token document among four, on the dense and the fused path: the loss and
+    every gradient equal the padded batch's (audit h23 checked these by script; no test held
+    them)."""
+    trl = pytest.importorskip("trl")
+    collator_class = trl.trainer.sft_trainer.DataCollatorForLanguageModeling
+    model = tiny_gpt2(tokenizer, n_layer=0).eval()  # eval: no dropout
+    trainer = _mixin_trainer(loss, tokenizer, tmp_path, model)
+    trainer.bertscore_fused = fused
+    examples = [
+        _prompt_and_answer(tokenizer, "say", "a cat sat on the mat"),
+        {"input_ids": [tokenizer.convert_tokens_to_ids("cat")], "labels": [-100]},
+        _prompt_and_answer(tokenizer, "tell me", "the dog ran"),
+        _prompt_and_answer(tokenizer, "x", "hello"),
+    ]
+    packing = collator_class(
+        pad_token_id=tokenizer.pad_token_id, padding_free=True, pad_to_multiple_of=8
+    )
+    packed = packing([dict(e) for e in examples])
+    assert packed["input_ids"].shape[0] == 1 and packed["input_ids"].shape[1] % 8 == 0
+    padded = transformers.DataCollatorForSeq2Seq(tokenizer)([dict(e) for e in examples])
+    steps = []
+    for batch in (packed, padded):
+        model.zero_grad(set_to_none=True)
+        value = trainer.compute_loss(model, dict(batch))
+        value.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        steps.append((value.detach(), grads))
+    (packed_loss, packed_grads), (padded_loss, padded_grads) = steps
+    torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=1e-6)
+    assert packed_grads.keys() == padded_grads.keys() and packed_grads
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["dense", "fused"])
 @pytest.mark.parametrize("weight", [1.0, 0.0], ids=["term", "ce-alone"])
 def test_a_label_outside_the_vocabulary_in_a_packed_batch_is_named_in_the_packed_row(
     loss, tokenizer, tmp_path, fused, weight
