@@ -872,6 +872,20 @@ def _packed_row(*examples: dict) -> dict:
     }
 
 
+def test_a_right_padded_batch_with_position_ids_is_not_cut():
+    """A right-padded batch given ``position_ids`` restarts them in its padding; it was cut
+    into documents all the same, a gather copy of the logits for the same scores (audit h23,
+    N4). A row whose labelled document does not start it is still cut."""
+    from bsloss.integrations.packing import PackedDocuments
+
+    labels = torch.tensor([[-100, 5, 6, -100, -100], [-100, 7, -100, -100, -100]])
+    right_padded = torch.tensor([[0, 1, 2, 0, 0], [0, 1, 0, 0, 0]])
+    assert PackedDocuments.of(right_padded, labels) is None
+    second_labelled = torch.tensor([[-100, -100, -100, 5, 6], [-100, 7, -100, -100, -100]])
+    packed = PackedDocuments.of(torch.tensor([[0, 1, 2, 0, 1], [0, 1, 0, 0, 0]]), second_labelled)
+    assert packed.split(second_labelled, fill=-100).tolist() == [[5, 6], [-100, 7]]
+
+
 def test_a_packed_batch_is_scored_document_by_document(loss, tokenizer, tmp_path):
     """A padding-free row of two examples (position_ids restarting at 0) was scored as one
     text, against both completions joined. With a model whose logits at a position depend on

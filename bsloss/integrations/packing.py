@@ -42,7 +42,8 @@ class PackedDocuments:
         """The documents of a batch whose ``position_ids`` ``[B, T]`` restart within a row (a
         document starts wherever the position does not grow) that have a label (``labels``
         ``[B, T]``, ``-100`` elsewhere: a padding run is no document); ``None`` for a batch of
-        one document a row (no ``position_ids``, or none restarting), which needs no cutting.
+        one document a row (no ``position_ids``, none restarting, or only the first document of
+        each row labelled, as in a right-padded batch), which needs no cutting.
         Two reads of the device (where the documents start, which have labels)."""
         if not isinstance(position_ids, Tensor) or position_ids.shape != labels.shape:
             return None
@@ -62,7 +63,12 @@ class PackedDocuments:
             for start, end, kept in zip(flat_starts, ends, keep, strict=True)
             if kept
         ]
-        if not spans:
+        rows = [start // width for start, _ in spans]
+        if not spans or (
+            len(set(rows)) == len(rows) and all(start % width == 0 for start, _ in spans)
+        ):
+            # no document, or each row's only one with labels starts the row (a right-padded
+            # batch given position_ids: its padding restarts them): as unpacked rows
             return None
         first = torch.tensor([start for start, _ in spans])[:, None]
         lengths = torch.tensor([length for _, length in spans])[:, None]

@@ -3,6 +3,7 @@
 200 test verses (recipes/RESULTS.md, "Round 6's gradient").
 
     python recipes/study/compare_round6.py recipes/results/study/mixin-seed0/sampled-round6
+    python recipes/study/compare_round6.py <re-run> [<earlier re-run> ...]   # also against those
 """
 
 import sys
@@ -25,7 +26,7 @@ def cell(metric: str, value: float) -> str:
     return f"{value:+.4f}" if metric.startswith("f_") else f"{value:+.2f}"
 
 
-def main(rerun: Path) -> None:
+def main(rerun: Path, *earlier: Path) -> None:
     config = load_config(ROOT / "recipes/configs/bible-es-en-gemma-stage2.yaml", [])
     references = [e.target for e in load_splits(config.data)["test"]]
     mixin = ROOT / "recipes/results/study/mixin-seed0"
@@ -33,6 +34,7 @@ def main(rerun: Path) -> None:
         "the re-run": rerun,
         "mixin sampled": mixin / "sampled",
         "mixin ce": mixin / "ce",
+        **{folder.name: folder for folder in earlier},
     }
     outputs = {
         name: (folder / "test_outputs.txt").read_text(encoding="utf-8").splitlines()
@@ -47,8 +49,9 @@ def main(rerun: Path) -> None:
     samples = np.random.default_rng(0).integers(0, len(references), (1000, len(references)))
     print("\n| comparison | " + " | ".join(METRICS) + " |")
     print("|---|" + "---|" * len(METRICS))
-    for a, b in [("the re-run", "mixin ce"), ("mixin sampled", "mixin ce"),
-                 ("the re-run", "mixin sampled")]:  # fmt: skip
+    pairs = [("the re-run", "mixin ce"), ("mixin sampled", "mixin ce"),
+             ("the re-run", "mixin sampled")]  # fmt: skip
+    for a, b in pairs + [("the re-run", folder.name) for folder in earlier]:
         cells = []
         for metric in METRICS:
             pair = [(outputs[a], outputs[b])]
@@ -58,4 +61,4 @@ def main(rerun: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(*map(Path, sys.argv[1:]))
