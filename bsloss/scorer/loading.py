@@ -53,7 +53,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
             raise ValueError(f"device {device!r}: CUDA is not available on this machine")
         if resolved.index is None:  # "cuda": this process's GPU, as for None
             return torch.device("cuda", process_gpu())
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        if resolved.index >= torch.cuda.device_count():
             raise ValueError(
                 f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
             )
