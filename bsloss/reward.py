@@ -33,7 +33,8 @@ _TRAINER_KEYWORDS = {"completion_ids", "trainer_state", "log_extra", "log_metric
 
 
 def completion_text(completion: Any, index: int) -> str:
-    """The text of one completion: a string, or the ``content`` of the last chat message."""
+    """The text of one completion: a string, or the ``content`` of the last chat message (a
+    string, or multimodal parts whose text parts are joined by spaces)."""
     if isinstance(completion, str):
         return check_text(completion, f"completions[{index}]")
     if isinstance(completion, dict) and "content" in completion:
@@ -53,11 +54,13 @@ def _content(content: Any, index: int) -> str:
         return check_text(content, f"completions[{index}]")
     # multimodal messages: content is a list of {"type": "text", "text": ...} parts
     if isinstance(content, list):
-        parts = [
-            check_text(p.get("text", ""), f"completions[{index}]")
-            for p in content
-            if isinstance(p, dict) and p.get("type") == "text"
-        ]
+        parts = []
+        for number, part in enumerate(content):
+            if isinstance(part, dict) and part.get("type") == "text":
+                where = f"completions[{index}] content[{number}]['text']"
+                if "text" not in part:  # scored as "" before: a malformed message
+                    raise TypeError(f"{where} is missing: a text part holds its text there")
+                parts.append(check_text(part["text"], where))
         return " ".join(parts)
     raise TypeError(
         f"completions[{index}]: message content must be a string, got {type(content).__name__}"

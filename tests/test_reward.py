@@ -41,6 +41,24 @@ def test_conversational_completions_and_reference_lists(reward):
     assert multi == pytest.approx(plain, abs=1e-6)
 
 
+def test_multimodal_text_parts_are_joined_and_a_malformed_one_is_named(reward):
+    """Multimodal message content: its text parts joined score as the plain text; a text
+    part without ``"text"`` scored as an empty string, silently (audit h23, N2), and one whose
+    text is None was named by its completion only."""
+    plain = reward(completions=CANDS, reference=REFS)
+    parts = [
+        [{"role": "assistant", "content": [{"type": "image"}, {"type": "text", "text": c}]}]
+        for c in CANDS
+    ]
+    assert reward(completions=parts, reference=REFS) == pytest.approx(plain, abs=1e-6)
+    broken = [*parts[:2], [{"role": "assistant", "content": [{"type": "text"}]}]]
+    with pytest.raises(TypeError, match=r"completions\[2\] content\[0\]\['text'\] is missing"):
+        reward(completions=broken, reference=REFS)
+    broken[2][0]["content"][0]["text"] = None
+    with pytest.raises(TypeError, match=r"completions\[2\] content\[0\]\['text'\]"):
+        reward(completions=broken, reference=REFS)
+
+
 def test_reference_column_and_target(scorer):
     reward = BERTScoreReward(
         scorer=bsloss.BERTScorer(encoder=scorer.encoder),
