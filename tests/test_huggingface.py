@@ -142,9 +142,9 @@ def test_term_rejects_bad_input(loss, tokenizer):
         ([5], 1, ValueError, r"candidate_rows\[0\] is 5: outside the batch's rows 0\.\.1"),
         ([-1], 1, ValueError, r"candidate_rows\[0\] is -1: outside"),
         ([0, 0], 2, ValueError, r"candidate_rows\[1\] repeats row 0 \(candidate_rows\[0\]\)"),
-        ([0.0], 1, TypeError, r"integer row indices, got a \[1\] torch\.float32 tensor"),
-        ([[0]], 1, TypeError, r"got a \[1, 1\] torch\.int64 tensor"),
-        ("list", 1, TypeError, r"integer row indices, got list"),
+        ([0.0], 1, TypeError, r"candidate_rows must have an integer dtype, got torch\.float32"),
+        ([[0]], 1, ValueError, r"candidate_rows must be \[R\] row indices, got shape \[1, 1\]"),
+        ("list", 1, TypeError, r"candidate_rows must be a torch\.Tensor, got list"),
         ([1], 0, ValueError, r"pass it with candidate_outputs and candidate_labels"),
     ],
     ids=["past-the-batch", "negative", "repeated", "float", "2-d", "list", "no-candidates"],
@@ -168,6 +168,8 @@ def test_bad_candidate_rows_are_named_and_the_term_works_after(
     candidates = {"candidate_outputs": {"logits": logits[:1]}, "candidate_labels": labels[:1]}
     value = term({"logits": logits}, labels, candidate_rows=torch.tensor([1]), **candidates)
     assert torch.isfinite(value)
+    narrow = torch.tensor([1], dtype=torch.uint8)  # indexes as a mask if used as it is
+    assert torch.equal(term({"logits": logits}, labels, candidate_rows=narrow, **candidates), value)
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["dense", "fused"])

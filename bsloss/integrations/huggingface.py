@@ -277,7 +277,7 @@ class BERTScoreTerm:
         if (candidate_outputs is None) != (candidate_labels is None):
             raise ValueError("candidate_outputs and candidate_labels go together: pass both")
         if candidate_rows is not None:
-            _check_candidate_rows(candidate_rows, candidate_outputs is not None)
+            candidate_rows = _checked_candidate_rows(candidate_rows, candidate_outputs is not None)
         logits, labels = self._aligned(outputs, labels, "labels")
         if training is None:
             training = torch.is_grad_enabled() and logits.requires_grad
@@ -534,27 +534,19 @@ def _given_place(row: int, position: int, documents: PackedDocuments | None) -> 
     return f"labels[{row}, {position}]"
 
 
-def _check_candidate_rows(rows: Any, with_candidates: bool) -> None:
-    """``candidate_rows``' type and shape (its values are read with the term's one read of the
-    device: :func:`_check_row_values`)."""
+def _checked_candidate_rows(rows: Any, with_candidates: bool) -> Tensor:
+    """``candidate_rows`` as ``[R]`` long row indices (a ``uint8`` tensor would index as a
+    mask); its values are read with the term's one read of the device
+    (:func:`_check_row_values`)."""
     if not with_candidates:
         raise ValueError(
             "candidate_rows names the batch rows that candidate_outputs answer: pass it with "
             "candidate_outputs and candidate_labels"
         )
-    if (
-        not isinstance(rows, Tensor)
-        or rows.dim() != 1
-        or rows.dtype.is_floating_point
-        or rows.dtype.is_complex
-        or rows.dtype == torch.bool
-    ):
-        got = (
-            f"a {list(rows.shape)} {rows.dtype} tensor"
-            if isinstance(rows, Tensor)
-            else type(rows).__name__
-        )
-        raise TypeError(f"candidate_rows must be a [R] tensor of integer row indices, got {got}")
+    rows = as_token_ids(rows, "candidate_rows")
+    if rows.dim() != 1:
+        raise ValueError(f"candidate_rows must be [R] row indices, got shape {list(rows.shape)}")
+    return rows
 
 
 def _check_row_values(rows: list[int], batch_size: int) -> None:
