@@ -68,7 +68,16 @@ def check_finite_tensor(tensor: Tensor, name: str) -> None:
         return
     bad = ~torch.isfinite(tensor)
     if bad.any():
-        raise ValueError(f"{name} contains NaN or Inf (first at {name}{position_of_first(bad)})")
+        hint = ""
+        if name == "logits" and bool((tensor == -math.inf).any()):
+            # -inf is how logits processors and generate(output_scores=True) mask tokens
+            hint = (
+                "; logits masked with -inf (a logits processor's, generate's scores) can be "
+                "passed as bsloss.Probabilities(logits.softmax(-1))"
+            )
+        raise ValueError(
+            f"{name} contains NaN or Inf (first at {name}{position_of_first(bad)}){hint}"
+        )
 
 
 @torch.compiler.disable

@@ -359,15 +359,8 @@ class BERTScoreLoss(nn.Module):
         )
         # the tensor steps compiled by compile(): {"encode": ..., "prf": ...}
         self._compiled_steps: dict[str, Callable[..., Any]] | None = None
-        vocab = self.encoder.input_embeddings.num_embeddings
-        weights = weight_table(self.encoder, idf, vocab, truncate=long_inputs == "truncate")
-        # on the scorer's device from the start: a loss built around a CUDA encoder works with
-        # no .to() (and _placed() keeps it there when only the encoder is moved later)
-        device = self.encoder.device
-        self.register_buffer("scorer_weights", weights.float().to(device), persistent=False)
-        # which tokens weigh 0, on the host: a reference whose tokens all do scores 0 with no
-        # gradient (warned once: _warn_weightless), found from its host token ids, no device read
-        self._zero_weight = (weights.float() == 0).numpy()
+        self._idf = idf
+        self.register_buffer("scorer_weights", self._weight_table(), persistent=False)
         self.baseline: Tensor | None = None
         # on the host too: the weightless warning gives the rescaled value without a read
         self._baseline_values: list[float] | None = None
@@ -377,7 +370,7 @@ class BERTScoreLoss(nn.Module):
         if rescale_with_baseline:
             baseline = load_baseline(baseline_path, self.encoder.name, self.encoder.num_layers)
             self._baseline_values = baseline.float().tolist()
-            self.baseline = baseline.float().to(device)
+            self.baseline = baseline.float().to(self.encoder.device)
         # raw float32 hidden states under the caller's autocast (part of the cache key)
         self._references = ReferenceEmbedder(
             self.encoder,
@@ -408,10 +401,25 @@ class BERTScoreLoss(nn.Module):
         return checkpointing_mode(self.encoder.model, self.gradient_checkpointing)
 
     # ------------------------------------------------------------------ placement
+    def _weight_table(self) -> Tensor:
+        """The ``[V]`` importance weights of the scorer's tokens, on its device from the start
+        (a loss built around a CUDA encoder works with no ``.to()``); with which tokens weigh
+        0, on the host: a reference whose tokens all do scores 0 with no gradient (warned once:
+        :meth:`_warn_weightless`), found from its host token ids, no device read."""
+        vocab = self.encoder.input_embeddings.num_embeddings
+        truncate = self.long_inputs == "truncate"
+        weights = weight_table(self.encoder, self._idf, vocab, truncate=truncate).float()
+        self._zero_weight = (weights == 0).numpy()
+        return weights.to(self.encoder.device)
+
     def _placed(self) -> Tensor:
         """The importance-weight table on the scorer's device. The loss follows its encoder:
         ``loss.to(device)`` moves both, and an encoder moved on its own (``loss.encoder.to``,
-        a trainer placing the scorer) takes the table along at the next call."""
+        a trainer placing the scorer) takes the table along at the next call; one whose input
+        embeddings were resized (tokens added to its tokenizer) gets a table of its new size
+        (audit h25: the old one failed inside the candidates' table)."""
+        if self.scorer_weights.shape[0] != self.encoder.input_embeddings.num_embeddings:
+            self.scorer_weights = self._weight_table()
         if self.scorer_weights.device != self.encoder.device:
             self.scorer_weights = self.scorer_weights.to(self.encoder.device)
         return self.scorer_weights
@@ -534,6 +542,11 @@ class BERTScoreLoss(nn.Module):
             TypeError, ValueError: ``texts`` is not a list of valid strings (position named).
         """
         texts = check_texts(texts, "texts")
+        if not texts:  # an empty batch, which the loss takes too: empty tensors of its shapes
+            table = self._placed()
+            dtype = self.encoder.input_embeddings.weight.dtype
+            hidden = table.new_zeros(0, 0, self.encoder.hidden_size, dtype=dtype)
+            return hidden, table.new_zeros(0, 0, dtype=torch.bool), table.new_zeros(0, 0)
         hidden, mask, weights, truncated, _, _ = self._embed_references(texts)
         if truncated:
             where = [f"texts[{i}]" for i, t in enumerate(texts) if t in truncated]
@@ -603,9 +616,7 @@ class BERTScoreLoss(nn.Module):
         """:meth:`encode_reference_ids`, the rows whose weights all vanish and the empty rows
         (no token besides the special ones: read with the ids' range check, no read of the
         device of its own), and the empty rows as a ``[B]`` bool tensor on the device."""
-        reference_ids = as_token_ids(reference_ids, "reference_ids")
-        if reference_ids.dim() != 2:
-            raise ValueError(f"reference_ids must be [B, L], got {list(reference_ids.shape)}")
+        reference_ids = _as_reference_ids(reference_ids)
         if reference_ids.shape[1] == 0 and reference_ids.shape[0] > 0:
             # the scorer cannot run on a sequence of length 0 (it failed inside its attention)
             raise ValueError(
@@ -766,6 +777,8 @@ class BERTScoreLoss(nn.Module):
                     "are tokenised by the scorer, which makes their mask"
                 )
             groups = check_reference_groups(references, "references")
+        else:  # its shape before its rows are counted (a [L] row is not L candidates)
+            reference_ids = _as_reference_ids(reference_ids)
         with self._checkpointing():
             encoded = self._step("encode")(self, candidates, candidate_mask, target_ids)
         log_likelihood = encoded.log_likelihood
@@ -1060,3 +1073,11 @@ class BERTScoreLoss(nn.Module):
         if self.reduction == "sum":
             return loss.sum()
         return loss
+
+
+def _as_reference_ids(reference_ids: object) -> Tensor:
+    """``reference_ids`` checked: an integer tensor ``[B, L]``."""
+    reference_ids = as_token_ids(reference_ids, "reference_ids")
+    if reference_ids.dim() != 2:
+        raise ValueError(f"reference_ids must be [B, L], got {list(reference_ids.shape)}")
+    return reference_ids

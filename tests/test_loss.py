@@ -515,6 +515,78 @@ def test_rc6_empty_batch(encoder, vocab, kind, reduction):
     assert prf.f1.shape == (0,)
 
 
+def test_an_empty_list_of_references_encodes_to_empty_tensors(encoder):
+    """As the loss takes an empty batch, ``encode_references([])`` gives empty tensors of its
+    shapes and dtypes (audit h24: it failed in the padding, ``max() arg is an empty sequence``);
+    the loss still works after it."""
+    loss = BERTScoreLoss(encoder=encoder)
+    hidden, mask, weights = loss.encode_references([])
+    full = loss.encode_references(["a cat sat"])
+    assert hidden.shape == (0, 0, encoder.hidden_size) and mask.shape == weights.shape == (0, 0)
+    for empty, filled in zip((hidden, mask, weights), full, strict=True):
+        assert (empty.dtype, empty.device) == (filled.dtype, filled.device)
+
+
+def test_one_dimensional_reference_ids_are_refused_by_their_shape(encoder, vocab):
+    """A ``[L]`` row of reference ids is a forgotten batch dimension, whatever ``L`` (audit h24:
+    with ``L`` not the batch size it was reported as ``L`` rows for ``B`` candidates)."""
+    loss = BERTScoreLoss(encoder=encoder)
+    for length in (2, 3):
+        with pytest.raises(ValueError, match=r"reference_ids must be \[B, L\], got \[" f"{length}"):
+            loss(logits=torch.randn(2, 3, vocab), reference_ids=torch.full((length,), 2000))
+
+
+def test_logits_masked_with_minus_inf_are_refused_with_the_way_through(encoder, vocab):
+    """``-inf`` logits (a logits processor's masking) are refused as any non-finite value, and
+    the error says how to pass them; that way scores as finite logits that mask the same."""
+    refs = ["a dog runs in the park", "a cat sleeps"]
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, vocab)
+    masked = logits.clone()
+    masked[:, :, 5000:] = -float("inf")
+    loss = BERTScoreLoss(encoder=encoder)
+    with pytest.raises(ValueError, match=r"logits\[0, 0, 5000\]\); .*bsloss\.Probabilities"):
+        loss(logits=masked, references=refs)
+    through = loss(bsloss.Probabilities(masked.softmax(-1)), references=refs)
+    finite = masked.clamp_min(-1e4)
+    assert through.item() == pytest.approx(loss(logits=finite, references=refs).item(), abs=1e-6)
+    nan = logits.clone()
+    nan[0, 0, 5] = float("nan")
+    with pytest.raises(
+        ValueError, match=r"logits contains NaN or Inf \(first at logits\[0, 0, 5\]\)$"
+    ):
+        loss(logits=nan, references=refs)
+
+
+def test_a_second_derivative_through_the_math_attention(encoder, vocab):
+    """A gradient penalty differentiates the loss twice. The loss's own steps allow it; the
+    scorer's fused attention kernels (PyTorch's SDPA flash and efficient backends) have no
+    second derivative, so the documented way runs the call under the math backend
+    (docs/loss.md). Its Hessian-vector product equals finite differences of the gradient."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    refs = ["a cat sat", "the dog ran home"]
+    loss = BERTScoreLoss(encoder=copy.deepcopy(encoder).double(), matching="softmax")
+    generator = torch.Generator().manual_seed(1)
+    base = 3 * torch.randn(2, 3, vocab, dtype=torch.float64, generator=generator)
+    base[:, :, 2000:2010] += 8
+    direction = torch.zeros_like(base)
+    direction[:, :, 2000:2010] = torch.randn(2, 3, 10, dtype=torch.float64, generator=generator)
+
+    def gradient(at: torch.Tensor) -> torch.Tensor:
+        at = at.detach().requires_grad_(True)
+        return torch.autograd.grad(loss(logits=at, references=refs), at)[0]
+
+    with sdpa_kernel(SDPBackend.MATH):
+        at = base.clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(loss(logits=at, references=refs), at, create_graph=True)
+        (hvp,) = torch.autograd.grad((grad * direction).sum(), at)
+        eps = 1e-5
+        numeric = (gradient(base + eps * direction) - gradient(base - eps * direction)) / (2 * eps)
+    assert numeric.abs().max() > 1e-4  # a real curvature, not two zeros
+    assert (hvp - numeric).abs().max() <= 1e-6 * numeric.abs().max() + 1e-10
+
+
 @pytest.mark.parametrize("cache_size", [0, 10])
 def test_rc9_inference_mode_call_does_not_poison_training(encoder, vocab, cache_size):
     refs = ["a dog runs in the park", "a cat sleeps"]
