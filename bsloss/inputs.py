@@ -65,20 +65,27 @@ def check_text(text: object, name: str) -> str:
 _NOT_A_LIST = (str, bytes, bytearray)
 
 
+def _got(value: object) -> str:
+    """What a list of texts was given instead, and how to pass an array's texts."""
+    # a numpy array or a pandas Series (a data frame's column) is not a Sequence, and bert_score
+    # adds two of them element by element: their list is what to pass (audit h25)
+    array = hasattr(value, "tolist") and hasattr(value, "dtype")
+    convert = "; pass its .tolist()" if array and not isinstance(value, torch.Tensor) else ""
+    return f"got {type(value).__name__}{convert}"
+
+
 def check_texts(texts: object, name: str) -> list[str]:
     """A list of strings (a single string is refused: it would be read character by
     character)."""
     if isinstance(texts, _NOT_A_LIST) or not isinstance(texts, Sequence):
-        raise TypeError(f"{name} must be a list of strings, got {type(texts).__name__}")
+        raise TypeError(f"{name} must be a list of strings, {_got(texts)}")
     return [check_text(text, f"{name}[{i}]") for i, text in enumerate(texts)]
 
 
 def check_reference_groups(refs: object, name: str) -> list[list[str]]:
     """One reference group per item: a string, or a non-empty list of strings."""
     if isinstance(refs, _NOT_A_LIST) or not isinstance(refs, Sequence):
-        raise TypeError(
-            f"{name} must be a list of strings (or of lists of strings), got {type(refs).__name__}"
-        )
+        raise TypeError(f"{name} must be a list of strings (or of lists of strings), {_got(refs)}")
     groups: list[list[str]] = []
     for i, ref in enumerate(refs):
         if isinstance(ref, str):
@@ -207,9 +214,9 @@ def validate_pairs(cands: object, refs: object) -> tuple[list[str], list[list[st
     """``cands`` (list of str) and ``refs`` (list of str, or list of lists of str) -> candidates
     and reference groups (one group per candidate)."""
     if isinstance(cands, str) or not isinstance(cands, Sequence):
-        raise TypeError(f"cands must be a list of strings, got {type(cands).__name__}")
+        raise TypeError(f"cands must be a list of strings, {_got(cands)}")
     if isinstance(refs, _NOT_A_LIST) or not isinstance(refs, Sequence):
-        raise TypeError(f"refs must be a list of strings, got {type(refs).__name__}")
+        raise TypeError(f"refs must be a list of strings, {_got(refs)}")
     if len(cands) != len(refs):
         raise ValueError(
             f"cands and refs must have the same length: got {len(cands)} candidates and "

@@ -432,6 +432,18 @@ class BERTScorer:
         return draw_pair(self, candidate, reference, fname or None)
 
     # ----------------------------------------------------------------- weights
+    def _current_weight_table(self) -> Tensor | None:
+        """The importance weights, built again for a vocabulary that has grown since (tokens
+        added to the tokenizer reach the next call: with a table of the old size their ids
+        indexed past its end, audit h25)."""
+        table = self._weight_table
+        if table is not None and table.shape[0] < self.vocab_size:
+            table = weight_table(
+                self.encoder, self.idf, self.vocab_size, truncate=self.long_inputs == "truncate"
+            )
+            self._weight_table = table
+        return table
+
     @property
     def vocab_size(self) -> int:
         return max(len(self.encoder.tokenizer), self.encoder.input_embeddings.num_embeddings)
@@ -448,7 +460,7 @@ class BERTScorer:
             self.idf is not False,
             self.rescale,
             self.use_custom_baseline,
-            False,
+            False,  # no "_fast-tokenizer": the ids are the same whatever use_fast_tokenizer says
         )
         if self.autocast_dtype is not None:
             signature += f"-autocast={str(self.autocast_dtype).removeprefix('torch.')}"
@@ -602,7 +614,7 @@ class BERTScorer:
         if verbose:
             print("calculating scores...")
             progress = True if progress is None else progress
-        table = self._weight_table
+        table = self._current_weight_table()
         if table is None:
             # idf from all references, on every process alike
             _, all_refs, _ = flatten_groups(cands, groups)

@@ -72,7 +72,7 @@ def pair_scores(
         text: (_drawn_layer(scorer, emb), ids)
         for text, (emb, ids) in scorer.embed([candidate, reference]).items()
     }
-    table = scorer._weight_table  # idf=True: counted from the references, as score() does
+    table = scorer._current_weight_table()  # idf=True: from the references, as in score()
     if table is None:
         table = scorer._idf_from_references([reference])
     table = table.to(embedded[candidate][0].device, torch.float32)

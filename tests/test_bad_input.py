@@ -87,6 +87,24 @@ def test_different_lengths_reversed(scorer):
         scorer.score(["a"], ["a", "b", "c", "d"])
 
 
+def test_an_array_of_texts_is_refused_with_how_to_pass_it(scorer):
+    """A numpy array (or a pandas Series, a data frame's column) of texts is not a list: refused
+    with its list's call, naming the argument (bert_score adds two arrays element by element)."""
+    import numpy as np
+
+    texts = np.array(["a cat", "the dog"])
+    with pytest.raises(TypeError, match=r"cands must be a list of strings, got ndarray; pass its "):
+        scorer.score(texts, ["a", "b"])
+    with pytest.raises(TypeError, match=r"refs must be .*, got ndarray; pass its \.tolist\(\)"):
+        scorer.score(["a", "b"], texts)
+    with pytest.raises(TypeError, match=r"cands must be a list of strings, got Tensor$"):
+        scorer.score(torch.tensor([1, 2]), ["a", "b"])
+    assert torch.equal(
+        scorer.score(texts.tolist(), ["a", "b"])[2],
+        scorer.score(["a cat", "the dog"], ["a", "b"])[2],
+    )
+
+
 def test_empty_reference_list(scorer):
     with pytest.raises(ValueError, match=re.escape("refs[1]")):
         scorer.score(["a", "b"], [["a"], []])

@@ -202,6 +202,37 @@ def test_tokens_added_to_the_tokenizer_later_are_seen(encoder, tmp_path):
     assert after == [tokenizer(tokens.prepare(["a zxqvword here"]))["input_ids"][0]]
 
 
+def test_a_scorer_and_a_loss_follow_tokens_added_after_they_were_built(encoder):
+    """docs/metric.md: tokens added to the tokenizer after the scorer was built reach the next
+    call. Audit h25: the importance weights kept the old vocabulary's size, and the new token's
+    id indexed past them (``IndexError`` in the padding; the loss: a size mismatch in its
+    candidates' table). Each now scores as one built on the grown scorer."""
+    import copy
+
+    import bsloss
+
+    grown = copy.deepcopy(encoder)
+    cands, refs = ["a zxqvword here", "the cat"], ["zxqvword is here", "a cat sat"]
+    built = {
+        str(idf): bsloss.BERTScorer(encoder=grown, idf=idf)
+        for idf in (False, ["zxqvword is here", "a cat"], {2000: 1.5})
+    }
+    losses = [bsloss.BERTScoreLoss(encoder=grown), bsloss.BERTScoreLoss(encoder=grown, idf=refs)]
+    grown.tokenizer.add_tokens(["zxqvword"])
+    torch.manual_seed(0)
+    grown.model.resize_token_embeddings(len(grown.tokenizer), mean_resizing=False)
+    new_id = grown.tokenizer.convert_tokens_to_ids("zxqvword")
+    assert new_id == encoder.input_embeddings.num_embeddings
+    assert new_id in grown.tokenization.encode(cands[:1])[0][0]
+    for idf, scorer in built.items():
+        again = bsloss.BERTScorer(encoder=grown, idf=scorer.idf)
+        assert torch.equal(scorer.score(cands, refs)[2], again.score(cands, refs)[2]), idf
+    logits = torch.randn(2, 3, new_id + 1)
+    for loss, idf in zip(losses, (None, refs), strict=True):
+        again = bsloss.BERTScoreLoss(encoder=grown, idf=idf)
+        assert loss(logits, refs).item() == again(logits, refs).item()
+
+
 def test_changes_to_the_tokenizer_after_it_was_copied_are_seen(encoder, tmp_path):
     """Audit h21: the private copy was made again only when the vocabulary grew. An existing
     token added again (BERT's ``[unused1]`` made special, a word added as a token) leaves the
