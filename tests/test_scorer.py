@@ -45,7 +45,11 @@ def test_the_default_gpu_is_this_processs(monkeypatch, local_rank, count, curren
 
 
 def _tokenizers_of_every_kind(encoder, folder):
-    """MiniLM's WordPiece, an MPNet layout, a SentencePiece-style and a byte-level BPE."""
+    """MiniLM's WordPiece (a copy: a test sets its truncation side, which the session scorer's
+    own kept, so that a later module truncated long texts from the left), an MPNet layout, a
+    SentencePiece-style and a byte-level BPE."""
+    import copy
+
     from _tokenizers import (
         brown_lines,
         mpnet_layout_tokenizer,
@@ -57,7 +61,7 @@ def _tokenizers_of_every_kind(encoder, folder):
     vocab = folder / "minilm-vocab.txt"
     vocab.write_text("\n".join(encoder.tokenizer.convert_ids_to_tokens(range(30522))) + "\n")
     return {
-        "wordpiece": encoder.tokenizer,
+        "wordpiece": copy.deepcopy(encoder.tokenizer),
         "mpnet": mpnet_layout_tokenizer(vocab, folder / "mpnet"),
         "sentencepiece-bpe": train_sentencepiece_bpe(lines, folder / "spm"),
         "byte-level-bpe": train_byte_level_bpe(lines, folder / "bytes"),
@@ -206,31 +210,63 @@ def test_a_scorer_and_a_loss_follow_tokens_added_after_they_were_built(encoder):
     """docs/metric.md: tokens added to the tokenizer after the scorer was built reach the next
     call. Audit h25: the importance weights kept the old vocabulary's size, and the new token's
     id indexed past them (``IndexError`` in the padding; the loss: a size mismatch in its
-    candidates' table). Each now scores as one built on the grown scorer."""
+    candidates' table); and the references' cache kept their old pieces (F 0.18 against 0.75),
+    as neither the tokenizer nor transformers 5's resize of the embedding in place (the same
+    parameter, its version unchanged) changed its key. Each now scores as one built on the
+    grown scorer, after calls that filled the caches."""
     import copy
 
     import bsloss
 
     grown = copy.deepcopy(encoder)
     cands, refs = ["a zxqvword here", "the cat"], ["zxqvword is here", "a cat sat"]
-    built = {
-        str(idf): bsloss.BERTScorer(encoder=grown, idf=idf)
-        for idf in (False, ["zxqvword is here", "a cat"], {2000: 1.5})
-    }
+    built = [
+        bsloss.BERTScorer(encoder=grown, idf=idf, reference_cache_size=size)
+        for idf, size in (
+            (False, 0),
+            (False, 8),
+            (["zxqvword is here", "a cat"], 8),
+            ({2000: 1.5}, 8),
+        )
+    ]
     losses = [bsloss.BERTScoreLoss(encoder=grown), bsloss.BERTScoreLoss(encoder=grown, idf=refs)]
+    vocab = encoder.input_embeddings.num_embeddings
+    logits = torch.randn(2, 3, vocab + 1)
+    key = grown.weights_key()
+    for scorer in built:
+        scorer.score(cands, refs)
+    for loss in losses:
+        loss(logits[..., :vocab], refs)
     grown.tokenizer.add_tokens(["zxqvword"])
     torch.manual_seed(0)
     grown.model.resize_token_embeddings(len(grown.tokenizer), mean_resizing=False)
     new_id = grown.tokenizer.convert_tokens_to_ids("zxqvword")
-    assert new_id == encoder.input_embeddings.num_embeddings
-    assert new_id in grown.tokenization.encode(cands[:1])[0][0]
-    for idf, scorer in built.items():
+    assert new_id == vocab and new_id in grown.tokenization.encode(cands[:1])[0][0]
+    assert grown.weights_key() != key  # the compiled model, the candidates' table follow it
+    for scorer in built:
         again = bsloss.BERTScorer(encoder=grown, idf=scorer.idf)
-        assert torch.equal(scorer.score(cands, refs)[2], again.score(cands, refs)[2]), idf
-    logits = torch.randn(2, 3, new_id + 1)
+        assert torch.equal(scorer.score(cands, refs)[2], again.score(cands, refs)[2]), scorer.idf
     for loss, idf in zip(losses, (None, refs), strict=True):
         again = bsloss.BERTScoreLoss(encoder=grown, idf=idf)
         assert loss(logits, refs).item() == again(logits, refs).item()
+
+
+def test_cached_references_follow_a_tokenizer_setting_changed_later(encoder):
+    """A change of the tokenizer that leaves the vocabulary and the weights alone
+    (``split_special_tokens``: a literal "[SEP]" in a text is text from then on) reaches cached
+    references too (audit h25: the cache was not keyed on the tokenizer)."""
+    import copy
+
+    import bsloss
+
+    changed = copy.deepcopy(encoder)
+    cands, refs = ["a cat sat here"], ["a cat [SEP] sat"]
+    cached = bsloss.BERTScorer(encoder=changed, reference_cache_size=8)
+    before = cached.score(cands, refs)[2]
+    changed.tokenizer.split_special_tokens = True
+    after = bsloss.BERTScorer(encoder=changed).score(cands, refs)[2]
+    assert not torch.equal(before, after)
+    assert torch.equal(cached.score(cands, refs)[2], after)
 
 
 def test_changes_to_the_tokenizer_after_it_was_copied_are_seen(encoder, tmp_path):

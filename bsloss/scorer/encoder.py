@@ -76,10 +76,12 @@ class ScorerEncoder(nn.Module):
         )
         self.linear_weight_dtype: torch.dtype | None = None
         self._inference_model: nn.Module | None = None
-        self._compiled_weights: tuple[int, int] | None = None  # weights_key() when compiled
+        self._compiled_weights: tuple[int, int, int] | None = None  # weights_key() when compiled
         # the model's parameters, listed once per model and load (walking the modules costs
         # ~0.14 ms a call, the versions' sum ~7 us)
-        self._listed: tuple[nn.Module | None, int, list[Tensor]] = (None, -1, [])
+        # (model, loads, input embedding, its shape, parameters) when weights_key() last listed
+        self._listed: tuple = (None, -1, None, None, [])
+        self._listings = 0
         self.all_layers = False
 
     @classmethod
@@ -159,27 +161,39 @@ class ScorerEncoder(nn.Module):
         self._inference_model = None
         return self
 
-    def weights_key(self) -> tuple[int, int]:
+    def weights_key(self) -> tuple[int, int, int]:
         """What the scorer's weights are, as a cache key can say it without reading them: the
-        ``load_state_dict`` calls into its model (``assign=True`` installs new parameters) and
-        the in-place changes of its parameters (their version counters, summed: a host read of
-        no tensor; parameters made under inference mode keep none and count 0). The
+        ``load_state_dict`` calls into its model (``assign=True`` installs new parameters), a
+        new model or input embedding or one resized (tokens added), and the in-place changes of
+        its parameters (their version counters, summed: a host read of no tensor; parameters
+        made under inference mode keep none and count 0). The
         references' cache, the loss's candidate table and the compiled model follow it.
         Inside a compiled loss only the loads are followed."""
         model = self.model
         if torch.compiler.is_compiling():
             # traced (loss.compile()): the loads only, a Python int the graph is guarded on;
             # the version counters are not traceable
-            return getattr(model, _LOADS, 0), -1
+            return getattr(model, _LOADS, 0), -1, -1
         if _LOADS not in model.__dict__:
             model.__dict__[_LOADS] = 0
             model.register_load_state_dict_post_hook(_count_load)
         loads = model.__dict__[_LOADS]
-        if self._listed[0] is not model or self._listed[1] != loads:
-            # listed again: new parameter objects are counted, the replaced ones not held
-            self._listed = (model, loads, list(model.parameters()))
-        versions = sum(0 if p.is_inference() else p._version for p in self._listed[2])
-        return loads, versions
+        embedding = self.input_embeddings.weight
+        old_model, old_loads, old_embedding, old_shape, _ = self._listed
+        if (
+            old_model is not model
+            or old_loads != loads
+            or old_embedding is not embedding
+            or old_shape != embedding.shape
+        ):
+            # listed again: new parameter objects are counted, the replaced ones not held; a
+            # new model or input embedding, or one resized in place (transformers 5's
+            # resize_token_embeddings after tokens were added: the same parameter, another
+            # shape, its version unchanged), is a new listing: the key changes (audit h25)
+            self._listings += 1
+            self._listed = (model, loads, embedding, embedding.shape, list(model.parameters()))
+        versions = sum(0 if p.is_inference() else p._version for p in self._listed[4])
+        return loads, self._listings, versions
 
     def compile_inference(self) -> ScorerEncoder:
         """Encode text through ``torch.compile(dynamic=True)`` with inductor's weight freezing.

@@ -10,8 +10,9 @@ The cache is
   ``DEFAULT_MAX_BYTES``, 512 MiB: long references cost ~1.5 KB a token in float32, so a count
   alone lets 10,000 of them take gigabytes), the least recently used evicted first;
 - clearable: :meth:`ReferenceCache.clear`;
-- keyed on what changes an embedding besides the text: the encoder's device, its weight dtype,
-  the autocast state and the long-input mode. When one of them changes, the cache starts over;
+- keyed on what changes an embedding besides the text: the encoder's device, its weights and
+  their dtype, the tokenizer's state, the autocast state and the long-input mode. When one of
+  them changes, the cache starts over;
 - free of autograd and inference-mode tensors: every cached tensor is a plain copy with its own
   storage (a view would keep a whole encoder batch alive; an inference tensor, made under
   ``torch.inference_mode()`` as PyTorch Lightning validates, could not be saved for backward by
@@ -215,6 +216,9 @@ class ReferenceEmbedder:
             autocast,
             window,
             self.encoder.weights_key(),
+            # tokens added since (docs/metric.md: they reach the next call): a cached text would
+            # keep its old pieces (audit h25)
+            self.encoder.tokenization.state(),
         )
 
     def tokenize(

@@ -113,6 +113,13 @@ class ScorerTokenizer:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_pool": None}  # threads are not copied or pickled
 
+    def state(self) -> tuple:
+        """What of the tokenizer decides its ids now, for a cache of what they give (the
+        references' embeddings) to start over when tokens are added or a setting changes; a
+        slow tokenizer by its size and ``split_special_tokens``."""
+        split = bool(getattr(self.tokenizer, "split_special_tokens", False))
+        return _tokenizer_state(self.tokenizer), len(self.tokenizer), split
+
     def _special_wrapping(self) -> tuple[list[int], list[int]]:
         """The special ids the tokenizer puts before and after a sentence ([CLS] / [SEP])."""
         bare = self.tokenizer("a", add_special_tokens=False)["input_ids"]
