@@ -416,6 +416,18 @@ def _locate_assets(folder: Path) -> dict:
     }
 
 
+def scratch_folder() -> Path:
+    """A new temporary folder whose path has no "t5" in it: bert_score loads a model name with
+    "t5" anywhere in it as a T5 encoder, so a random scorer written under a folder that
+    mkdtemp happened to name so failed the metric section (CI of 4cc85af, 2026-12-02:
+    StrictDataclassFieldValidationError on T5's classifier_dropout)."""
+    while True:
+        folder = Path(tempfile.mkdtemp(prefix="bsloss-gpu-"))
+        if "t5" not in str(folder):
+            return folder
+        folder.rmdir()
+
+
 def _plan(budget_s: float, sections: Sequence[str]) -> dict[str, float]:
     """Each section's planned end, seconds after the start (its share of the budget; what an
     earlier one leaves unspent rolls over)."""
@@ -461,7 +473,7 @@ def run_parent(args) -> int:
     sections = [s for s in SECTIONS if s in args.sections]
     out = Path(args.out)
     json_path = Path(args.json) if args.json else out.with_suffix(".json")
-    workdir = Path(tempfile.mkdtemp(prefix="bsloss-gpu-"))
+    workdir = scratch_folder()
     results: dict = {
         "command": harness.command_line(),
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime(start)),

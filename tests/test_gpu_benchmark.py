@@ -156,3 +156,24 @@ def test_the_gpu_check_runs_every_cuda_test():
     }
     assert len(found) >= 6, found
     assert found == named
+
+
+def test_the_scratch_folder_is_never_read_as_a_t5_by_bert_score(monkeypatch, tmp_path):
+    """bert_score loads any model name with "t5" in it as a T5 encoder: the smoke run's metric
+    section failed in CI when mkdtemp named the folder of its random BERT scorer so. A folder
+    so named is given back and another one made."""
+    import tempfile
+
+    from benchmarks import gpu
+
+    names = iter(["bsloss-gpu-at5q", "bsloss-gpu-plain"])
+
+    def mkdtemp(prefix: str = "") -> str:
+        folder = tmp_path / next(names)
+        folder.mkdir()
+        return str(folder)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    folder = gpu.scratch_folder()
+    assert folder.name == "bsloss-gpu-plain" and "t5" not in str(folder)
+    assert not (tmp_path / "bsloss-gpu-at5q").exists()
