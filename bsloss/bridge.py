@@ -61,6 +61,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,14 +97,21 @@ _CACHE_FORMAT = "v6-csr"
 
 
 def token_convention(tokenizer, vocab: dict[str, int] | None = None) -> str:
-    """``"sentencepiece"``, ``"byte_level"`` or ``"wordpiece"``, read off the vocabulary."""
+    """How a vocabulary marks words, read off it: ``"sentencepiece"`` (``▁`` starts a word),
+    ``"byte_level"`` (``Ġ`` does), ``"wordpiece"`` (``##`` continues one), or ``"decoded"``
+    where none of those marks 1% of the tokens (a BPE that marks word ends, ``cat</w>``, as
+    FSMT, XLM and CLIP do; a vocabulary of whole words): its tokens' texts and word ends are
+    then read from the tokenizer's decoder. Taken for SentencePiece until audit h26, such a
+    vocabulary's ``cat</w>`` was bridged as ``##cat < / w >`` (one-hot "the cat sat on the
+    mat" against itself: F 0.047 in the average mode)."""
     vocab = tokenizer.get_vocab() if vocab is None else vocab
     counts = {
         "sentencepiece": sum(t.startswith("\u2581") for t in vocab),
         "byte_level": sum(t.startswith("\u0120") for t in vocab),
         "wordpiece": sum(t.startswith("##") for t in vocab),
     }
-    return max(counts, key=counts.get)
+    best = max(counts, key=counts.get)
+    return best if counts[best] * 100 >= len(vocab) else "decoded"
 
 
 # Settings of the serialised Rust tokenizer that any ordinary call leaves behind
@@ -169,7 +177,13 @@ def _surface(tokenizer, convention: str, token: str) -> tuple[str, bool, bool]:
         text = token.replace("\u2581", " ")
     else:
         text = tokenizer.convert_tokens_to_string([token])
-    return text.strip(), text[:1].isspace(), text[-1:].isspace()
+    ends = text[-1:].isspace()
+    if convention == "decoded" and text.strip():
+        # a word's last token: the decoder puts a space between two copies of it ("cat</w>"
+        # twice decodes as "cat cat"; a word-level vocabulary's words are all so), where a
+        # piece inside a word is glued to the next ("ca" "ca": "caca")
+        ends = ends or tokenizer.convert_tokens_to_string([token, token]) != text + text
+    return text.strip(), text[:1].isspace(), ends
 
 
 class _ScorerPieces:
@@ -358,7 +372,8 @@ def _byte_level_alphabet() -> dict[str, int]:
 def _byte_value(token: str, convention: str, alphabet: dict[str, int]) -> int:
     """The byte (>= 0x80) a token is, or -1."""
     if convention == "sentencepiece":
-        if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        # an added token may look like one ("<0xZZ>"): only two hex digits make a byte
+        if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):
             value = int(token[3:5], 16)
             return value if value >= 0x80 else -1
         return -1
@@ -400,8 +415,10 @@ def _check_csr(offsets: Tensor, flat: Tensor, special: Tensor, vocab: int | None
     if len(special) != len(offsets) - 1:
         raise ValueError(f"special has {len(special)} entries for {len(offsets) - 1} tokens")
     if len(flat) and (int(flat.min()) < 0 or (vocab is not None and int(flat.max()) >= vocab)):
-        bound = "" if vocab is None else f", {vocab}"
-        raise ValueError(f"piece ids outside [0{bound}): {int(flat.min())}..{int(flat.max())}")
+        upper = "the scorer's vocabulary size" if vocab is None else vocab
+        raise ValueError(
+            f"piece ids must lie in [0, {upper}), got {int(flat.min())}..{int(flat.max())}"
+        )
 
 
 _CACHED_TENSORS = (
@@ -486,6 +503,15 @@ class VocabularyBridge:
         start_pieces: Tensor | None = None,
         opens_word: Tensor | None = None,
     ):
+        for name, table in (("pieces", pieces), ("start_pieces", start_pieces)):
+            if table is not None and (
+                not isinstance(table, Tensor) or table.dim() != 2 or table.is_floating_point()
+            ):
+                got = list(table.shape) if isinstance(table, Tensor) else type(table).__name__
+                raise ValueError(
+                    f"{name} must be an integer tensor [V_gen, P] of scorer piece ids (-1: "
+                    f"none), got {got}" + (f" {table.dtype}" if isinstance(table, Tensor) else "")
+                )
         offsets, flat = _padded_to_csr(pieces.long())
         starts = None if start_pieces is None else _padded_to_csr(start_pieces.long())
         self._init(offsets, flat, special, identity, starts, opens_word)
@@ -500,6 +526,14 @@ class VocabularyBridge:
         opens_word: Tensor | None = None,
         byte_characters: ByteCharacters | None = None,
     ):
+        # the lists checked once here, for every way in (the constructor, from_csr, load): a
+        # piece id < 0 crashed inside embedding_bag, offsets past the flat list gave a loss
+        tokens = len(offsets) - 1 if offsets.dim() == 1 else 0
+        unmarked = torch.zeros(max(tokens, 0), dtype=torch.bool)
+        _check_csr(offsets, flat, unmarked if special is None else special, None)
+        if starts is not None:  # its own count of tokens: compared with offsets' below
+            start_tokens = len(starts[0]) - 1 if starts[0].dim() == 1 else 0
+            _check_csr(*starts, torch.zeros(max(start_tokens, 0), dtype=torch.bool), None)
         self.offsets, self.flat = offsets.long(), flat.long()
         counts = self.piece_counts
         # Without a special mask, tokens that map to nothing are taken as the special ones.
@@ -530,9 +564,11 @@ class VocabularyBridge:
         same_offsets = torch.equal(self.start_offsets, self.offsets)
         self.has_word_starts = not (same_offsets and torch.equal(self.start_flat, self.flat))
         self._padded: Tensor | None = None
-        # the fingerprint of the scorer tokenizer whose ids the pieces are (set by build; a
-        # bridge made from lists or loaded from a file has none)
+        # the fingerprints of the scorer tokenizer whose ids the pieces are and of the
+        # generator tokenizer whose tokens they map (set by build; a bridge made from lists or
+        # loaded from a file has none)
         self.scorer_fingerprint: str | None = None
+        self.generator_fingerprint: str | None = None
 
     @classmethod
     def from_csr(
@@ -590,6 +626,7 @@ class VocabularyBridge:
         candidate's first word as the token's own pieces; ``docs/bridge.md``, "Word starts")."""
         bridge = VocabularyBridge.from_csr(self.offsets, self.flat, self.special, self.identity)
         bridge.scorer_fingerprint = self.scorer_fingerprint
+        bridge.generator_fingerprint = self.generator_fingerprint
         return bridge
 
     def _lists(self, word_start: bool) -> tuple[Tensor, Tensor]:
@@ -617,13 +654,21 @@ class VocabularyBridge:
         True
         """
         scorer_tokenizer = getattr(scorer, "tokenizer", scorer)
-        bridge = cls._build(generator_tokenizer, scorer_tokenizer, cache_dir)
-        bridge.scorer_fingerprint = tokenizer_fingerprint(scorer_tokenizer)
+        fingerprints = (
+            tokenizer_fingerprint(generator_tokenizer),
+            tokenizer_fingerprint(scorer_tokenizer),
+        )
+        bridge = cls._build(generator_tokenizer, scorer_tokenizer, cache_dir, fingerprints)
+        bridge.generator_fingerprint, bridge.scorer_fingerprint = fingerprints
         return bridge
 
     @classmethod
     def _build(
-        cls, generator_tokenizer, scorer_tokenizer, cache_dir: str | Path | None
+        cls,
+        generator_tokenizer,
+        scorer_tokenizer,
+        cache_dir: str | Path | None,
+        fingerprints: tuple[str, str],
     ) -> VocabularyBridge:
         gen_vocab = generator_tokenizer.get_vocab()
         size = max(len(generator_tokenizer), max(gen_vocab.values()) + 1)
@@ -636,15 +681,7 @@ class VocabularyBridge:
             return cls(pieces, special_mask, identity=True)
         path = None
         if cache_dir is not None:
-            key = hashlib.sha256(
-                "|".join(
-                    [
-                        _CACHE_FORMAT,
-                        tokenizer_fingerprint(generator_tokenizer),
-                        tokenizer_fingerprint(scorer_tokenizer),
-                    ]
-                ).encode()
-            ).hexdigest()[:24]
+            key = hashlib.sha256("|".join([_CACHE_FORMAT, *fingerprints]).encode()).hexdigest()[:24]
             path = Path(cache_dir) / f"bridge-{key}.safetensors"
             if path.exists():
                 try:
@@ -1006,6 +1043,12 @@ def byte_character_positions(
 
 
 # --------------------------------------------------------------------------- modes
+# The most rows a bridged head may have past its tokenizer's tokens (or 1% of them, if more):
+# heads are padded to a multiple of 64 or 128 (T5: 28 rows, Qwen2.5: 271, Phi-2: 905); a head of
+# another vocabulary altogether (Gemma's 262,144 through a 30,527-token bridge) is refused
+_MOST_PADDED_ROWS = 1024
+
+
 class BridgeMode:
     """How a loss's candidates reach its scorer: chosen once per loss
     (:func:`resolve_bridge_mode`), asked by the loss wherever the modes differ.
@@ -1020,6 +1063,7 @@ class BridgeMode:
     """
 
     name: str | None = None  # the ``bridge_mode`` string (None: no bridge in between)
+    identity = False  # an identity bridge was given (the generator's vocabulary is the scorer's)
     decodes = False
     # what happens to a candidate with more tokens than the scorer takes (a warning says it)
     truncation = "only their first tokens are scored, the rest get no score and no gradient"
@@ -1028,6 +1072,34 @@ class BridgeMode:
         self.bridge = bridge
         # on the candidates' device: opens_word, transparent, special, byte characters' tables
         self._word_masks: tuple | None = None
+        # the generator tokenizer the bridge was built from and its size then (resolve sets it)
+        self.built_from: tuple[object, int] | None = None
+
+    def check_padded_rows(self, name: str, size: int) -> None:
+        """Candidates ``name`` over ``size`` tokens, more than the bridge maps: a head padded
+        past its tokenizer's tokens, whose extra rows make no text, unless the tokenizer has
+        grown since the bridge was built. Then the rows past it are tokens it has added (and
+        the head resized for), which the bridge would score as nothing (audit h26: an added
+        word dropped from a one-hot candidate, F 0.746 where its text scores 1.0)."""
+        expected = self.bridge.generator_vocab_size
+        if size - expected > max(_MOST_PADDED_ROWS, expected // 100):
+            raise ValueError(
+                f"{name} has a vocabulary of {size} entries, {size - expected} past the "
+                f"{expected} tokens the vocabulary bridge maps: more than a head padded to a "
+                "multiple of 64 or 128 has (Qwen2.5's: 271 rows); the bridge was built from "
+                "another generator tokenizer"
+            )
+        if self.built_from is None:
+            return
+        tokenizer, built = self.built_from
+        now = len(tokenizer)
+        if now != built:
+            raise ValueError(
+                f"{name} has a vocabulary of {size} entries and the generator tokenizer now has "
+                f"{now} tokens, {built} when the vocabulary bridge was built: it maps only "
+                "the tokens the tokenizer had then; build the loss again with "
+                "bridge=Bridge(tokenizer) after adding tokens"
+            )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -1106,6 +1178,13 @@ class BridgeMode:
 
     def vocabulary_error(self, name: str, size: int, expected: int) -> str:
         """The message for a candidate ``name`` over ``size`` tokens instead of ``expected``."""
+        if self.bridge is None and self.identity and size > expected:
+            # the generator's tokenizer is the scorer's: no bridge to pass, no padding to skip
+            return (
+                f"{name} has a vocabulary of {size} entries but the scorer expects {expected} "
+                f"(the identity bridge: the generator's tokenizer is the scorer's); pass its "
+                f"first {expected}, {name}[..., :{expected}]"
+            )
         if self.bridge is None:
             where, hint = "the scorer", "; pass bridge=Bridge(generator_tokenizer) to bridge them"
         else:
@@ -1176,7 +1255,9 @@ def resolve_bridge_mode(
     if bridge is None or bridge.identity:
         # the scorer's own table, not the identity bridge's: that one gives [UNK] and [MASK]
         # embedding 0, which the shared vocabulary scores as content
-        return SharedVocabulary()
+        shared = SharedVocabulary()
+        shared.identity = bridge is not None
+        return shared
     if mode is None:
         mode = "average" if generator_tokenizer is None else "retokenize"
     if mode == "average":
@@ -1235,6 +1316,11 @@ class Bridge:
             raise ValueError(
                 "Bridge needs the generator's tokenizer or a VocabularyBridge (vocabulary=)"
             )
+        if isinstance(self.tokenizer, VocabularyBridge):
+            raise TypeError(
+                "Bridge's first argument is the generator's tokenizer; pass a VocabularyBridge "
+                "as Bridge(vocabulary=...) (or as bridge= of the loss itself)"
+            )
         if self.tokenizer is not None:
             _check_tokenizer(self.tokenizer, "generator_tokenizer")
         if self.vocabulary is not None and not isinstance(self.vocabulary, VocabularyBridge):
@@ -1260,7 +1346,34 @@ class Bridge:
             vocabulary = VocabularyBridge.build(self.tokenizer, encoder, cache_dir=self.cache_dir)
         else:
             _check_scorer(vocabulary, encoder)
-        return vocabulary, resolve_bridge_mode(vocabulary, self.mode, self.tokenizer, encoder)
+            if self.tokenizer is not None:
+                _check_generator(vocabulary, self.tokenizer)
+        mode = resolve_bridge_mode(vocabulary, self.mode, self.tokenizer, encoder)
+        if self.tokenizer is not None:
+            mode.built_from = self.tokenizer, len(self.tokenizer)
+        return vocabulary, mode
+
+
+def _check_generator(vocabulary: VocabularyBridge, tokenizer) -> None:
+    """Refuse a given bridge built from another generator tokenizer than ``tokenizer``: the
+    retokenize mode decoded with this one while its gradient went through the other's tokens
+    (audit h26: Gemma's tokenizer with an MPNet-layout bridge, F 1.0 from the decoded text and
+    0.05 from the bridge), and the average mode read one vocabulary's ids as the other's."""
+    built_from = vocabulary.generator_fingerprint
+    size = len(tokenizer)
+    if built_from is not None and built_from != tokenizer_fingerprint(tokenizer):
+        raise ValueError(
+            "vocabulary= was built from another generator tokenizer than Bridge's tokenizer "
+            "(or from this one before it changed); build it from this one, "
+            "VocabularyBridge.build(generator_tokenizer, scorer)"
+        )
+    if size > vocabulary.generator_vocab_size:
+        raise ValueError(
+            f"vocabulary= maps {vocabulary.generator_vocab_size} generator tokens and Bridge's "
+            f"tokenizer has {size}: it was built from another tokenizer, or before tokens "
+            "were added; build it from this one, VocabularyBridge.build(generator_tokenizer, "
+            "scorer)"
+        )
 
 
 def _check_scorer(vocabulary: VocabularyBridge, encoder) -> None:

@@ -148,14 +148,23 @@ class CandidateEncoder:
             if torch.compiler.is_compiling() or scorer_weights.is_inference()
             else scorer_weights._version
         )
-        key = (table.device, table.dtype, size, self.encoder.weights_key(), weights_version)
-        if key not in self._tables:
+        key = (table.device, table.dtype, self.encoder.weights_key(), weights_version)
+        built = self._tables.get(key)
+        if built is None or built[0].shape[0] < size:
             # a plain tensor even when first built under torch.inference_mode(): a later
             # training call saves it for backward
             with torch.inference_mode(False), torch.no_grad():
                 self._tables = {}  # the old tables go before the new are built
-                self._tables[key] = self.bridging.tables(table.detach(), scorer_weights, size)
-        return self._tables[key]
+                built = self.bridging.tables(table.detach(), scorer_weights, size)
+                self._tables[key] = built
+        if built[0].shape[0] == size:
+            return built
+        # built for a larger vocabulary (a bridged head padded past the tokenizer's tokens):
+        # the rows past it are 0, so its first rows are this one's tables. Keyed on the size,
+        # token ids (the tokenizer's size) and a padded head's logits, alternating, built
+        # Gemma's tables again at every call (audit h26: ~0.9 s a call on a CPU)
+        own, starts = built
+        return own[:size], None if starts is None else starts[:size]
 
     def check_vocab(self, size: int, name: str) -> None:
         """Refuse candidates over ``size`` tokens where the scorer or the bridge takes another
@@ -163,7 +172,10 @@ class CandidateEncoder:
         tokens (T5's 32,128 for 32,100, Qwen2.5's 151,936 for 151,665: padded to a multiple of
         64 or 128): its rows past them make no text, and count as special tokens."""
         expected = self.generator_vocab_size
-        if size == expected or (self.bridging.bridge is not None and size > expected):
+        if size == expected:
+            return
+        if self.bridging.bridge is not None and size > expected:
+            self.bridging.check_padded_rows(name, size)
             return
         raise ValueError(self.bridging.vocabulary_error(name, size, expected))
 

@@ -119,6 +119,37 @@ def train_byte_level_bpe(lines: list[str], folder: Path, vocab_size: int = 4000)
     return _wrap(raw, folder)
 
 
+def train_word_end_bpe(lines: list[str], folder: Path, vocab_size: int = 4000):
+    """BPE that marks a word's last token (``cat</w>``, as FSMT, XLM and CLIP): no word-start
+    marker in its vocabulary."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    raw = Tokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    raw.decoder = decoders.BPEDecoder(suffix="</w>")
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        end_of_word_suffix="</w>",
+        show_progress=False,
+    )
+    raw.train_from_iterator(lines, trainer)
+    return _wrap(raw, folder)
+
+
+def word_level(lines: list[str], folder: Path):
+    """A vocabulary of whole words (the lines' lower-cased words), no marker at all: the
+    decoder puts the spaces between them."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    words = sorted({word for line in lines for word in line.lower().split()})
+    vocab = {token: index for index, token in enumerate([*SPECIAL_TOKENS, *words])}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    raw.normalizer = normalizers.Lowercase()
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return _wrap(raw, folder)
+
+
 # --------------------------------------------------------------------------- inputs
 def encode(tokenizer, texts: list[str]) -> list[list[int]]:
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]

@@ -251,6 +251,36 @@ def test_a_scorer_and_a_loss_follow_tokens_added_after_they_were_built(encoder):
         assert loss(logits, refs).item() == again(logits, refs).item()
 
 
+def test_tokens_added_without_resizing_the_embedding_are_refused_by_name(encoder):
+    """A token added to the scorer's tokenizer without ``resize_token_embeddings`` has an id
+    past the model's input embedding: refused on the host, naming the token and the fix, on
+    the metric's batched and windowed paths and the loss's text references (it was an
+    ``IndexError`` deep inside torch; on a GPU a device-side assert, which ends the CUDA
+    context); the next call without the token scores as before."""
+    import copy
+
+    import bsloss
+
+    grown = copy.deepcopy(encoder)
+    scorer = bsloss.BERTScorer(encoder=grown)
+    windowed = bsloss.BERTScorer(encoder=grown, long_inputs="window")
+    loss = bsloss.BERTScoreLoss(encoder=grown)
+    vocab = grown.input_embeddings.num_embeddings
+    logits = torch.randn(1, 3, vocab)
+    before = scorer.score(["the cat"], ["a cat sat"])[2], loss(logits, ["a cat sat"])
+    grown.tokenizer.add_tokens(["zxqvword"])
+    calls = {
+        "batched": lambda: scorer.score(["a zxqvword here"], ["a cat"]),
+        "windowed": lambda: windowed.score(["a cat"], ["word " * 600 + "zxqvword"]),
+        "loss": lambda: loss(logits, ["zxqvword is here"]),
+    }
+    for call in calls.values():
+        with pytest.raises(ValueError, match=rf"'zxqvword' the id {vocab}, past the {vocab} rows"):
+            call()
+    assert torch.equal(scorer.score(["the cat"], ["a cat sat"])[2], before[0])
+    assert loss(logits, ["a cat sat"]).item() == before[1].item()
+
+
 def test_cached_references_follow_a_tokenizer_setting_changed_later(encoder):
     """A change of the tokenizer that leaves the vocabulary and the weights alone
     (``split_special_tokens``: a literal "[SEP]" in a text is text from then on) reaches cached

@@ -95,6 +95,7 @@ def embed_token_ids(
             packed = like.new_empty(offset, like.shape[-1])
         return packed[offsets[first] : offsets[first] + count]
 
+    embedding_rows = encoder.input_embeddings.num_embeddings
     for i in long:
         rows = transform(embed_windows(encoder, token_ids[i], batch_size=batch_size))
         slots(i, len(rows), rows).copy_(rows)
@@ -110,6 +111,7 @@ def embed_token_ids(
         ids = np.full((rows, length), pad, dtype=np.int64)
         for row, i in enumerate(members):
             ids[row, : sizes[i]] = token_ids[i]
+        check_embeddable(encoder, int(ids.max()), embedding_rows)
         input_ids = torch.from_numpy(ids)
         real_lengths = torch.tensor([sizes[i] for i in members] + [0] * (rows - len(members)))
         real = torch.arange(length)[None, :] < real_lengths[:, None]
@@ -133,6 +135,23 @@ def embed_token_ids(
     if packed is None:
         return []
     return [packed[offsets[i] : offsets[i] + sizes[i]] for i in range(len(sizes))]
+
+
+def check_embeddable(encoder: ScorerEncoder, largest_id: int, embedding_rows: int) -> None:
+    """Refuses a batch whose largest token id has no row in the scorer's input embedding,
+    checked on the host before the batch is copied: inside the model it was an ``IndexError``
+    deep in torch on a CPU and a device-side assert, which ends the CUDA context, on a GPU. A
+    tokenizer gives such ids after tokens were added to it without
+    ``resize_token_embeddings``, or when it is not the model's own."""
+    if largest_id < embedding_rows:
+        return
+    token = encoder.tokenizer.convert_ids_to_tokens(largest_id)
+    raise ValueError(
+        f"the {encoder.name} tokenizer gives {token!r} the id {largest_id}, past the "
+        f"{embedding_rows} rows of its model's input embedding: tokens added to the tokenizer "
+        "need encoder.model.resize_token_embeddings(len(encoder.tokenizer)) (their new rows "
+        "are untrained), or pass the tokenizer that belongs to the model"
+    )
 
 
 def embed_windows(
@@ -163,6 +182,7 @@ def embed_windows(
     if starts[-1] + width < len(content):
         starts.append(len(content) - width)
     windows = [prefix_ids + content[a : a + width] + suffix_ids for a in starts]
+    check_embeddable(encoder, max(ids), encoder.input_embeddings.num_embeddings)
     # The window where each token is most central (the first such window on a tie), found
     # window by window: memory O(tokens), not a [windows, tokens] table.
     best = torch.zeros(len(content), dtype=torch.long)
