@@ -28,7 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import bsloss
 from bsloss.functional.fused_expectation import DEFAULT_CHUNK_ELEMENTS
 from bsloss.integrations.huggingface import BERTScoreTrainerMixin
-from bsloss.integrations.lm_head import lm_head_inputs, token_cross_entropy
+from bsloss.integrations.lm_head import lm_head_inputs, lm_head_refusal, token_cross_entropy
 
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
@@ -309,6 +309,12 @@ def test_lm_head_inputs_give_the_logits(kind):
         hidden = model(**batch).logits
     z = hidden @ head.weight.T + (0 if head.bias is None else head.bias)
     torch.testing.assert_close(z, logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(model(**batch).logits, logits, rtol=0, atol=0)
+    # the blocks do not nest: said so (audit h26: "has no output embedding ... not a wrapper")
+    with lm_head_inputs(model):
+        assert "inside an lm_head_inputs block already" in lm_head_refusal(model)
+        with pytest.raises(ValueError, match="the blocks do not nest"), lm_head_inputs(model):
+            pass
     torch.testing.assert_close(model(**batch).logits, logits, rtol=0, atol=0)
 
 

@@ -262,6 +262,11 @@ def _plain_head(model: nn.Module) -> nn.Module:
     output is ``h Wᵀ + b``, which the chunked pass recomputes from the weight and bias; a LoRA,
     quantised or wrapped head computes something else)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if isinstance(head, _PassThrough):  # its head is out for an lm_head_inputs block now
+        raise ValueError(
+            f"lm_head_inputs: {type(model).__name__} is inside an lm_head_inputs block already "
+            "(its LM head is taken out until the block ends); the blocks do not nest"
+        )
     if head is None or not isinstance(getattr(head, "weight", None), Tensor):
         raise ValueError(
             f"lm_head_inputs: {type(model).__name__} has no output embedding (LM head) with a "
