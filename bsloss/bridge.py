@@ -1072,7 +1072,8 @@ class BridgeMode:
         self.bridge = bridge
         # on the candidates' device: opens_word, transparent, special, byte characters' tables
         self._word_masks: tuple | None = None
-        # the generator tokenizer the bridge was built from and its size then (resolve sets it)
+        # the generator tokenizer the bridge was built from and its size then, or since, when
+        # what it added are special tokens (resolve sets it)
         self.built_from: tuple[object, int] | None = None
 
     def check_padded_rows(self, name: str, size: int) -> None:
@@ -1091,15 +1092,21 @@ class BridgeMode:
             )
         if self.built_from is None:
             return
-        tokenizer, built = self.built_from
+        tokenizer, checked = self.built_from
         now = len(tokenizer)
-        if now != built:
-            raise ValueError(
-                f"{name} has a vocabulary of {size} entries and the generator tokenizer now has "
-                f"{now} tokens, {built} when the vocabulary bridge was built: it maps only "
-                "the tokens the tokenizer had then; build the loss again with "
-                "bridge=Bridge(tokenizer) after adding tokens"
-            )
+        if now == checked:
+            return
+        if now > checked and set(range(checked, now)) <= special_token_ids(tokenizer):
+            # special tokens only (a pad token added, as for GPT-2 or Llama): no text, as the
+            # padded rows the bridge takes them for
+            self.built_from = tokenizer, now
+            return
+        raise ValueError(
+            f"{name} has a vocabulary of {size} entries and the generator tokenizer now has "
+            f"{now} tokens, {expected} when the vocabulary bridge was built: it maps only "
+            "the tokens the tokenizer had then; build the loss again with "
+            "bridge=Bridge(tokenizer) after adding tokens"
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

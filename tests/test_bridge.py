@@ -372,9 +372,11 @@ def test_a_bridge_refuses_a_tokenizer_or_head_not_its_own(encoder, mpnet_tok, mp
     assert torch.allclose(own, padded_head, atol=1e-6)
     with pytest.raises(ValueError, match=rf"{size + 2000} entries, 2000 past the {size} tokens"):
         loss.score(one_hot(ids, size + 2000, 1e4), refs)
+    generator.add_tokens(["<extra>"], special_tokens=True)  # as a pad token is added: no text
+    assert torch.allclose(loss.score(one_hot(ids, size + 1, 1e4), refs)[2], own, atol=1e-6)
     generator.add_tokens(["zebrafied"])
-    with pytest.raises(ValueError, match=rf"tokenizer now has {size + 1} tokens, {size} when"):
-        loss.score(one_hot(ids, size + 1, 1e4), refs)
+    with pytest.raises(ValueError, match=rf"tokenizer now has {size + 2} tokens, {size} when"):
+        loss.score(one_hot(ids, size + 2, 1e4), refs)
     with pytest.raises(ValueError, match="built from another generator tokenizer"):
         bsloss.Bridge(encoder.tokenizer, vocabulary=mpnet_bridge).resolve(encoder)
     with pytest.raises(TypeError, match=r"as Bridge\(vocabulary=...\)"):
