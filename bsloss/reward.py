@@ -6,7 +6,8 @@
     reward(prompts=[...], completions=[...], **dataset_columns) -> list[float]
 
 Completions are strings (standard format) or lists of chat messages (conversational format:
-the ``content`` of the last message is scored). The references come from the dataset column named
+the ``content`` of the last assistant message is scored, or of the last message where none has
+the role). The references come from the dataset column named
 by ``reference_column``; each is one string or a list of strings (the best one counts, as in
 :meth:`bsloss.BERTScorer.score`). The score is the exact, hard-matching BERTScore of
 :class:`~bsloss.BERTScorer`, whose reference embeddings are cached across calls: a reward is asked
@@ -33,14 +34,18 @@ _TRAINER_KEYWORDS = {"completion_ids", "trainer_state", "log_extra", "log_metric
 
 
 def completion_text(completion: Any, index: int) -> str:
-    """The text of one completion: a string, or the ``content`` of the last chat message (a
-    string, or multimodal parts whose text parts are joined by spaces)."""
+    """The text of one completion: a string, or the ``content`` (a string, or multimodal parts
+    whose text parts are joined by spaces) of the last chat message from the assistant, or of
+    the last message where none is: a multi-turn completion with tools may end on a tool's
+    output, which is not the model's answer (audit h26: it was scored, 0.127 against a
+    reference equal to the answer)."""
     if isinstance(completion, str):
         return check_text(completion, f"completions[{index}]")
     if isinstance(completion, dict) and "content" in completion:
         return _content(completion["content"], index)
     if isinstance(completion, Sequence) and completion:
-        last = completion[-1]
+        spoken = [m for m in completion if isinstance(m, dict) and m.get("role") == "assistant"]
+        last = spoken[-1] if spoken else completion[-1]
         if isinstance(last, dict) and "content" in last:
             return _content(last["content"], index)
     raise TypeError(

@@ -392,6 +392,29 @@ def test_generated_labels_end_at_the_first_end_token():
     ]
 
 
+def test_end_tokens_and_labels_are_checked_named():
+    """Audit h26: ``eos=None`` or ``"2"`` failed inside torch, ``[2.0]`` was taken and ``[]``
+    let every answer run to its limit unnoticed; ``answer()``'s labels of another row count or
+    rank failed in a ``zip`` or a ``sum(1)``, and an int ``eos_token_ids`` in ``list()``."""
+    sequences = torch.tensor([[9, 5, 2, 2]])
+    assert generated_labels(sequences, eos=torch.tensor([2])).tolist() == [[5, 2, -100]]
+    for eos, error, message in (
+        (None, TypeError, "eos must be a token id or a list of them, got None"),
+        ("2", TypeError, "eos must be a token id or a list of them, got '2'"),
+        ([2.0], TypeError, r"eos\[0\] must be an integer, got float"),
+        ([], ValueError, "eos is empty"),
+    ):
+        with pytest.raises(error, match=message):
+            generated_labels(sequences, eos=eos)
+    inputs = {"input_ids": torch.zeros(2, 4, dtype=torch.long)}
+    options = dict(causal=True, pad_token_id=0)
+    for labels in (torch.zeros(3, 4, dtype=torch.long), torch.zeros(4, dtype=torch.long)):
+        with pytest.raises(ValueError, match=r"labels must be \[B, L\] with input_ids' 2 rows"):
+            ModelAnswers().answer(None, inputs, labels, eos_token_ids=[1], **options)
+    with pytest.raises(ValueError, match="eos_token_ids is empty"):
+        ModelAnswers().answer(None, inputs, torch.zeros(2, 4), eos_token_ids=[], **options)
+
+
 def with_padding(vocabulary_tokenizer, pad_token: str):
     """A copy of ``tokenizer`` whose padding token is ``pad_token``."""
     vocabulary_tokenizer = copy.deepcopy(vocabulary_tokenizer)

@@ -41,6 +41,25 @@ def test_conversational_completions_and_reference_lists(reward):
     assert multi == pytest.approx(plain, abs=1e-6)
 
 
+def test_a_completion_that_ends_on_a_tool_message_scores_its_last_answer(reward, scorer):
+    """A multi-turn completion with tools may end on the tool's output: the last assistant
+    message is the model's answer (audit h26: the tool's output was scored, 0.127 against a
+    reference equal to the answer). Messages without roles: the last one, as before."""
+    plain = reward(completions=CANDS, reference=REFS)
+    with_tools = [
+        [
+            {"role": "assistant", "content": c},
+            {"role": "tool", "content": '{"temperature": 21}'},
+        ]
+        for c in CANDS
+    ]
+    assert reward(completions=with_tools, reference=REFS) == pytest.approx(plain, abs=1e-6)
+    no_roles = [[{"content": "Unrelated words here."}, {"content": c}] for c in CANDS]
+    assert reward(completions=no_roles, reference=REFS) == pytest.approx(plain, abs=1e-6)
+    with pytest.raises(TypeError, match="got ScorerEncoder; pass a loaded scorer as encoder="):
+        BERTScorer(scorer.encoder)
+
+
 def test_multimodal_text_parts_are_joined_and_a_malformed_one_is_named(reward):
     """Multimodal message content: its text parts joined score as the plain text; a text
     part without ``"text"`` scored as an empty string, silently (audit h23, N2), and one whose

@@ -239,6 +239,12 @@ class ModelAnswers(CandidateSource):
                 f"multimodal inputs): use the teacher-forced candidates for such batches"
             )
         batch_ids = inputs["input_ids"]
+        if labels.dim() != 2 or labels.shape[0] != batch_ids.shape[0]:
+            raise ValueError(
+                f"labels must be [B, L] with input_ids' {batch_ids.shape[0]} rows, got "
+                f"{list(labels.shape)}"
+            )
+        eos_token_ids = end_token_ids(eos_token_ids, "eos_token_ids")
         batch_mask = inputs.get("attention_mask")
         if batch_mask is None:
             batch_mask = torch.ones_like(batch_ids)
@@ -256,7 +262,7 @@ class ModelAnswers(CandidateSource):
             top_p=self.top_p,
             temperature=self.temperature,
             pad_token_id=pad_token_id,
-            eos_token_id=list(eos_token_ids),
+            eos_token_id=eos_token_ids,
         )
         if self.streamer is not None:
             options["streamer"] = self.streamer
@@ -445,6 +451,19 @@ def pad_labels(label_sets: list[Tensor]) -> list[Tensor]:
     ]
 
 
+def end_token_ids(eos: object, name: str) -> list[int]:
+    """The ids that end an answer, as a list: one id or a non-empty sequence of them (with none
+    every answer would run to its token limit, unnoticed)."""
+    ids = eos.tolist() if isinstance(eos, Tensor) else eos
+    ids = [ids] if isinstance(ids, numbers.Integral) else ids
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise TypeError(f"{name} must be a token id or a list of them, got {eos!r}")
+    ids = [check_int(i, f"{name}[{k}]", 0) for k, i in enumerate(list(ids))]
+    if not ids:
+        raise ValueError(f"{name} is empty: an answer needs a token that ends it")
+    return ids
+
+
 def generated_labels(sequences: Tensor, eos: int | Sequence[int]) -> Tensor:
     """``generate()`` output (a decoder start or the last prompt token first) -> labels-style
     ids: each answer is its tokens up to and including its first end-of-sequence token, and
@@ -458,8 +477,9 @@ def generated_labels(sequences: Tensor, eos: int | Sequence[int]) -> Tensor:
     >>> generated_labels(torch.tensor([[9, 5, 0, 2, 2, 2]]), eos=2).tolist()
     [[5, 0, 2, -100, -100]]
     """
+    eos = end_token_ids(eos, "eos")
     labels = sequences[:, 1:].clone()
-    ends = torch.isin(labels, torch.as_tensor(eos, device=labels.device).reshape(-1)).long()
+    ends = torch.isin(labels, torch.tensor(eos, device=labels.device)).long()
     labels[(ends.cumsum(1) - ends) > 0] = IGNORE_INDEX  # after the first end token
     return labels
 

@@ -154,7 +154,10 @@ def load_scorer(
         OSError: the model cannot be loaded (offline and not a local folder).
     """
     if model is not None and not isinstance(model, str | Path):
-        raise TypeError(f"model must be a name or a folder, got {type(model).__name__}")
+        hint = (
+            "; pass a loaded scorer as encoder=" if type(model).__name__ == "ScorerEncoder" else ""
+        )
+        raise TypeError(f"model must be a name or a folder, got {type(model).__name__}{hint}")
     if num_layers is not None:
         num_layers = check_int(num_layers, "num_layers", 0)
     name, path = locate_scorer(model)
