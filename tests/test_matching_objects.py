@@ -309,3 +309,64 @@ def test_version_has_one_home():
         assert attr == "bsloss._version.__version__"
     else:
         assert read_configuration(pyproject)["project"]["version"] == _version.__version__
+
+
+# ----------------------------------------------------------------- audit h28
+def test_kernels_check_their_temperature_and_steps_and_compute_in_float32():
+    """The public kernels checked nothing (``T = 0``: NaN scores, ``T < 0``: a soft minimum,
+    ``sinkhorn_iterations=0``: the unnormalised kernel's scores) and computed in the
+    similarities' dtype: float16 ends at 65504, so ``sim / T`` overflowed it (``T = 1e-5``:
+    NaN from ``Softmax`` and ``Sinkhorn``, inf from ``LogSumExp``)."""
+    sim = torch.tensor([[[0.99, 0.2], [0.1, 0.95]]])
+    c = r = torch.ones(1, 2, dtype=torch.bool)
+    kernels = (softmax_match, logsumexp_match, sinkhorn_match)
+    for kernel in kernels:
+        for bad in (0.0, -0.1, float("nan")):
+            with pytest.raises(ValueError, match="temperature must be a finite number > 0"):
+                kernel(sim, c, r, temperature=bad)
+    for bad, error in ((0, ValueError), (2.5, TypeError)):
+        with pytest.raises(error, match="sinkhorn_iterations"):
+            sinkhorn_match(sim, c, r, temperature=0.1, sinkhorn_iterations=bad)
+    for matching in (Softmax(1e-5), LogSumExp(1e-5), Sinkhorn(1e-5)):
+        half = sim.half().requires_grad_(True)
+        p, r_scores = matching(half, c, r)
+        assert p.dtype == torch.float32
+        assert torch.isfinite(p).all() and torch.isfinite(r_scores).all()
+        torch.testing.assert_close(p, matching(sim, c, r)[0], rtol=0, atol=1e-3)
+        p.sum().backward()
+        assert torch.isfinite(half.grad).all()
+
+
+def test_a_built_matching_keeps_its_parameters():
+    """``Softmax(0.05).temperature = 0`` gave NaN F, ``-0.05`` a soft minimum, unchecked, and
+    a changed hash under a dict; a ``Tempered`` without a kernel failed at its first call."""
+    from bsloss.functional.matching.base import Tempered
+
+    for matching, name in ((Softmax(0.05), "temperature"), (Sinkhorn(0.1, 2), "iterations")):
+        with pytest.raises(AttributeError, match=rf"\.{name} is fixed when it is built"):
+            setattr(matching, name, 0)
+    assert Softmax(0.05) == Softmax(0.05) and hash(Sinkhorn(0.1, 2)) == hash(Sinkhorn(0.1, 2))
+    with pytest.raises(TypeError, match="Tempered sets no kernel"):
+        Tempered(0.1)
+    custom = MeanMatch(2.0)
+    custom.scale = 3.0  # a user's own matching keeps its own rules
+    assert custom.parameters() == {"scale": 3.0}
+
+
+def test_token_scores_and_weighted_mean_check_their_shapes():
+    """``token_scores`` skipped ``bert_score``'s checks: a ``[B, 1]`` mask broadcast (a row's
+    scores all zeroed), a float mask was read as true, mismatched d failed inside ``einsum``;
+    ``weighted_mean`` took ``[B, 1]`` weights and returned a sum."""
+    from bsloss.functional import weighted_mean
+
+    cand, ref, cand_mask, ref_mask, _, _ = _batch()
+    with pytest.raises(ValueError, match=r"candidate_mask must have shape \[B, L\] = \[3, 5\]"):
+        token_scores(cand, ref, cand_mask[:, :1], ref_mask)
+    with pytest.raises(TypeError, match="reference_mask"):
+        token_scores(cand, ref, cand_mask, ref_mask.float() * 0.3)
+    with pytest.raises(ValueError, match="agree on the batch size B and the embedding size d"):
+        token_scores(cand, ref[..., :5], cand_mask, ref_mask)
+    scores = token_scores(cand, ref, cand_mask, ref_mask)
+    assert [tuple(s.shape) for s in scores] == [(3, 5), (3, 4)]
+    with pytest.raises(ValueError, match=r"weights must have the shape of token_scores, \[3, 5\]"):
+        weighted_mean(scores[0], torch.ones(3, 1))

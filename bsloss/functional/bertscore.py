@@ -46,13 +46,47 @@ def token_scores(
     normalized: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Per-token scores ``(candidate [B, Lc], reference [B, Lr])`` of the chosen matching
-    (``matching``, ``temperature``, ``sinkhorn_iterations`` as in :func:`bert_score`)."""
+    (``matching``, ``temperature``, ``sinkhorn_iterations`` as in :func:`bert_score`); the
+    embeddings and masks are checked as :func:`bert_score` checks them (a ``[B, 1]`` mask
+    broadcast silently, a float one was read as true where not 0, audit h28)."""
     match = resolve_matching(matching, temperature, sinkhorn_iterations)
+    _check_embeddings(candidates, references)
+    candidate_mask = check_mask(candidate_mask, candidates, "candidate_mask", "candidates")
+    reference_mask = check_mask(reference_mask, references, "reference_mask", "references")
+    return _token_scores(candidates, references, candidate_mask, reference_mask, match, normalized)
+
+
+def _token_scores(
+    candidates: Tensor,
+    references: Tensor,
+    candidate_mask: Tensor,
+    reference_mask: Tensor,
+    match: Matching,
+    normalized: bool,
+) -> tuple[Tensor, Tensor]:
+    """:func:`token_scores` of inputs already checked."""
     sim = cosine_similarity(candidates, references, normalized=normalized)
     with torch.autocast(device_type=sim.device.type, enabled=False):
-        scores = match(sim, candidate_mask.bool(), reference_mask.bool())
+        scores = match(sim, candidate_mask, reference_mask)
     _check_scores(match, scores, sim.shape)
     return scores
+
+
+def _check_embeddings(candidates: Tensor, references: Tensor) -> None:
+    """``[B, L, d]`` float embeddings of one B and one d; type and shape checks only, no value
+    checks: those would read the device (see :func:`bert_score`'s Returns)."""
+    check_tensor(candidates, "candidates", "float")
+    check_tensor(references, "references", "float")
+    if candidates.dim() != 3 or references.dim() != 3:
+        raise ValueError(
+            "candidates and references must be [B, L, d] embeddings, got shapes "
+            f"{list(candidates.shape)} and {list(references.shape)}"
+        )
+    if candidates.shape[0] != references.shape[0] or candidates.shape[2] != references.shape[2]:
+        raise ValueError(
+            f"candidates {list(candidates.shape)} and references {list(references.shape)} must "
+            "agree on the batch size B and the embedding size d"
+        )
 
 
 def _check_scores(match: Matching, scores: object, shape: torch.Size) -> None:
@@ -85,11 +119,12 @@ def _prf(
     reference_mask,
     candidate_weights,
     reference_weights,
+    matching: Matching,
+    normalized: bool,
     bounded_f: bool = False,
-    **matching_options,
 ) -> PRF:
-    cand_scores, ref_scores = token_scores(
-        candidates, references, candidate_mask, reference_mask, **matching_options
+    cand_scores, ref_scores = _token_scores(
+        candidates, references, candidate_mask, reference_mask, matching, normalized
     )
     # weighted means (reduction.weighted_mean) whose totals also say which pairs are empty
     cand_weights = candidate_weights.to(cand_scores.dtype)
@@ -173,19 +208,7 @@ def bert_score(
     torch.Size([2])
     """
     match = resolve_matching(matching, temperature, sinkhorn_iterations)
-    # type checks only, no value checks: those would read the device (see Returns)
-    check_tensor(candidates, "candidates", "float")
-    check_tensor(references, "references", "float")
-    if candidates.dim() != 3 or references.dim() != 3:
-        raise ValueError(
-            "candidates and references must be [B, L, d] embeddings, got shapes "
-            f"{list(candidates.shape)} and {list(references.shape)}"
-        )
-    if candidates.shape[0] != references.shape[0] or candidates.shape[2] != references.shape[2]:
-        raise ValueError(
-            f"candidates {list(candidates.shape)} and references {list(references.shape)} must "
-            "agree on the batch size B and the embedding size d"
-        )
+    _check_embeddings(candidates, references)
     dtype = math_dtype(candidates, references)
     if candidate_mask is None:
         candidate_mask = torch.ones(

@@ -22,8 +22,14 @@ __all__ = ["weighted_mean", "mean_or_zero", "f_measure", "best_over_references"]
 def weighted_mean(token_scores: Tensor, weights: Tensor) -> Tensor:
     """``sum_i w_i x_i / sum_i w_i`` over the last axis; 0 where the weights sum to 0.
 
-    ``weights`` must be 0 on padded slots (and on any token that should not count).
+    ``weights`` must be 0 on padded slots (and on any token that should not count), one per
+    score: ``[B, 1]`` weights broadcast into a sum, not a mean (audit h28).
     """
+    if tuple(weights.shape) != tuple(token_scores.shape):
+        raise ValueError(
+            f"weights must have the shape of token_scores, {list(token_scores.shape)}, got "
+            f"{list(weights.shape)}"
+        )
     weights = weights.to(token_scores.dtype)
     total = weights.sum(dim=-1)
     return mean_or_zero((token_scores * weights).sum(dim=-1), total, total == 0)

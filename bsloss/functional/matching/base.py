@@ -18,6 +18,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from bsloss.functional.similarity import math_dtype
+
 __all__ = [
     "Matching",
     "Tempered",
@@ -25,6 +27,7 @@ __all__ = [
     "SMALLEST_TEMPERATURE",
     "check_temperature",
     "check_iterations",
+    "tempered_inputs",
 ]
 
 DEFAULT_TEMPERATURE = 0.05
@@ -151,6 +154,15 @@ class Matching(ABC):
         return hash((type(self), tuple(self.parameters().items())))
 
 
+def tempered_inputs(sim: Tensor, temperature: float) -> tuple[Tensor, float]:
+    """A tempered kernel's similarities, in the matching's math dtype, and its temperature,
+    checked. The kernels are public and called without the objects' checks: ``T = 0`` gave NaN
+    scores and ``T < 0`` a soft minimum; and float16 ends at 65504, so ``sim / T`` overflowed
+    it from ``T`` of about 1.5e-5, NaN scores too (audit h28; ``bert_score`` casts before, a
+    direct call did not)."""
+    return sim.to(math_dtype(sim)), check_temperature(temperature, smallest=SMALLEST_TEMPERATURE)
+
+
 class Tempered(Matching):
     """A matching with one temperature ``T``: its ``kernel`` (a function of the similarities,
     the masks and ``temperature=``) at the validated ``T``. A subclass sets ``kernel`` (and
@@ -166,6 +178,8 @@ class Tempered(Matching):
     kernel: ClassVar[Callable[..., tuple[Tensor, Tensor]]]
 
     def __init__(self, temperature: float = DEFAULT_TEMPERATURE):
+        if not hasattr(type(self), "kernel"):  # it failed at its first call
+            raise TypeError(f"{type(self).__name__} sets no kernel: subclass it with one")
         self.temperature = check_temperature(temperature, smallest=SMALLEST_TEMPERATURE)
 
     @classmethod
@@ -176,6 +190,16 @@ class Tempered(Matching):
 
     def parameters(self) -> dict[str, object]:
         return {"temperature": self.temperature}
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # the parameters are checked once, when the object is built: a temperature set to 0 later
+        # gave NaN, a negative one a soft minimum, and the hash changed under a dict (audit h28)
+        if name in self.__dict__ and name in self.parameters():
+            raise AttributeError(
+                f"{type(self).__name__}.{name} is fixed when it is built (and checked then); "
+                f"make a new one, {type(self).__name__}({name}=...)"
+            )
+        super().__setattr__(name, value)
 
     def __call__(
         self, sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor

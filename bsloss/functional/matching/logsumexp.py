@@ -18,7 +18,7 @@ from torch import Tensor
 
 from bsloss._warnings import warn_user
 from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
-from bsloss.functional.matching.base import DEFAULT_TEMPERATURE, Tempered
+from bsloss.functional.matching.base import DEFAULT_TEMPERATURE, Tempered, tempered_inputs
 
 __all__ = ["LogSumExp", "logsumexp_match", "LARGEST_TEMPERATURE"]
 
@@ -37,6 +37,7 @@ def logsumexp_match(
     sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor, *, temperature: float
 ) -> tuple[Tensor, Tensor]:
     """Per-token smooth-max scores ``([B, Lc], [B, Lr])`` from ``[B, Lc, Lr]``."""
+    sim, temperature = tempered_inputs(sim, temperature)
     valid = pair_mask(candidate_mask, reference_mask)
     return (
         _smooth_max(sim, valid, temperature, dim=2),

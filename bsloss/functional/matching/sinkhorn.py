@@ -42,6 +42,7 @@ from bsloss.functional.matching.base import (
     Tempered,
     check_iterations,
     check_temperature,
+    tempered_inputs,
 )
 
 __all__ = ["Sinkhorn", "sinkhorn_match", "sinkhorn_log_plan"]
@@ -98,6 +99,8 @@ def sinkhorn_match(
     sinkhorn_iterations: int = 1,
 ) -> tuple[Tensor, Tensor]:
     """Per-token transport scores ``([B, Lc], [B, Lr])`` from ``[B, Lc, Lr]``."""
+    sim, temperature = tempered_inputs(sim, temperature)
+    sinkhorn_iterations = check_iterations(sinkhorn_iterations, "sinkhorn_iterations")
     valid = pair_mask(candidate_mask, reference_mask)
     plan_p = sinkhorn_log_plan(
         sim, candidate_mask, reference_mask, temperature, sinkhorn_iterations, "candidate"

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from bsloss.functional.masking import masked_logits, pair_mask, where_partnered
-from bsloss.functional.matching.base import Tempered
+from bsloss.functional.matching.base import Tempered, tempered_inputs
 
 __all__ = ["Softmax", "softmax_match"]
 
@@ -32,6 +32,7 @@ def softmax_match(
     sim: Tensor, candidate_mask: Tensor, reference_mask: Tensor, *, temperature: float
 ) -> tuple[Tensor, Tensor]:
     """Per-token softmax-weighted scores ``([B, Lc], [B, Lr])`` from ``[B, Lc, Lr]``."""
+    sim, temperature = tempered_inputs(sim, temperature)
     valid = pair_mask(candidate_mask, reference_mask)
     # shared by both directions: computed once
     logits, real_sim = sim / temperature, torch.where(valid, sim, 0.0)
