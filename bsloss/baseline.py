@@ -59,6 +59,16 @@ def read_baseline(path: str | Path, num_layers: int) -> torch.Tensor:
         raise FileNotFoundError(f"baseline file {path} does not exist")
     if path.is_dir():
         raise IsADirectoryError(f"baseline file {path} is a directory, not a file")
+    try:
+        return _read_rows(path, num_layers)
+    except UnicodeDecodeError as error:  # named, as the corpus's and the texts' files are
+        raise ValueError(
+            f"baseline file {path} is not UTF-8 text ({error.reason} at byte {error.start})"
+        ) from None
+
+
+def _read_rows(path: Path, num_layers: int) -> torch.Tensor:
+    """:func:`read_baseline`'s reading of the rows."""
     # utf-8-sig: a byte-order mark (Excel's, Notepad's) is not part of the header
     with open(path, newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle)
@@ -71,7 +81,7 @@ def read_baseline(path: str | Path, num_layers: int) -> torch.Tensor:
             )
         rows: dict[int, list[str]] = {}
         for line, row in enumerate(reader, start=2):
-            if not row:
+            if not any(cell.strip() for cell in row):  # a blank line, as pandas skips it
                 continue
             try:
                 layer = float(row[0])

@@ -10,7 +10,9 @@ prints as ``bsloss: warning: ...``, in the command line's words, not as Python's
 from __future__ import annotations
 
 import argparse
+import io
 import math
+import os
 import re
 import sys
 import warnings
@@ -27,7 +29,21 @@ def _read_lines(path: str, option: str, lines: str = "lines") -> list[str]:
     """The lines of ``path`` (``-``: standard input), with errors that name the option and say
     that it takes a file of ``lines`` (a text given in its place is not taken for a file name)."""
     if path == "-":
-        return [line.rstrip("\n") for line in sys.stdin]
+        buffer = getattr(sys.stdin, "buffer", None)
+        if buffer is None:  # a text stream put in its place
+            return [line.rstrip("\n") for line in sys.stdin]
+        # decoded strictly, as a file is: the platform's lenient decoding let bytes that are
+        # not UTF-8 through as lone surrogates, refused later under another name (audit h29)
+        stream = io.TextIOWrapper(buffer, encoding="utf-8", errors="strict")
+        try:
+            return [line.rstrip("\n") for line in stream]
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{option} - (standard input) is not UTF-8 text ({error.reason} at byte "
+                f"{error.start} of a block)"
+            ) from None
+        finally:
+            stream.detach()  # standard input stays open
     file = Path(path)
     if file.is_dir():
         raise ValueError(f"{option} {path} is a directory, not a text file")
@@ -102,6 +118,14 @@ def _baseline(args: argparse.Namespace) -> int:
 
     if args.output.is_dir():
         raise ValueError(f"-o {args.output} is a directory; give the baseline file's name")
+    # its folder made and checked before the hours of computing, not after (audit h29)
+    folder = args.output.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"-o {args.output}: its folder cannot be made ({error})") from None
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"-o {args.output}: its folder {folder} is not writable")
     sentences = [s for s in _read_lines(args.corpus, "--corpus") if s.strip()]
     distinct = len({s.strip() for s in sentences})
     if distinct < 2:
@@ -134,7 +158,13 @@ def _plot(args: argparse.Namespace) -> int:
     from bsloss.plot import check_image_path, draw_pair
 
     output = check_image_path(args.output)  # before loading the model; NAME -> NAME.png
-    scorer = BERTScorer(model=args.model, num_layers=args.num_layers, device=args.device)
+    scorer = BERTScorer(
+        model=args.model,
+        num_layers=args.num_layers,
+        device=args.device,
+        rescale_with_baseline=args.rescale,
+        baseline_path=args.baseline_path,
+    )
     draw_pair(scorer, args.candidate, args.reference, output, args.temperature)
     print(f"wrote {output}")
     return 0
@@ -297,6 +327,17 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         default=None,
         help="shade the soft matching plan softmax(s/T) instead of s",
+    )
+    # bert-score-show's too (audit h29: refused as unrecognized arguments)
+    plot.add_argument(
+        "--rescale",
+        "--rescale_with_baseline",
+        action="store_true",
+        help="rescale the similarities with the baseline",
+    )
+    plot.add_argument("--baseline-path", "--baseline_path", default=None)
+    plot.add_argument(
+        "-v", "--verbose", action="store_true", help="accepted for bert-score-show; no effect"
     )
     common(plot)
     plot.set_defaults(run=_plot)

@@ -172,6 +172,16 @@ def cli_cases(f):
             ["baseline", "--corpus", str(f / "c.txt"), "-o", str(f / "dir")],
             "directory",
         ),
+        # audit h29: -o under a file failed after the whole computation, naming no flag
+        "baseline-output-under-a-file": (
+            ["baseline", "--corpus", str(f / "c.txt"), "-o", str(f / "c.txt" / "b.csv")],
+            "-o " + str(f / "c.txt" / "b.csv") + ": its folder cannot be made",
+        ),
+        # audit h29: a bare "'utf-8' codec can't decode byte 0xe9", no file named
+        "baseline-file-not-utf8": (
+            [*score, *ok, "--rescale", "--baseline-path", str(f / "latin1.txt")],
+            "baseline file " + str(f / "latin1.txt") + " is not UTF-8 text",
+        ),
         "baseline-missing-corpus": (
             ["baseline", "--corpus", str(f / "nope.txt"), "-o", str(f / "b.csv")],
             "--corpus",
@@ -235,6 +245,25 @@ def test_plot_takes_no_options_it_would_ignore(capsys, option):
         assert str(getattr(args, option[0][2:].replace("-", "_"))) == option[1]
 
 
+def test_plot_takes_bert_score_shows_rescaling_flags(tmp_path, capsys, monkeypatch):
+    """``bert-score-show`` takes ``--rescale_with_baseline``, ``--baseline_path`` and ``-v``;
+    ``bsloss plot`` refused them as unrecognized (audit h29). The scorer it draws with now
+    rescales with the baseline given."""
+    import bsloss.plot
+
+    drawn = []
+    monkeypatch.setattr(bsloss.plot, "draw_pair", lambda scorer, *rest: drawn.append(scorer))
+    baseline = tmp_path / "baseline.csv"
+    rows = "".join(f"{layer},0.8{layer},0.7{layer},0.75\n" for layer in range(7))
+    baseline.write_text("LAYER,P,R,F\n" + rows)
+    plot = ["plot", "-c", "the cat sat", "-r", "a cat sat", "-f", str(tmp_path / "x.png")]
+    flags = ["--rescale_with_baseline", "--baseline_path", str(baseline), "-v"]
+    assert main([*plot, *flags]) == 0, capsys.readouterr().err
+    assert main(plot) == 0
+    rescaled, plain = drawn
+    assert rescaled.baseline.tolist() == [0.86, 0.76, 0.75] and plain.baseline is None
+
+
 def test_rc12_cli_empty_files_do_not_print_nan(files, capsys):
     status, err, out = run_cli(
         ["score", "-c", str(files / "empty.txt"), "-r", str(files / "empty.txt")], capsys
@@ -261,6 +290,28 @@ def test_rc11_cli_reads_standard_input(files, capsys, monkeypatch):
         capsys,
     )
     assert status == 0 and out == from_files[2] and "F1:" in out
+
+
+def test_standard_input_that_is_not_utf8_is_named_as_a_file_is(files, capsys, monkeypatch):
+    """Audit h29: Latin-1 bytes on standard input came through as lone surrogates and were
+    refused as ``cands[0] is not valid Unicode``, where a file says it is not UTF-8."""
+    import io
+
+    stdin = io.TextIOWrapper(io.BytesIO("café au lait\n".encode("latin-1")))
+    monkeypatch.setattr("sys.stdin", stdin)
+    status, err, _ = run_cli(["score", "-c", "-", "-r", str(files / "one.txt")], capsys)
+    assert status == 2 and len(err) == 1, err
+    assert "-c/--candidates - (standard input) is not UTF-8 text" in err[0], err[0]
+    crlf = io.TextIOWrapper(io.BytesIO(b"a cat sat\r\na dog ran\r\n"))
+    monkeypatch.setattr("sys.stdin", crlf)
+    status, _, out = run_cli(
+        ["score", "-c", "-", "-r", str(files / "r.txt"), "--progress", "off"], capsys
+    )
+    from_file = run_cli(
+        ["score", "-c", str(files / "c.txt"), "-r", str(files / "r.txt"), "--progress", "off"],
+        capsys,
+    )
+    assert status == 0 and out == from_file[2]
 
 
 def test_a_warning_prints_as_the_command_lines(files, tmp_path, capsys):

@@ -132,6 +132,10 @@ def test_a_baseline_file_with_a_byte_order_mark_is_read(tmp_path):
     rows = "".join(f"{layer},0.8{layer},0.7{layer},0.75\n" for layer in range(7))
     path.write_text("\ufeffLAYER,P,R,F\n" + rows, encoding="utf-8")
     assert read_baseline(path, 6).tolist() == [0.86, 0.76, 0.75]
+    # a line of spaces at the end, which pandas (bert_score) skips (audit h29: "the layer
+    # [' '] is not a number")
+    path.write_text("LAYER,P,R,F\n" + rows + "   \n", encoding="utf-8")
+    assert read_baseline(path, 6).tolist() == [0.86, 0.76, 0.75]
 
 
 def test_plot_without_an_extension_names_the_file_it_wrote(tmp_path):
