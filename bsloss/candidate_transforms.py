@@ -124,7 +124,8 @@ class TopK(CandidateTransform):
     k: int
 
     def __post_init__(self) -> None:
-        check_int(self.k, "top_k", 1)
+        # stored as a Python int (a numpy or tensor integer would show in the repr and hash)
+        object.__setattr__(self, "k", check_int(self.k, "top_k", 1))
         if self.k == 1:
             raise ValueError(
                 "top_k=1 gives an exactly zero gradient (the renormalised top-1 weight is "
@@ -161,8 +162,10 @@ class Gumbel(CandidateTransform):
     temperature: float
 
     def __post_init__(self) -> None:
-        # below float32's smallest normal number 1 / tau overflows: the gradient is not finite
-        check_temperature(self.temperature, "gumbel_temperature", SMALLEST_TEMPERATURE)
+        # below float32's smallest normal number 1 / tau overflows: the gradient is not finite;
+        # stored as a Python float (a tensor would show in the repr and hash as a tensor)
+        checked = check_temperature(self.temperature, "gumbel_temperature", SMALLEST_TEMPERATURE)
+        object.__setattr__(self, "temperature", checked)
 
     def configure(self, options: CandidateOptions) -> CandidateOptions:
         self._refuse_twice(options, "gumbel_temperature")

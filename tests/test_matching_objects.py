@@ -370,3 +370,42 @@ def test_token_scores_and_weighted_mean_check_their_shapes():
     assert [tuple(s.shape) for s in scores] == [(3, 5), (3, 4)]
     with pytest.raises(ValueError, match=r"weights must have the shape of token_scores, \[3, 5\]"):
         weighted_mean(scores[0], torch.ones(3, 1))
+
+
+def test_config_numbers_are_kept_as_python_numbers_and_repeat_as_equal():
+    """Round 17 (left by audit h28): ``numpy.float32(0.05)`` beside ``Softmax(0.05)``
+    was a conflict (0.05000000074505806 against 0.05); ``Gumbel(torch.tensor(0.5))`` and
+    ``TopK(numpy.int64(4))`` kept the tensor and the numpy integer (their repr and hash)."""
+    import numpy as np
+
+    from bsloss.candidate_transforms import Gumbel, TopK
+
+    assert resolve_matching(Softmax(0.05), temperature=np.float32(0.05)) == Softmax(0.05)
+    with pytest.raises(ValueError, match="conflicts with matching=Softmax"):
+        resolve_matching(Softmax(0.05), temperature=np.float32(0.0501))
+    gumbel, top_k = Gumbel(torch.tensor(0.5)), TopK(np.int64(4))
+    assert type(gumbel.temperature) is float and repr(gumbel) == "Gumbel(temperature=0.5)"
+    assert hash(gumbel) == hash(Gumbel(0.5)) and gumbel == Gumbel(0.5)
+    assert type(top_k.k) is int and repr(top_k) == "TopK(k=4)"
+
+
+def test_best_over_references_names_its_bad_inputs():
+    """Round 17 (left by audit h28): an owner out of range failed inside ``scatter_reduce``
+    (on a GPU a device-side assert), a float owner or an int ``ignore`` inside torch."""
+    from bsloss.functional import best_over_references
+
+    scores, owner = torch.tensor([0.2, 0.7, 0.5]), torch.tensor([0, 0, 1])
+    torch.testing.assert_close(best_over_references(scores, owner, 2), torch.tensor([0.7, 0.5]))
+    outside = r"owner holds candidate 2, outside \[0, num_candidates\) = \[0, 2\)"
+    with pytest.raises(ValueError, match=outside):
+        best_over_references(scores, torch.tensor([0, 0, 2]), 2)
+    with pytest.raises(ValueError, match="owner holds candidate -1"):
+        best_over_references(scores, torch.tensor([-1, 0, 1]), 2)
+    with pytest.raises(TypeError, match="owner must hold integer candidate indices"):
+        best_over_references(scores, owner.float(), 2)
+    with pytest.raises(ValueError, match=r"owner must be \[N\] = \[3\]"):
+        best_over_references(scores, owner[:2], 2)
+    with pytest.raises(ValueError, match="ignore must be a bool"):
+        best_over_references(scores, owner, 2, ignore=torch.tensor([0, 1, 0]))
+    with pytest.raises(TypeError, match="num_candidates must be an int"):
+        best_over_references(scores, owner, 2.0)

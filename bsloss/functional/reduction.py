@@ -76,6 +76,40 @@ def f_measure(precision: Tensor, recall: Tensor, bounded: bool = False) -> Tenso
     return torch.where(positive, harmonic, smaller)
 
 
+def _check_owners(
+    scores: Tensor, owner: Tensor, num_candidates: int, ignore: Tensor | None
+) -> None:
+    """:func:`best_over_references`' inputs, named, before a scatter fails inside torch (on a
+    GPU: a device-side assert, which ends the process's CUDA context)."""
+    for value, name in ((scores, "scores"), (owner, "owner"), (ignore, "ignore")):
+        if value is not None and not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if isinstance(num_candidates, bool) or not isinstance(num_candidates, int):
+        raise TypeError(f"num_candidates must be an int, got {type(num_candidates).__name__}")
+    if scores.dim() not in (1, 2):
+        raise ValueError(f"scores must be [N] or [N, K], got shape {tuple(scores.shape)}")
+    pairs = scores.shape[0]
+    if owner.dtype.is_floating_point or owner.dtype.is_complex or owner.dtype == torch.bool:
+        raise TypeError(f"owner must hold integer candidate indices, got {owner.dtype}")
+    if owner.shape != (pairs,):
+        raise ValueError(
+            f"owner must be [N] = [{pairs}] (one candidate per row of scores), got shape "
+            f"{tuple(owner.shape)}"
+        )
+    if ignore is not None and (ignore.dtype != torch.bool or ignore.shape != (pairs,)):
+        raise ValueError(
+            f"ignore must be a bool [N] = [{pairs}] tensor, got {ignore.dtype} of shape "
+            f"{tuple(ignore.shape)}"
+        )
+    if owner.device.type == "cpu" and pairs:
+        low, high = int(owner.min()), int(owner.max())
+        if low < 0 or high >= num_candidates:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"owner holds candidate {bad}, outside [0, num_candidates) = [0, {num_candidates})"
+            )
+
+
 def best_over_references(
     scores: Tensor, owner: Tensor, num_candidates: int, ignore: Tensor | None = None
 ) -> Tensor:
@@ -94,15 +128,16 @@ def best_over_references(
         competing pairs' scores (as a max propagates it; an ignored pair's NaN does not count).
 
     Raises:
-        TypeError: ``scores`` or ``owner`` is not a tensor (named).
+        TypeError: ``scores``, ``owner`` or ``ignore`` is not a tensor, or of the wrong kind
+            (named); ``num_candidates`` is not an integer.
+        ValueError: their shapes disagree, or (for an ``owner`` on the CPU, where reading it
+            costs no wait for a device) an owner outside ``[0, num_candidates)``.
 
     >>> import torch
     >>> best_over_references(torch.tensor([0.2, 0.7, 0.5]), torch.tensor([0, 0, 1]), 2)
     tensor([0.7000, 0.5000])
     """
-    for value, name in ((scores, "scores"), (owner, "owner")):
-        if not isinstance(value, Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    _check_owners(scores, owner, num_candidates, ignore)
     values = scores[:, None] if scores.dim() == 1 else scores
     pairs, width = values.shape
     competing = values.detach()

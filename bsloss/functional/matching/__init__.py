@@ -9,6 +9,8 @@ Everything that takes ``matching=`` goes through :func:`resolve_matching`, which
 
 from __future__ import annotations
 
+import numpy as np
+
 from bsloss.functional.matching.base import (
     SHORTHANDS,
     SMALLEST_TEMPERATURE,
@@ -40,6 +42,17 @@ __all__ = [
 _MISSING = object()
 
 
+def _same_setting(own: object, value: float | int) -> bool:
+    """Whether a legacy keyword's ``value`` repeats the object's own: equal, or for a
+    temperature equal once both are float32 (a config's ``numpy.float32(0.05)`` is the
+    object's ``0.05`` to the precision the kernels divide at)."""
+    if own == value:
+        return True
+    if isinstance(own, float) and isinstance(value, float):
+        return bool(np.float32(own) == np.float32(value))
+    return False
+
+
 def resolve_matching(
     matching: str | Matching,
     temperature: float | None = None,
@@ -54,8 +67,9 @@ def resolve_matching(
             object's ``temperature`` and ``iterations`` (``None``: the class default,
             :data:`~bsloss.functional.matching.base.DEFAULT_TEMPERATURE`; a matching with no
             such parameter ignores them, as ``"hard"`` always did). With an object they may be
-            left out (``None``) or repeat the object's own value; any other value conflicts
-            and is an error.
+            left out (``None``) or repeat the object's own value (a temperature equal to it
+            in float32, where the similarities are divided: ``numpy.float32(0.05)`` repeats
+            ``0.05``); any other value conflicts and is an error.
 
     Returns:
         A :class:`Matching`.
@@ -81,7 +95,7 @@ def resolve_matching(
             ("sinkhorn_iterations", sinkhorn_iterations, "iterations"),
         ):
             own = getattr(matching, attribute, _MISSING)
-            if value is not None and own != value:
+            if value is not None and not _same_setting(own, value):
                 has = f"no {attribute}" if own is _MISSING else f"{attribute}={own!r}"
                 raise ValueError(
                     f"{keyword}={value!r} conflicts with matching={matching!r}, which has "
