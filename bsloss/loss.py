@@ -49,13 +49,13 @@ from bsloss.functional import (
     PRF,
     batch_center,
     bert_score,
-    best_over_references,
     rescale_with_baseline,
 )
 from bsloss.functional.fused_expectation import (
     IGNORE_INDEX,
 )
 from bsloss.functional.matching import Matching, resolve_matching
+from bsloss.functional.reduction import best_of_owned
 from bsloss.inputs import (
     as_token_ids,
     check_device,
@@ -993,7 +993,7 @@ class BERTScoreLoss(nn.Module):
             )
         if index is None:
             return prf
-        return PRF(*(best_over_references(x, index, batch, ignore=empty) for x in prf))
+        return PRF(*(best_of_owned(x, index, batch, ignore=empty) for x in prf))
 
     @_entry_point
     def forward(

@@ -26,8 +26,9 @@ from torch import Tensor
 from bsloss._version import __version__
 from bsloss._warnings import warn_user
 from bsloss.baseline import load_baseline, shipped_baseline_path
-from bsloss.functional import bert_score, best_over_references, rescale_with_baseline
+from bsloss.functional import bert_score, rescale_with_baseline
 from bsloss.functional.idf import document_frequency, idf_from_frequency
+from bsloss.functional.reduction import best_of_owned
 from bsloss.functional.similarity import l2_normalize
 from bsloss.inputs import check_flag, check_int, check_texts, flatten_groups, validate_pairs
 from bsloss.plot import draw_pair
@@ -751,9 +752,7 @@ class BERTScorer:
             pair_scores = rescale_with_baseline(pair_scores, self.baseline.float())
         empty = self._empty_pairs(pair_cands, pair_refs, owner, groups, offset, tokenless)
         self._warn_weightless(weightless & ~empty, owner, groups, offset, self.baseline)
-        best = best_over_references(
-            pair_scores.flatten(1), torch.tensor(owner), len(cands), ignore=empty
-        )
+        best = best_of_owned(pair_scores.flatten(1), torch.tensor(owner), len(cands), ignore=empty)
         return best.view(len(cands), width, 3) if self.all_layers else best.view(len(cands), 3)
 
     def _layer_count(self) -> int:

@@ -138,6 +138,15 @@ def best_over_references(
     tensor([0.7000, 0.5000])
     """
     _check_owners(scores, owner, num_candidates, ignore)
+    return best_of_owned(scores, owner, num_candidates, ignore)
+
+
+def best_of_owned(
+    scores: Tensor, owner: Tensor, num_candidates: int, ignore: Tensor | None = None
+) -> Tensor:
+    """:func:`best_over_references` without its checks, for the loss and the metric, which
+    build ``owner`` themselves: the owners' range check reads them, and on a GPU a read waits
+    for the card."""
     values = scores[:, None] if scores.dim() == 1 else scores
     pairs, width = values.shape
     competing = values.detach()
