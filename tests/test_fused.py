@@ -401,6 +401,40 @@ def test_log_likelihood_is_cross_entropy(softcap):
     torch.testing.assert_close(-only.sum() / 8, ce, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [1e-2, 1e-3, 1e-4])
+def test_small_generator_temperature_gradient_cancels_as_the_dense_one(temperature):
+    """At a small generator temperature a row's softmax is near one-hot and its exact
+    gradient near 0. The backward recomputed p = exp(s - log Z) with ``log Z`` one float32
+    number (s = z / T large), whose p sum to 1 only within ~1e-5, against the forward's ``e``:
+    ``(S - 1) <g, e> / T`` was left, 7.5e-4 in h's gradient at T = 1e-3 where the dense
+    float32 path is 1.5e-6 off, 2.7e-3 at 1e-4 where it is exact (audit h33). Below 0.05 the
+    backward now sums its own p."""
+    generator = torch.Generator().manual_seed(0)
+    h = torch.randn(6, 16, generator=generator) * 0.7
+    weight = torch.randn(100, 16, generator=generator) * 0.5
+    table = torch.randn(100, 4, generator=generator)
+    upstream = torch.randn(6, 4, generator=generator)
+
+    def gradients(dtype, fused):
+        hh = h.to(dtype, copy=True).requires_grad_()
+        ww = weight.to(dtype, copy=True).requires_grad_()
+        if fused:
+            e = fused_expected_inputs(hh, ww, table.to(dtype), temperature=temperature).expected
+        else:
+            e = torch.softmax(hh @ ww.T / temperature, dim=-1) @ table.to(dtype)
+        (e * upstream.to(dtype)).sum().backward()
+        return hh.grad.double(), ww.grad.double()
+
+    truth = gradients(torch.float64, fused=False)
+    dense = gradients(torch.float32, fused=False)
+    fused = gradients(torch.float32, fused=True)
+    for name, exact, ours, theirs in zip("hW", truth, fused, dense, strict=True):
+        error, dense_error = (ours - exact).abs().max(), (theirs - exact).abs().max()
+        # as close as the dense float32 path, within float32 rounding of the gradient's size
+        bound = 2 * dense_error + 1e-6 * float(exact.abs().max()) + 1e-12
+        assert error <= bound, (name, float(error), float(dense_error))
+
+
 def test_expectation_and_cross_entropy_in_one_pass():
     """Both outputs of one pass, both differentiated: the gradient is the sum of the dense ones."""
     h, weight, table = problem()

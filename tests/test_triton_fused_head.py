@@ -538,6 +538,9 @@ def test_auto_backend_takes_the_kernels_only_on_cuda_for_bf16_products(monkeypat
     assert not fe._runs_on_triton("auto", bf16, bf16, {**plain, "top_k": 5})
     assert not fe._runs_on_triton("auto", FakeCuda(torch.bfloat16, n=0), bf16, plain)
     assert not fe._runs_on_triton("torch", bf16, bf16, plain)
+    # below 0.05 only the PyTorch backward normalises its own probabilities (audit h33)
+    assert fe._runs_on_triton("auto", bf16, bf16, plain, temperature=0.05) is installed
+    assert not fe._runs_on_triton("auto", bf16, bf16, plain, temperature=0.01)
     monkeypatch.setattr(fe, "_has_bf16_tensor_cores", lambda device: False)
     assert not fe._runs_on_triton("auto", bf16, bf16, plain)
 

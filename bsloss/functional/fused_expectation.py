@@ -113,6 +113,10 @@ BACKENDS = ("auto", "triton", "torch")
 # passes then run out of the CPU's caches, and a handful of temporaries of that size live at once,
 # so the pass needs ~100 MB whatever N and V.
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
+# Below this generator temperature the PyTorch backward sums its own probabilities in one more
+# pass over the chunks (:func:`_recomputed_sums`): p = exp(s - log Z) with s = z / T large sum
+# to 1 only within float32's rounding of log Z, scaled by 1 / T in the gradient.
+SELF_NORMALISED_BELOW = 0.05
 _MAX_ROW_BLOCK = 4096
 # CUDA: blocks as tall as the positions (up to _MAX_CUDA_ROWS) by vocabulary chunks that make one
 # [rows, chunk] temporary of the softmax dtype at most 256 MiB: the whole vocabulary in one block
@@ -551,9 +555,16 @@ class _FusedHead(torch.autograd.Function):
                 # ds/dz = 1 / T, and with noise 1 / (T tau): the 1 / tau scales each chunk's ds
                 # (where p has vanished, 0 stays 0); folded into g it made g inf for a small tau
                 g = grad_expected.to(dt) / o.temperature
-                offset = -(g * expected).sum(dim=1)
-                if norm is not None:  # p = exp((t - m) / tau) / norm: 1 / norm in the row factors
-                    g, offset = g / norm[:, None], offset / norm
+                if o.temperature < SELF_NORMALISED_BELOW:
+                    # p / S and <g, e> from this pass's own p (S = sum p): a near one-hot row's
+                    # dz then cancels as the dense softmax's does
+                    total, weighted = _recomputed_sums(hidden, weight, bias, table, rows,
+                                                       log_z, g, o)  # fmt: skip
+                    g, offset = g / total[:, None], -weighted / total.square()
+                else:
+                    offset = -(g * expected).sum(dim=1)
+                    if norm is not None:  # p = exp((t - m) / tau) / norm: 1 / norm, row factors
+                        g, offset = g / norm[:, None], offset / norm
                 g = g.to(mm)
             if use_ll:
                 gl = torch.where(targets == IGNORE_INDEX, 0.0, grad_ll.to(dt))
@@ -626,6 +637,41 @@ class _FusedHead(torch.autograd.Function):
                     del dz_mm
         grads = _cast(grad_h, hidden), _cast(grad_w, weight), _cast(grad_b, bias)
         return (*grads, None, None, None, None)
+
+
+def _recomputed_sums(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    table: Tensor,
+    rows: Tensor | None,
+    log_z: Tensor,
+    g: Tensor,
+    o: _Options,
+) -> tuple[Tensor, Tensor]:
+    """Per row, ``S = sum_v p_v`` and ``sum_v p_v <g, E_v>`` with ``p`` exactly as the
+    backward recomputes it (``exp(s - log Z)``, before any Gumbel normaliser): one more pass
+    over the chunks, taken below :data:`SELF_NORMALISED_BELOW`. There ``s = z / T`` is large,
+    ``log Z`` is one float32 number with an absolute rounding of ~1e-7 |s|, and the p it gives
+    sum to 1 only within ~1e-5; against the forward's ``e`` the backward's ``dz`` then kept
+    ``(S - 1) <g, e> / T`` (audit h33: 7.5e-4 where the dense gradient is 1.9e-6, at
+    T = 1e-3)."""
+    dt, mm = o.dtype, o.matmul_dtype
+    n = hidden.shape[0]
+    total = torch.zeros(n, dtype=dt, device=hidden.device)
+    weighted = torch.zeros(n, dtype=dt, device=hidden.device)
+    hidden_mm, g_mm = hidden.to(mm), g.to(mm)
+    values = TableChunks(table, mm, o.table_pad)
+    for v0, v1 in _chunks(weight.shape[0], o.vocab_chunk):
+        w = weight[v0:v1].to(mm)
+        b = None if bias is None else bias[v0:v1]
+        e = values.rows(v0, v1)
+        for r0, r1 in _chunks(n, o.row_block):
+            _, s = _logits(hidden_mm[r0:r1], w, b, o, None if rows is None else rows[r0:r1], v0)
+            p = _exp_shifted(s, log_z[r0:r1], dt, o.gumbel)
+            total[r0:r1] += p.sum(dim=1)
+            weighted[r0:r1] += (p * (g_mm[r0:r1] @ e.T).to(dt)).sum(dim=1)
+    return total, weighted
 
 
 def _joined(parts: tuple[Tensor, ...]) -> Tensor:
@@ -805,7 +851,10 @@ def fused_expected_inputs(
             pass; running out of memory is raised); off by default: slower than the chunked
             pass on an H200 (module docstring).
         backend: ``"auto"`` (the Triton kernels on CUDA for bfloat16 products where the
-            options allow, else the PyTorch pass; module docstring), ``"triton"`` (the kernels of
+            options allow and ``temperature >= 0.05``, else the PyTorch pass, whose backward
+            below that temperature sums its own probabilities, one more pass over the chunks,
+            so that a near one-hot row's gradient cancels as the dense one's; module
+            docstring), ``"triton"`` (the kernels of
             :mod:`bsloss.functional.triton_fused_head`, without ``top_k``,
             ``straight_through``, ``gumbel_temperature`` or float64, or an error; CPU tensors
             need Triton's interpreter, ``TRITON_INTERPRET=1`` before triton's import) or
@@ -869,7 +918,7 @@ def fused_expected_inputs(
     # zero columns change no product; each backend reads the table chunk by chunk, padded,
     # and the result is cut back to `width`
     table_pad = 8 if _pads_table_rows(hidden_states) else 1
-    if _runs_on_triton(backend, hidden_states, weight, candidates.keywords()):
+    if _runs_on_triton(backend, hidden_states, weight, candidates.keywords(), temperature):
         out = _triton_pass(
             hidden_states,
             weight,
@@ -983,7 +1032,9 @@ def _pads_table_rows(hidden: Tensor) -> bool:
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
-def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict) -> bool:
+def _runs_on_triton(
+    backend: str, hidden: Tensor, weight: Tensor, sampling: dict, temperature: float = 1.0
+) -> bool:
     """Whether the Triton kernels take this call (see ``backend`` in
     :func:`fused_expected_inputs`); ``backend="triton"`` where they cannot is an error."""
     if backend not in BACKENDS:
@@ -999,10 +1050,12 @@ def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict
     installed = _TRITON_INSTALLED
     if backend == "auto":
         # the kernels where they were measured faster (module docstring): CUDA, bfloat16
-        # products, a card with bfloat16 tensor cores; the PyTorch pass elsewhere
+        # products, a card with bfloat16 tensor cores; the PyTorch pass elsewhere, and below
+        # SELF_NORMALISED_BELOW, where only the PyTorch backward sums its own probabilities
         return (
             rows
             and not unhandled
+            and temperature >= SELF_NORMALISED_BELOW
             and installed
             and hidden.is_cuda
             and _matmul_dtype(hidden, weight) == torch.bfloat16
