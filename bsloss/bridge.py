@@ -1242,10 +1242,11 @@ class RetokenizeBridge(BridgeMode):
 BRIDGE_MODES = ("retokenize", "average")
 
 
-def check_bridge_mode(mode: object) -> None:
-    """Refuse a ``bridge_mode`` that is not one of :data:`BRIDGE_MODES` or ``None``."""
+def check_bridge_mode(mode: object, name: str = "bridge_mode") -> None:
+    """Refuse a mode (``name``: the argument the caller passed) that is not one of
+    :data:`BRIDGE_MODES` or ``None``."""
     if mode is not None and mode not in BRIDGE_MODES:
-        raise ValueError(f"bridge_mode must be one of {BRIDGE_MODES} or None, got {mode!r}")
+        raise ValueError(f"{name} must be one of {BRIDGE_MODES} or None, got {mode!r}")
 
 
 def resolve_bridge_mode(
@@ -1318,7 +1319,7 @@ class Bridge:
     vocabulary: VocabularyBridge | None = None
 
     def __post_init__(self) -> None:
-        check_bridge_mode(self.mode)
+        check_bridge_mode(self.mode, "Bridge(mode)")
         if self.tokenizer is None and self.vocabulary is None:
             raise ValueError(
                 "Bridge needs the generator's tokenizer or a VocabularyBridge (vocabulary=)"
@@ -1329,7 +1330,7 @@ class Bridge:
                 "as Bridge(vocabulary=...) (or as bridge= of the loss itself)"
             )
         if self.tokenizer is not None:
-            _check_tokenizer(self.tokenizer, "generator_tokenizer")
+            _check_tokenizer(self.tokenizer, "Bridge(tokenizer)")
         if self.vocabulary is not None and not isinstance(self.vocabulary, VocabularyBridge):
             raise TypeError(
                 f"vocabulary must be a VocabularyBridge, got {type(self.vocabulary).__name__}"

@@ -187,7 +187,7 @@ class LMHeadInputs(CandidateInput):
     30.0
     >>> LMHeadInputs(torch.zeros(1, 2, 4), torch.zeros(9, 4), temperature=0)
     Traceback (most recent call last):
-    ValueError: generator_temperature must be a finite number > 0, got 0
+    ValueError: LMHeadInputs(temperature) must be a finite number > 0, got 0
     """
 
     hidden_states: Tensor
@@ -207,8 +207,8 @@ class LMHeadInputs(CandidateInput):
             raise ValueError("hidden_states needs output_embeddings (the LM head or its weight)")
         softcap = getattr(self.head, "softcap", None) if self.softcap is None else self.softcap
         if softcap is not None:
-            object.__setattr__(self, "softcap", check_temperature(softcap, "logit_softcap"))
-        temperature = check_temperature(self.temperature, "generator_temperature")
+            object.__setattr__(self, "softcap", check_temperature(softcap, "LMHeadInputs(softcap)"))
+        temperature = check_temperature(self.temperature, "LMHeadInputs(temperature)")
         object.__setattr__(self, "temperature", temperature)
 
 
@@ -286,6 +286,9 @@ def from_keywords(
     )
     if source != "hidden_states":
         return _KEYWORDS[source](legacy[source])
+    for keyword in ("logit_softcap", "generator_temperature"):  # named as the caller passed them
+        if head.get(keyword) is not None:
+            check_temperature(head[keyword], keyword)
     return LMHeadInputs(
         legacy[source],
         head.get("output_embeddings"),

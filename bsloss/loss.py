@@ -31,6 +31,7 @@ from bsloss.bridge import (
     Retokenizer,
     SharedVocabulary,
     VocabularyBridge,
+    _check_tokenizer,
     check_bridge_mode,
 )
 from bsloss.candidate_encoding import CandidateEncoder, EncodedCandidates
@@ -154,6 +155,8 @@ class _DeprecatedOptions:
             )
         if self.generator_tokenizer is None and bridge is None:
             return None
+        if self.generator_tokenizer is not None:  # named as the caller passed it
+            _check_tokenizer(self.generator_tokenizer, "generator_tokenizer")
         return Bridge(self.generator_tokenizer, self.bridge_mode, self.bridge_cache_dir, bridge)
 
 

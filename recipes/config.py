@@ -9,6 +9,7 @@ import argparse
 import functools
 import math
 import numbers
+import re
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -71,8 +72,21 @@ class ExistingFile(_ExistingPath):
         return path.is_file()
 
 
-def base_arguments(description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=description)
+# each script's --help example of --set: a setting that script reads
+SET_EXAMPLES = {
+    "finetune.py": "loss.weight=0.5",
+    "rl_scst.py": "rl.ce_weight=0.1",
+    "grpo.py": "rl.beta=0.04",
+}
+
+
+def base_arguments(description: str, script: str | None = None) -> argparse.ArgumentParser:
+    """Every training script's flags. ``description``: the script's docstring, whose first
+    paragraph (not its first line, which may end mid-sentence) heads ``--help``."""
+    summary = " ".join(description.strip().split("\n\n")[0].split())
+    summary = re.sub(r":\w+:`~?([^`]+)`", r"\1", summary).replace("``", "")  # reST as text
+    example = SET_EXAMPLES.get(script, "train.steps=100")
+    parser = argparse.ArgumentParser(description=summary)
     parser.add_argument(
         "--config", action=ExistingFile, required=True, help="YAML file in recipes/configs/"
     )
@@ -83,7 +97,7 @@ def base_arguments(description: str) -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config entry, e.g. --set loss.weight=0.5 (VALUE is parsed as YAML)",
+        help=f"override a config entry, e.g. --set {example} (VALUE is parsed as YAML)",
     )
     parser.add_argument(
         "--init_from", action=ExistingFolder, help="start from this saved generator folder"
@@ -432,6 +446,97 @@ def check_loss_matching(loss_section: dict) -> None:
         check_iterations(loss_section["sinkhorn_iterations"], "config loss.sinkhorn_iterations")
 
 
+# The loss section's keys that finetune.py turns into BERTScoreLoss's objects (the matching, the
+# candidate transforms, the bridge's mode); the other keys are the loss's own keywords
+LOSS_OBJECT_KEYS = (
+    "matching",
+    "temperature",
+    "sinkhorn_iterations",
+    "top_k",
+    "straight_through",
+    "gumbel_temperature",
+    "bridge_mode",
+)
+# BERTScoreLoss's keywords the recipe sets itself (the scorer section, the objects above)
+LOSS_SET_BY_RECIPE = (
+    "model",
+    "matching",
+    "bridge",
+    "candidate_transforms",
+    "gradient_checkpointing",
+)
+
+
+@dataclass
+class LossOptions:
+    """The loss section as BERTScoreLoss takes it: the matching object, the candidate
+    transforms, the bridge's mode and the loss's other keywords (the recipe's own keys out)."""
+
+    matching: Any
+    transforms: list
+    bridge_mode: str | None
+    keywords: dict
+
+
+def loss_options(loss_section: dict) -> LossOptions:
+    """The loss section's BERTScoreLoss settings, each built and checked where it is loaded,
+    before any model (a bad ``top_k`` or a misspelt key failed after the scorer, the
+    generator and, for Gemma, its vocabulary bridge had loaded; audit h32), named
+    ``config loss.<key>``.
+
+    Raises:
+        ValueError, TypeError: naming the key.
+    """
+    import inspect
+
+    from bsloss import BERTScoreLoss
+    from bsloss.bridge import check_bridge_mode
+    from bsloss.candidate_transforms import Gumbel, StraightThrough, TopK
+    from bsloss.functional.matching import resolve_matching
+    from bsloss.inputs import check_flag
+
+    options = {k: v for k, v in loss_section.items() if k not in RECIPE_LOSS_KEYS}
+    known = [
+        name
+        for name, parameter in inspect.signature(BERTScoreLoss).parameters.items()
+        if parameter.kind is not parameter.VAR_KEYWORD and name not in LOSS_SET_BY_RECIPE
+    ]
+    unknown = sorted(k for k in options if k not in known and k not in LOSS_OBJECT_KEYS)
+    if unknown:
+        raise ValueError(
+            f"config loss: unknown key(s) {unknown} (known: "
+            f"{', '.join([*RECIPE_LOSS_KEYS, *LOSS_OBJECT_KEYS, *known])})"
+        )
+    check_loss_matching(options)
+    matching = resolve_matching(
+        options.pop("matching", "hard"),
+        options.pop("temperature", None),
+        options.pop("sinkhorn_iterations", None),
+    )
+    straight_through = options.pop("straight_through", False)
+    if not isinstance(straight_through, bool):
+        raise TypeError(
+            f"config loss.straight_through must be true or false, got {straight_through!r}"
+        )
+    transforms = [StraightThrough()] if straight_through else []
+    for key, build in (("top_k", TopK), ("gumbel_temperature", Gumbel)):
+        value = options.pop(key, None)
+        if value is not None:
+            try:
+                transforms.append(build(value))
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"config loss.{key}: {error}") from None
+    transforms.sort(key=lambda t: [TopK, StraightThrough, Gumbel].index(type(t)))
+    mode = options.pop("bridge_mode", None)
+    check_bridge_mode(mode, "config loss.bridge_mode")
+    if "target" in options:
+        check_choice("loss.target", options["target"], ("precision", "recall", "f1"))
+    for key in ("idf", "center"):
+        if key in options:
+            check_flag(options[key], f"config loss.{key}")
+    return LossOptions(matching, transforms, mode, options)
+
+
 # The training scripts, and the settings only one of them reads: under another script such a
 # setting (not at its default) is refused at load, named, where it would be run without, silently.
 SCRIPTS = ("finetune.py", "rl_scst.py", "grpo.py")
@@ -516,6 +621,12 @@ def check_grpo(config: RecipeConfig) -> None:
         ValueError: naming the setting and its value.
     """
     train, rl = config.train, config.rl
+    model = config.model
+    if model.kind == "seq2seq" or (model.kind == "auto" and model.generator == "bert2bert-minilm"):
+        raise ValueError(
+            f"config model: generator {model.generator!r} (kind {model.kind!r}) is an "
+            "encoder-decoder; GRPO here is for decoder-only LMs (model.kind: causal)"
+        )
     if rl.num_generations < 2:
         raise ValueError(
             f"config rl.num_generations: GRPO's advantage compares a prompt's completions with "
@@ -586,7 +697,8 @@ def load_config(path: Path, overrides: list[str], *, script: str | None = None) 
     if script == "grpo.py":
         check_grpo(config)
     if script is not None:
-        check_script_settings(config, script)
+        check_script_settings(config, script)  # a setting the script does not read, named first
+    loss_options(loss)  # the loss's: its objects built, its keywords' names known
     return config
 
 

@@ -329,7 +329,9 @@ class Clock:
 
 
 def main(argv: list[str] | None = None) -> Comparison:
-    from run import check_fresh_output
+    from run import RUN_FILES, RUN_FOLDERS, check_fresh_output
+
+    demo_artefacts = (*RUN_FILES, *RUN_FOLDERS, "study_comparison.txt", "demo.png")
 
     from bsloss.pretrained import OFFLINE_MODELS
 
@@ -371,8 +373,10 @@ def main(argv: list[str] | None = None) -> Comparison:
         "--overwrite", action="store_true", help="replace a run already in --output_dir"
     )
     args = parser.parse_args(argv)
+    args.seeds = sorted(set(args.seeds))  # a seed named twice is scored once (and said so)
     try:  # before minutes of work, as the recipe itself would refuse it after them
-        check_fresh_output(args.output_dir, False, args.overwrite)
+        # the demo's own files count too: a --no-live run writes no log (audit h32)
+        check_fresh_output(args.output_dir, False, args.overwrite, demo_artefacts)
         if args.live and min(args.steps, args.test) < 1:
             raise ValueError(
                 f"--steps and --test must be at least 1, got {args.steps}, {args.test}"

@@ -77,11 +77,12 @@ def _example(row: dict, spec: DataConfig, where: str) -> Example:
     learn) is refused, naming the row and the config's column."""
     texts = []
     for setting, name in (("data.source", spec.source), ("data.target", spec.target)):
-        value = _field(row, name)
+        value = _field(row, name, setting, where)
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"{where}: {setting}={name!r} is empty or not text: {value!r}")
         texts.append(value)
-    return Example(*texts, id=None if spec.id is None else str(_field(row, spec.id)))
+    identifier = None if spec.id is None else str(_field(row, spec.id, "data.id", where))
+    return Example(*texts, id=identifier)
 
 
 def check_dev_split(splits: dict[str, list[Example]]) -> None:
@@ -105,10 +106,18 @@ def check_dev_split(splits: dict[str, list[Example]]) -> None:
             )
 
 
-def _field(row: dict, name: str) -> str:
-    # "translation.es" reaches into the nested rows of the wmt datasets
+def _field(row: dict, name: str, setting: str, where: str) -> str:
+    """``row``'s field ``name`` ("translation.es" reaches into the nested rows of the wmt
+    datasets); a field the row lacks is refused naming the config's ``setting``, the row and the
+    fields it has (it was a bare ``KeyError: 'documnt'``; audit h32)."""
     value: Any = row
-    for part in name.split("."):
+    for depth, part in enumerate(name.split(".")):
+        if not isinstance(value, dict) or part not in value:
+            reached = ".".join(name.split(".")[:depth]) or "the row"
+            has = sorted(value) if isinstance(value, dict) else f"a {type(value).__name__}"
+            raise ValueError(
+                f"{where}: {setting}={name!r}: {reached} has no field {part!r} ({has})"
+            )
         value = value[part]
     return value
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from config import (
     CANDIDATE_LABELS,
-    RECIPE_LOSS_KEYS,
     TERM_WEIGHTS,
     RecipeConfig,
+    loss_options,
     recipe_loss_settings,
 )
 from run import RecipeRun, end_processes, linear_warmup
@@ -41,8 +41,6 @@ from transformers import Trainer, TrainerCallback
 
 from bsloss import BERTScoreLoss
 from bsloss.bridge import Bridge
-from bsloss.candidate_transforms import Gumbel, StraightThrough, TopK
-from bsloss.functional.matching import resolve_matching
 from bsloss.integrations.candidates import GreedyAnswers, SampledAnswers, TeacherForced
 from bsloss.integrations.huggingface import BERTScoreTrainerMixin
 from bsloss.scorer.encoder import ScorerEncoder
@@ -65,34 +63,25 @@ def build_loss(config: RecipeConfig, encoder: ScorerEncoder, generator_tokenizer
     ``sinkhorn_iterations`` as the matching object, ``top_k`` / ``straight_through`` /
     ``gumbel_temperature`` as the candidate transforms, a vocabulary bridge (``bridge_mode``)
     when the generator's vocabulary is not the scorer's; any other key is the loss's keyword."""
-    options = {k: v for k, v in config.loss.items() if k not in RECIPE_LOSS_KEYS}
-    matching = resolve_matching(
-        options.pop("matching", "hard"),
-        options.pop("temperature", None),
-        options.pop("sinkhorn_iterations", None),
-    )
-    top_k, gumbel = options.pop("top_k", None), options.pop("gumbel_temperature", None)
-    straight_through = options.pop("straight_through", False)
-    if not isinstance(straight_through, bool):
-        raise TypeError(
-            f"config loss.straight_through must be true or false, got {straight_through!r}"
-        )
-    transforms = [TopK(top_k)] if top_k is not None else []
-    transforms += [StraightThrough()] if straight_through else []
-    transforms += [Gumbel(gumbel)] if gumbel is not None else []
-    mode = options.pop("bridge_mode", None)
+    options = loss_options(config.loss)
     same_vocabulary = generator_tokenizer.get_vocab() == encoder.tokenizer.get_vocab()
+    if same_vocabulary and options.bridge_mode is not None:
+        raise ValueError(
+            f"config loss.bridge_mode={options.bridge_mode!r}: the generator shares the scorer's "
+            "vocabulary, so there is no bridge to set; remove it"
+        )
+    bridge = None if same_vocabulary else Bridge(generator_tokenizer, mode=options.bridge_mode)
     try:
         return BERTScoreLoss(
             encoder,
-            matching=matching,
-            bridge=None if same_vocabulary else Bridge(generator_tokenizer, mode=mode),
-            candidate_transforms=transforms,
+            matching=options.matching,
+            bridge=bridge,
+            candidate_transforms=options.transforms,
             gradient_checkpointing=config.train.scorer_gradient_checkpointing,
-            **options,
+            **options.keywords,
         )
-    except TypeError as error:
-        raise TypeError(f"config section loss: {error}") from error
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"config section loss: {error}") from error
 
 
 def candidate_source(settings: dict, max_new_tokens: int):
@@ -150,9 +139,7 @@ def build_trainer(run: RecipeRun, start: int = 0) -> RecipeTrainer:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    run, trainer, last_step = train_from_command_line(
-        "finetune.py", __doc__.splitlines()[0], build_trainer, argv
-    )
+    run, trainer, last_step = train_from_command_line("finetune.py", __doc__, build_trainer, argv)
     settings = recipe_loss_settings(run.config.loss)
     term = f"{trainer.bertscore_term.loss.matching.name} matching, "
     term += CANDIDATE_LABELS[settings["candidates"]]

@@ -85,7 +85,12 @@ def load_generator(model_spec: ModelConfig, init_from: Path | None, scorer_encod
             )
         finally:
             transformers.logging.set_verbosity(verbosity)
-        tokenizer = copy.deepcopy(scorer_encoder.tokenizer)
+        # the scorer's tokenizer (the embedded MiniLM's); without a scorer (answer.py, an
+        # adapter's base) the same one from its folder
+        if scorer_encoder is not None:
+            tokenizer = copy.deepcopy(scorer_encoder.tokenizer)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path)
         tokenizer.bos_token, tokenizer.eos_token = tokenizer.cls_token, tokenizer.sep_token
         model.config.decoder_start_token_id = tokenizer.cls_token_id
         model.config.eos_token_id = tokenizer.sep_token_id

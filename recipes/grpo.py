@@ -28,7 +28,13 @@ from pathlib import Path
 from config import base_arguments
 from prompting import answer
 from run import RecipeRun, end_processes
-from trainer_run import RecipeCallback, resume_point, train, trainer_arguments
+from trainer_run import (
+    RecipeCallback,
+    checked_arguments,
+    resume_point,
+    train,
+    trainer_arguments,
+)
 
 from bsloss import BERTScoreReward
 from bsloss.reward import completion_text
@@ -68,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     import datasets
     from trl import GRPOTrainer
 
-    args = base_arguments(__doc__.splitlines()[0]).parse_args(argv)
+    args = checked_arguments(base_arguments(__doc__, "grpo.py"), argv)
     run = RecipeRun(args, script="grpo.py")
     if run.config.model.kind == "seq2seq" or getattr(run.model.config, "is_encoder_decoder", False):
         raise ValueError(

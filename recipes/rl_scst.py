@@ -146,9 +146,7 @@ def build_trainer(run: RecipeRun, start: int = 0) -> SelfCriticalTrainer:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    run, _, last_step = train_from_command_line(
-        "rl_scst.py", __doc__.splitlines()[0], build_trainer, argv
-    )
+    run, _, last_step = train_from_command_line("rl_scst.py", __doc__, build_trainer, argv)
     return run.finish(last_step, f"SCST: {run.args.config.name}")
 
 

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import json
 import math
 import shlex
+import shutil
 import sys
+import threading
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -30,6 +34,8 @@ from generators import (
     with_lora,
 )
 from seq2seq import Collator
+
+from bsloss.integrations.candidates import position_limit
 
 
 class RunLog:
@@ -198,17 +204,119 @@ def summary_table(
     return "\n".join(lines)
 
 
-def check_fresh_output(output_dir: Path, resume: bool, overwrite: bool) -> None:
+# Where no progress bar shows (output not to a terminal), a long phase says where it is this often
+HEARTBEAT_SECONDS = 30.0
+
+# The run's settings as it started (resolved config, script, precision, starting weights):
+# a --resume with other settings is refused, naming them
+RUN_CONFIG = "run_config.json"
+# what a resumed run may change: how long it trains, how often it saves and evaluates, how it
+# batches its evaluations; not what or how it trains
+RESUMABLE_CHANGES = frozenset(
+    {
+        "train.steps",
+        "train.eval_every",
+        "train.save_every",
+        "train.checkpoints_total_limit",
+        "train.save_model",
+        "eval.batch_size",
+        "eval.before",
+    }
+)
+
+
+def run_record(config, script: str | None, mixed_precision: str, init_from) -> dict:
+    """The settings a run started with, flat (``section.key``), as JSON writes them."""
+    settings = _flat(dataclasses.asdict(config))
+    settings["train.mixed_precision"] = mixed_precision  # --mixed_precision overrides the file's
+    settings["init_from"] = None if init_from is None else str(Path(init_from).resolve())
+    record = {"script": script, "settings": settings, "command": shlex.join(sys.argv)}
+    return json.loads(json.dumps(record, default=str))
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat |= _flat(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def check_same_run(output_dir: Path, record: dict) -> dict | None:
+    """A ``--resume`` continues the run in ``output_dir`` with its settings: any other setting
+    than :data:`RESUMABLE_CHANGES` is refused, named (a new seed, batch size or term weight
+    would mix two runs in one, and a new learning rate was ignored: the scheduler comes back
+    from the checkpoint; audit h32). Returns the run's first record (``None`` for a run that
+    started before runs kept one: nothing to compare).
+
+    Raises:
+        ValueError: a changed setting (each named with both values).
+    """
+    path = output_dir / RUN_CONFIG
+    if not path.is_file():
+        return None
+    started = json.loads(path.read_text(encoding="utf-8"))
+    old, new = started.get("settings", {}), record["settings"]
+    missing = object()
+    changed = [
+        f"{key} {old.get(key, missing)!r} -> {new.get(key, missing)!r}".replace(
+            repr(missing), "(unset)"
+        )
+        for key in sorted(old.keys() | new.keys())
+        if key not in RESUMABLE_CHANGES and old.get(key, missing) != new.get(key, missing)
+    ]
+    if started.get("script") != record["script"]:
+        changed.insert(0, f"script {started.get('script')!r} -> {record['script']!r}")
+    if changed:
+        raise ValueError(
+            f"--resume: {output_dir} holds a run started with other settings ({'; '.join(changed)}"
+            f"); a resumed run continues that run: resume with its settings ({path}), or start "
+            "a new run (another --output_dir, or --overwrite)"
+        )
+    return started
+
+
+# What a run writes into its --output_dir: a run is there when any of them is, and
+# --overwrite removes them all (only these: the folder may hold the user's own files)
+RUN_FILES = (
+    "log.jsonl",
+    "results.json",
+    RUN_CONFIG,
+    "curves.png",
+    "test_outputs.txt",
+    "test_outputs_before.txt",
+)
+RUN_FOLDERS = ("checkpoints", "model", "best", "dev_outputs")
+
+
+def check_fresh_output(
+    output_dir: Path,
+    resume: bool,
+    overwrite: bool,
+    artefacts: tuple[str, ...] = RUN_FILES + RUN_FOLDERS,
+) -> None:
     """Refuse to mix two runs in one folder: a second run would append to the first's log (the
-    plot would join them) and overwrite half of its results. ``overwrite`` deletes the old run's
-    log and results instead.
+    plot would join them), overwrite half of its results, and a later ``--resume`` would take
+    the first run's newest checkpoint for its own (audit h32). ``overwrite`` deletes every
+    artefact of the old run (``artefacts``: the names a run writes) instead. ``resume`` needs
+    a checkpoint to resume from, found here, before any model is loaded.
 
     Raises:
         FileExistsError: ``output_dir`` holds a run and neither ``resume`` nor ``overwrite``.
+        FileNotFoundError: ``resume`` and no checkpoint under ``output_dir/checkpoints``.
     """
-    old = [output_dir / name for name in ("log.jsonl", "results.json")]
-    old = [path for path in old if path.exists()]
-    if resume or not old:
+    if resume:
+        checkpoints = output_dir / "checkpoints"
+        if not any(checkpoints.glob("checkpoint-*")):
+            raise FileNotFoundError(
+                f"--resume: no checkpoint under {checkpoints} (a run saves one every "
+                "train.save_every steps; with save_every 0 it saves none)"
+            )
+        return
+    old = [output_dir / name for name in artefacts if (output_dir / name).exists()]
+    if not old:
         return
     if not overwrite:
         raise FileExistsError(
@@ -216,7 +324,10 @@ def check_fresh_output(output_dir: Path, resume: bool, overwrite: bool) -> None:
             "pass another --output_dir, --resume to continue that run, or --overwrite to replace it"
         )
     for path in old:
-        path.unlink()
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def _metrics_line(metrics: dict) -> str:
@@ -298,6 +409,30 @@ def _memory_suffix() -> str:
     return f" ({memory})" if memory else ""
 
 
+def check_encoder_decoder_lengths(config, model) -> None:
+    """An encoder-decoder's length settings against its positions, before any batch: past them
+    the embeddings failed inside transformers (``data.max_source_length`` 1000 against BERT's
+    512 on XSum's 723-token articles; ``eval.max_new_tokens`` 530 after a minute of
+    generating; audit h32). The decoder's answers start after its start token.
+
+    Raises:
+        ValueError: naming the setting, its value and the model's positions.
+    """
+    encoder, decoder = position_limit(model), position_limit(model, decoder=True)
+    settings = (
+        ("data.max_source_length", config.data.max_source_length, encoder, "encoder", 0),
+        ("data.max_target_length", config.data.max_target_length, decoder, "decoder", 0),
+        ("eval.max_new_tokens", config.eval.max_new_tokens, decoder, "decoder", 1),
+    )
+    for name, value, limit, part, start in settings:
+        if limit is not None and value is not None and value + start > limit:
+            after = " after its start token" if start else ""
+            raise ValueError(
+                f"config {name} {value} exceeds the {part}'s {limit} positions{after} "
+                f"({type(model).__name__}); set it to at most {limit - start}"
+            )
+
+
 def make_collator(config, model, tokenizer) -> Collator | CausalCollator:
     """The batches of the config's generator: an encoder-decoder's (:class:`seq2seq.Collator`)
     or a decoder-only LM's (:class:`causal.CausalCollator`, prompted as ``data`` says)."""
@@ -309,6 +444,7 @@ def make_collator(config, model, tokenizer) -> Collator | CausalCollator:
                     f"data.{setting} is for decoder-only generators; "
                     "this generator is an encoder-decoder"
                 )
+        check_encoder_decoder_lengths(config, model)
         return Collator(tokenizer, model, data_spec.max_source_length, data_spec.max_target_length)
     return CausalCollator(
         tokenizer,
@@ -342,17 +478,20 @@ class RecipeRun:
         self.train = self.config.train
         self.output_dir = args.output_dir
         check_fresh_output(self.output_dir, args.resume, getattr(args, "overwrite", False))
+        precision = args.mixed_precision or self.train.mixed_precision
+        record = run_record(self.config, script, precision, args.init_from)
+        self.started = check_same_run(self.output_dir, record) if args.resume else record
         # the trainer's too (trainer_run.trainer_arguments: use_configured_state); the trainer
         # accumulates gradients and writes the checkpoints
-        self.accelerator = Accelerator(
-            mixed_precision=args.mixed_precision or self.train.mixed_precision, cpu=args.cpu
-        )
+        self.accelerator = Accelerator(mixed_precision=precision, cpu=args.cpu)
         self.early_stopping = EarlyStopping(
             self.train.early_stopping_metric, self.train.early_stopping_patience
         )
         self.stopped_at: int | None = None  # the step early stopping ended the run at
         set_seed(self.train.seed)
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if not args.resume and self.accelerator.is_main_process:
+            (self.output_dir / RUN_CONFIG).write_text(json.dumps(record, indent=2) + "\n")
         self.log = RunLog(self.output_dir / "log.jsonl", self.accelerator.is_main_process)
         self.data = load_splits(self.config.data)
         self.say("data: " + ", ".join(f"{len(rows)} {split}" for split, rows in self.data.items()))
@@ -406,6 +545,29 @@ class RecipeRun:
             **extra,
         )
 
+    @contextmanager
+    def heartbeat(self, status: Callable[[], str]):
+        """``status()`` said every :data:`HEARTBEAT_SECONDS` while the block runs, when the
+        output is not a terminal (a log file, CI, ``nohup``), where tqdm draws no bar: a
+        training step that answers, or an evaluation, was silent for minutes there (audit
+        h32: 315 s without a line on a loaded machine). On a terminal the bars show it."""
+        quiet = sys.stderr.isatty() or not self.accelerator.is_main_process  # bars: stderr
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT_SECONDS):
+                self.say(status())
+
+        beating = None if quiet else threading.Thread(target=beat, daemon=True)
+        if beating is not None:
+            beating.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            if beating is not None:
+                beating.join()
+
     def say(self, message: str) -> None:
         """One progress line on the main process, with the time since the start."""
         if self.accelerator.is_main_process:
@@ -417,10 +579,12 @@ class RecipeRun:
     @contextmanager
     def phase(self, what: str):
         """A line when a phase starts and one with its duration and the process's memory (now
-        and peak) when it ends."""
+        and peak) when it ends; where no progress bar shows, a line every
+        :data:`HEARTBEAT_SECONDS` between (:meth:`heartbeat`)."""
         start = time.perf_counter()
         self.say(f"{what} ...")
-        yield
+        with self.heartbeat(lambda: f"{what}: {time.perf_counter() - start:.0f} s so far"):
+            yield
         release_freed_memory()
         self.say(f"{what}: done in {time.perf_counter() - start:.1f} s{_memory_suffix()}")
 
@@ -599,6 +763,12 @@ class RecipeRun:
                 train_seconds=self.timer(),
                 truncated=self.collator.truncated,
                 command=shlex.join(sys.argv),  # a shell can run it again; split with shlex
+                # a resumed run: the command that started it (its settings: run_config.json)
+                **(
+                    {"started_with": self.started["command"]}
+                    if self.started and self.started["command"] != shlex.join(sys.argv)
+                    else {}
+                ),
                 **extra,
             )
             self.results_path.write_text(json.dumps(self.results, indent=2))

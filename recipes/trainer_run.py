@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
@@ -166,7 +167,16 @@ def train(trainer, run: RecipeRun, start: int, checkpoint: Path | None) -> int:
         # only after a step), so the checkpoint's weights go straight to the evaluation
         trainer._load_from_checkpoint(str(checkpoint))
         return start
-    trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
+    began, steps = time.perf_counter(), trainer.args.max_steps
+
+    def status() -> str:  # read from the heartbeat's thread: the step the trainer is past
+        return (
+            f"training: step {trainer.state.global_step + 1}/{steps} under way, "
+            f"{time.perf_counter() - began:.0f} s into this run's training"
+        )
+
+    with run.heartbeat(status):
+        trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
     return trainer.state.global_step
 
 
@@ -186,6 +196,18 @@ def trainer_inputs(run: RecipeRun, data_collator: Callable) -> dict:
     }
 
 
+def checked_arguments(parser, argv: list[str] | None = None):
+    """The parsed arguments, with an ``--output_dir`` that holds a run (or, with ``--resume``,
+    none) refused in one line as argparse prints, before any model loads (RecipeRun checks
+    it again)."""
+    args = parser.parse_args(argv)
+    try:
+        check_fresh_output(args.output_dir, args.resume, args.overwrite)
+    except (FileExistsError, FileNotFoundError) as refused:
+        parser.error(str(refused))
+    return args
+
+
 def train_from_command_line(
     script: str, description: str, build_trainer: Callable, argv: list[str] | None = None
 ) -> tuple[RecipeRun, object, int]:
@@ -194,12 +216,7 @@ def train_from_command_line(
     against what ``script`` reads), its trainer
     (``build_trainer(run, start)``) resumed where ``--resume`` says, the scores before
     training, then the training. Returns (the run, the trainer, the last step trained)."""
-    parser = base_arguments(description)
-    args = parser.parse_args(argv)
-    try:  # one line as argparse prints (RecipeRun checks it again)
-        check_fresh_output(args.output_dir, args.resume, args.overwrite)
-    except FileExistsError as refused:
-        parser.error(str(refused))
+    args = checked_arguments(base_arguments(description, script), argv)
     run = RecipeRun(args, script=script)  # the trainer accumulates the gradients
     start, checkpoint = resume_point(run)
     trainer = build_trainer(run, start)

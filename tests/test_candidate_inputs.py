@@ -241,8 +241,13 @@ def test_bad_values_are_refused_naming_the_argument(loss, encoder):
         Embeddings(torch.zeros(2, 5))
     with pytest.raises(ValueError, match="needs output_embeddings"):
         LMHeadInputs(torch.zeros(1, 2, 8), None)
-    with pytest.raises(ValueError, match="logit_softcap must be a finite number > 0"):
+    # named as the object's own arguments, not the loss's deprecated keywords (audit h31)
+    with pytest.raises(ValueError, match=r"LMHeadInputs\(softcap\) must be a finite number > 0"):
         LMHeadInputs(torch.zeros(1, 2, 8), torch.zeros(4, 8), softcap=float("inf"))
+    with pytest.raises(ValueError, match=r"LMHeadInputs\(temperature\) must be a finite number"):
+        LMHeadInputs(torch.zeros(1, 2, 8), torch.zeros(4, 8), temperature=0)
+    with pytest.raises(TypeError, match=r"Bridge\(tokenizer\) must be a Hugging Face tokenizer"):
+        Bridge("gpt2")
     with pytest.raises(TypeError, match="candidates must be a torch.Tensor .logits. or one of"):
         loss("a cat", REFS)
     with pytest.raises(ValueError, match="exactly one of .* .got candidates, probs."):
@@ -255,7 +260,7 @@ def test_bad_values_are_refused_naming_the_argument(loss, encoder):
         Bridge(mode="average")
     with pytest.raises(TypeError, match="bridge must be a Hugging Face tokenizer"):
         BERTScoreLoss(encoder, bridge="gpt2")
-    with pytest.raises(ValueError, match="bridge_mode must be one of"):
+    with pytest.raises(ValueError, match=r"Bridge\(mode\) must be one of"):
         Bridge(encoder.tokenizer, mode="mean")
 
 

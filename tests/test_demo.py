@@ -56,8 +56,10 @@ def test_without_mpnet_the_demo_shows_the_committed_figures_labelled(
 ):
     if why == "not installed":
         monkeypatch.setattr(demo, "independent_installed", lambda: False)
-    extra = (why,) if why.startswith("--") else ()
+    # a seed named twice is scored and reported once ("a gain in 0 of 2 seed(s)" for one)
+    extra = (why, "--seeds", "0", "0") if why.startswith("--") else ()
     comparison, out = _run_slice(tmp_path, capsys, limit=10, extra=extra)
+    assert "of 2 seed" not in out and "seeds 0 (" in out
     assert "f_bert_mpnet" not in comparison.metrics
     if why == "not installed":
         assert "all-mpnet-base-v2 (the independent scorer) is not installed" in out
@@ -82,6 +84,13 @@ def test_the_demo_refuses_unknown_seeds_and_a_used_folder_before_any_work(tmp_pa
     with pytest.raises(SystemExit):
         demo.main(["--output_dir", str(used)])
     assert "already holds a run" in capsys.readouterr().err
+    # a --no-live run writes no log: its table and picture make the folder used too
+    shown = tmp_path / "shown"
+    shown.mkdir()
+    (shown / "study_comparison.txt").write_text("table")
+    with pytest.raises(SystemExit):
+        demo.main(["--no-live", "--output_dir", str(shown)])
+    assert "already holds a run (study_comparison.txt)" in capsys.readouterr().err
 
 
 def test_the_live_run_is_the_documented_recipe_shortened_from_a_committed_start():

@@ -1167,3 +1167,115 @@ def test_logged_metrics_are_the_whole_batchs_over_processes(tmp_path):
         assert result["local"] == pytest.approx(
             {k: sum(v for v, _ in e) / sum(w for _, w in e) for k, e in own.items()}
         )
+
+
+# ---------------------------------------------------------------- round 17 (audit h30)
+def test_a_mixture_of_experts_keeps_its_load_balancing_loss(loss, tokenizer, tmp_path):
+    """The mixin takes the labels out of the forward, so the model adds no loss of its own:
+    a Mixtral's router load-balancing loss was dropped (step loss 10.343 against the plain
+    Trainer's 11.345, the router's gradient 40x smaller). Without accumulation the two agree;
+    with it the mixin averages the router's loss over the micro-batches as TRL's SFTTrainer
+    does (the plain Trainer adds it whole at each)."""
+
+    def mixtral():
+        torch.manual_seed(0)
+        config = transformers.MixtralConfig(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+            num_local_experts=4, num_experts_per_tok=2, output_router_logits=True,
+            router_aux_loss_coef=0.5, pad_token_id=tokenizer.pad_token_id,
+            max_position_embeddings=64,
+        )  # fmt: skip
+        return transformers.MixtralForCausalLM(config)
+
+    batch = causal_batch(tokenizer)
+    single = training_args(tmp_path, gradient_accumulation_steps=1)
+    steps = {}
+    for name, mixin in (("trainer", False), ("mixin", True)):
+        model = mixtral()
+        if mixin:  # the CE alone (weight 0), as the model's own loss
+
+            class Mixin(BERTScoreTrainerMixin, transformers.Trainer):
+                pass
+
+            trainer = Mixin(model=model, args=single, processing_class=tokenizer,
+                            bertscore_loss=loss, bertscore_weight=0.0)  # fmt: skip
+        else:
+            trainer = transformers.Trainer(model=model, args=single)
+        count = trainer._get_num_items_in_batch([batch], torch.device("cpu"))
+        value = trainer.training_step(model, dict(batch), count).item()
+        steps[name] = value, model.model.layers[0].mlp.gate.weight.grad.clone()
+    assert steps["mixin"][0] == pytest.approx(steps["trainer"][0], rel=1e-5)
+    torch.testing.assert_close(steps["mixin"][1], steps["trainer"][1], rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ({"label_smoothing_factor": 0.1}, "label_smoothing_factor=0.1: BERTScoreTrainerMixin"),
+        ({"loss_type": "dft"}, "loss_type='dft'"),
+        ({"packing": True, "packing_strategy": "wrapped"}, "packing_strategy='wrapped'"),
+    ],
+)
+def test_loss_options_the_mixin_would_not_apply_are_refused(
+    loss, tokenizer, tmp_path, setting, named
+):
+    """label_smoothing_factor and SFTTrainer's loss_type were ignored (plain NLL, unnoticed);
+    TRL's wrapped packing gave rows cut and joined across examples, scored as one text."""
+    trl = pytest.importorskip("trl")
+
+    class Trainer(BERTScoreTrainerMixin, trl.SFTTrainer):
+        pass
+
+    data = datasets.Dataset.from_dict({"prompt": PROMPTS * 2, "completion": REFERENCES * 2})
+    args = training_args(tmp_path, trl.SFTConfig, max_length=48, bf16=False, **setting)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        Trainer(model=tiny_gpt2(tokenizer), args=args, train_dataset=data,
+                processing_class=tokenizer, bertscore_loss=loss)  # fmt: skip
+
+
+def test_a_micro_batch_without_completion_tokens_weighs_nothing_in_the_log(
+    loss, tokenizer, tmp_path
+):
+    """An accumulated micro-batch without a completion token weighed as one token (its count
+    clamped to 1): the logged ce and bertscore_loss came out low by N / (N + 1) (8.996 logged
+    for a step loss of 11.245)."""
+    rows = [
+        _prompt_and_answer(tokenizer, "say", "the cat sat on the mat"),
+        {**_prompt_and_answer(tokenizer, "say", "nothing"), "labels": [-100, -100]},
+    ]
+    trainer = _mixin_trainer(
+        loss, tokenizer, tmp_path, tiny_gpt2(tokenizer), rows,
+        per_device_train_batch_size=1, max_steps=1, learning_rate=0.0, logging_steps=1,
+    )  # fmt: skip
+    trainer.train()
+    (entry,) = [e for e in trainer.state.log_history if "ce" in e]
+    assert entry["loss"] == pytest.approx(entry["ce"] + entry["bertscore_loss"], rel=1e-5)
+
+
+def test_recorded_metrics_are_running_sums(loss, tokenizer):
+    """The term kept a (value, weight) pair per micro-batch until popped, without end where
+    nothing pops (compute_loss_func; logging_strategy="no"): ~1 KB of host objects each."""
+    term = BERTScoreTerm(loss, tokenizer, weight=1.0, causal=True)
+    model = tiny_gpt2(tokenizer)
+    batch = causal_batch(tokenizer)
+    labels = batch.pop("labels")
+    values = []
+    for _ in range(3):
+        outputs = model(**batch)
+        values.append(float(term(outputs, labels, None)))
+    kept = term._metrics["train"]
+    assert all(len(list(kept[key])) == 1 for key in ("ce", "bertscore_loss", "bertscore_f"))
+    popped = term.pop_metrics()  # each call's share is 1 (no num_items_in_batch): the mean
+    assert popped["ce"] + popped["bertscore_loss"] == pytest.approx(np.mean(values), rel=1e-5)
+
+
+def test_a_seq2seq_term_without_decoder_inputs_says_so(loss, tokenizer):
+    """Seq2SeqTrainer(compute_loss_func=BERTScoreTerm(causal=False)) with a batch without
+    decoder_input_ids: the model's decoder ran on its shifted source, and a length mismatch
+    did not say why."""
+    term = BERTScoreTerm(loss, tokenizer, weight=1.0, causal=False)
+    logits = torch.randn(2, 7, len(tokenizer))
+    labels = torch.randint(0, 100, (2, 5))
+    with pytest.raises(ValueError, match=r"do not match the logits \[2, 7\]; .*decoder_input_ids"):
+        term({"logits": logits}, labels, None)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import sys
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -630,7 +632,8 @@ def test_a_step_that_answers_says_so_on_the_training_bar(monkeypatch):
             self.state = type("State", (), {"global_step": 1})
 
     trainer = Trainer()
-    trainer_run.train(trainer, run=type("Run", (), {"stopped_at": None}), start=0, checkpoint=None)
+    run = type("Run", (), {"stopped_at": None, "heartbeat": lambda self, status: nullcontext()})
+    trainer_run.train(trainer, run=run(), start=0, checkpoint=None)
     assert isinstance(trainer.bertscore_candidates.streamer, trainer_run.StepProgress)
     assert trainer.bertscore_candidates == SampledAnswers(rows=2)
     assert trainer.bertscore_candidates.streamer.progress is trainer.callbacks[0]
@@ -664,3 +667,184 @@ def test_the_trainers_own_checkpointing_switch_stays_off(tmp_path):
             made = trainer_arguments(run, arguments)
         assert made.gradient_checkpointing is False
         assert getattr(made, "activation_checkpointing", False) is False
+
+
+# ---------------------------------------------------------------- round 17 (audit h32)
+XSUM_BERT2BERT = REPO / "recipes/configs/xsum-bert2bert.yaml"
+
+
+def test_overwrite_removes_every_artefact_of_the_old_run(tmp_path):
+    """--overwrite deleted only log.jsonl and results.json: the old run's checkpoints stayed,
+    and a later --resume took the newest of them for the new run's own (its results "complete"
+    with the old run's weights). The folder's other files are the user's and stay."""
+    from run import RUN_FILES, RUN_FOLDERS, check_fresh_output
+
+    for name in RUN_FOLDERS:
+        (tmp_path / name / "inner").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "checkpoint-4").mkdir()
+    for name in RUN_FILES:
+        (tmp_path / name).write_text("old")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        check_fresh_output(tmp_path, resume=False, overwrite=False)
+    check_fresh_output(tmp_path, resume=False, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+    # a folder holding only the old run's checkpoints is a run too
+    (tmp_path / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    with pytest.raises(FileExistsError, match=r"already holds a run \(checkpoints\)"):
+        check_fresh_output(tmp_path, resume=False, overwrite=False)
+
+
+def test_resume_without_a_checkpoint_is_one_line_before_any_model(tmp_path, capsys, no_model_loads):
+    """--resume into a folder without a checkpoint loaded the scorer and the generator (a
+    download for a hub model), then failed in a traceback."""
+    import finetune
+
+    with pytest.raises(SystemExit) as exited:
+        finetune.main(["--config", str(XSUM_BERT2BERT), "--output_dir", str(tmp_path), "--resume"])
+    assert exited.value.code == 2
+    assert "--resume: no checkpoint under" in capsys.readouterr().err
+
+
+def test_a_resume_with_other_settings_is_refused_named(tmp_path):
+    """--resume took another seed, batch size or term weight without a word (two runs in one),
+    and dropped a new learning rate (the scheduler comes back from the checkpoint)."""
+    from run import RUN_CONFIG, check_same_run, run_record
+
+    def record(*overrides, precision="no"):
+        return run_record(load_config(XSUM_BERT2BERT, list(overrides)), "finetune.py",
+                          precision, None)  # fmt: skip
+
+    started = record("train.seed=0")
+    (tmp_path / RUN_CONFIG).write_text(json.dumps(started))
+    # how long it trains, how often it saves or evaluates, may change
+    assert check_same_run(tmp_path, record("train.steps=500", "train.save_every=5")) == started
+    with pytest.raises(ValueError) as refused:
+        check_same_run(tmp_path, record("train.seed=7", "train.learning_rate=0.01",
+                                        "loss.weight=2.0"))  # fmt: skip
+    message = str(refused.value)
+    assert "train.seed 0 -> 7" in message and "loss.weight" in message, message
+    assert "train.learning_rate" in message and RUN_CONFIG in message
+    with pytest.raises(ValueError, match=r"train.mixed_precision 'no' -> 'bf16'"):
+        check_same_run(tmp_path, record(precision="bf16"))
+    assert check_same_run(tmp_path / "elsewhere", record()) is None  # a run from before
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("loss.top_k=0", r"config loss.top_k: top_k must be >= 1, got 0"),
+        ("loss.gumbel_temperature=0", r"config loss.gumbel_temperature: .*> 0, got 0"),
+        ("loss.target=f2", r"config loss.target: expected one of .*'f1'.*got 'f2'"),
+        ("loss.center=maybe", r"config loss.center must be a bool"),
+        ("loss.bridge_mode=avg", r"config loss.bridge_mode must be one of"),
+        ("loss.temprature=0.1", r"config loss: unknown key\(s\) \['temprature'\]"),
+    ],
+)
+def test_the_loss_section_is_checked_at_load(tmp_path, no_model_loads, override, named):
+    """The loss keywords of BERTScoreLoss were checked by the loss itself, after the scorer, the
+    generator and (for Gemma) its vocabulary bridge had loaded, unnamed as config settings."""
+    import finetune
+
+    with pytest.raises((ValueError, TypeError), match=named):
+        finetune.main(["--config", str(XSUM_BERT2BERT), "--output_dir", str(tmp_path),
+                       "--set", override])  # fmt: skip
+
+
+def test_a_shared_vocabulary_refuses_a_bridge_mode(scorer):
+    """loss.bridge_mode with a generator of the scorer's own vocabulary built no bridge and
+    was accepted, unused."""
+    from finetune import build_loss
+
+    config = load_config(XSUM_BERT2BERT, ["loss.bridge_mode=average"])
+    with pytest.raises(ValueError, match="config loss.bridge_mode='average': the generator shares"):
+        build_loss(config, scorer.encoder, scorer.encoder.tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("data.max_source_length=1000", "data.max_source_length 1000 exceeds the encoder's 512"),
+        ("data.max_target_length=600", "data.max_target_length 600 exceeds the decoder's 512"),
+        ("eval.max_new_tokens=512", "eval.max_new_tokens 512 exceeds the decoder's 512 positions "
+         "after its start token"),
+    ],
+)  # fmt: skip
+def test_encoder_decoder_lengths_past_its_positions_are_refused(scorer, override, named):
+    """XSum's articles reach 723 tokens: data.max_source_length 1000 failed inside BERT's
+    embeddings at the first evaluation; eval.max_new_tokens 530 after a minute of generating."""
+    from run import make_collator
+
+    config = load_config(XSUM_BERT2BERT, [override])
+    model, tokenizer = load_generator(config.model, None, scorer.encoder)
+    with pytest.raises(ValueError, match=named):
+        make_collator(config, model, tokenizer)
+
+
+def test_answer_py_answers_with_bert2bert():
+    """answer.py loads the generator without a scorer: bert2bert took its tokenizer from the
+    scorer (AttributeError: 'NoneType' object has no attribute 'tokenizer')."""
+    import answer
+
+    out = io.StringIO()
+    answers = answer.main(["--config", str(XSUM_BERT2BERT), "--set", "eval.max_new_tokens=3"],
+                          lines=["The cat sat on the mat."], out=out)  # fmt: skip
+    assert len(answers) == 1 and out.getvalue() == answers[0] + "\n"
+
+
+def test_a_data_field_the_rows_lack_is_named(tmp_path):
+    """data.source=documnt was a bare KeyError: 'documnt'."""
+    config = load_config(XSUM_BERT2BERT, ["data.source=documnt"])
+    with pytest.raises(ValueError, match=r"row 0: data.source='documnt': the row has no field "
+                       r"'documnt' \(\[.*'document'"):  # fmt: skip
+        load_splits(config.data)
+    config = load_config(XSUM_BERT2BERT, ["data.id=meta.ref"])
+    with pytest.raises(ValueError, match="data.id='meta.ref': the row has no field 'meta'"):
+        load_splits(config.data)
+
+
+def test_grpo_refuses_a_used_folder_and_an_encoder_decoder_before_any_model(
+    tmp_path, capsys, no_model_loads
+):
+    """grpo.py gave a used --output_dir as a traceback and refused bert2bert only after loading
+    it; its --help stopped mid-sentence ("... through TRL's") and showed --set loss.weight=0.5,
+    a setting it refuses."""
+    import grpo
+
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(SystemExit) as exited:
+        grpo.main(["--config", str(GRPO), "--output_dir", str(tmp_path)])
+    assert exited.value.code == 2 and "already holds a run" in capsys.readouterr().err
+    with pytest.raises(
+        ValueError, match="config model: generator 'bert2bert-minilm'.*decoder-only"
+    ):
+        grpo.main(["--config", str(GRPO), "--output_dir", str(tmp_path / "new"), "--set",
+                   "model.generator=bert2bert-minilm", "--set", "model.kind=auto"])  # fmt: skip
+    with pytest.raises(SystemExit):
+        grpo.main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "through TRL's GRPOTrainer and" in shown and "--set rl.beta=0.04" in shown
+
+
+def test_a_long_phase_says_where_it_is_when_no_bar_shows(monkeypatch, capsys):
+    """With its output in a file (make demo > log, CI, nohup) tqdm draws no bar: a training
+    step that answers, building the loss or an evaluation was silent for minutes (315 s on a
+    loaded machine). A line every HEARTBEAT_SECONDS now; on a terminal the bars say it."""
+    import time
+    from types import SimpleNamespace
+
+    import run
+
+    monkeypatch.setattr(run, "HEARTBEAT_SECONDS", 0.05)
+    recipe = run.RecipeRun.__new__(run.RecipeRun)
+    recipe.accelerator, recipe.timer = SimpleNamespace(is_main_process=True), run.Timer()
+    with recipe.phase("building the loss"):
+        time.sleep(0.3)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("building the loss ...") and "done in" in lines[-1]
+    beats = [line for line in lines if "s so far" in line]
+    assert len(beats) >= 2, lines
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    with recipe.heartbeat(lambda: "beat"):
+        time.sleep(0.2)
+    assert "beat" not in capsys.readouterr().out

@@ -386,27 +386,29 @@ def test_the_stage1_driver_resumes_and_skips(tmp_path):
 
 
 def test_early_stopping_without_an_evaluation_keeps_the_last_model(tmp_path):
-    """train.steps before the first evaluation: no best/, so model/ is the final model (a stale
-    best/ left in the folder is not loaded)."""
+    """train.steps before the first evaluation: no best/, so model/ is the final model. A stale
+    best/ left in the folder is an old run's: refused, and removed with --overwrite (not
+    loaded)."""
     out = tmp_path / "run"
     (out / "best").mkdir(parents=True)
     (out / "best/best.json").write_text(json.dumps({"step": 99, "dev_ce": 0.1}))
-    run_recipe(
-        "finetune.py", "--config", TRANSLATION, "--output_dir", out, *TINY,
+    settings = [
+        "--config", TRANSLATION, "--output_dir", out, *TINY,
         "--set", "train.eval_every=5", "--set", "train.early_stopping_patience=1",
         "--set", "train.early_stopping_metric=dev_ce", "--set", "eval.before=false",
-    )  # fmt: skip
+    ]  # fmt: skip
+    refused = run_recipe("finetune.py", *settings, expect_failure=True)
+    assert "already holds a run (best)" in refused.stderr
+    run_recipe("finetune.py", *settings, "--overwrite")
     results = json.loads((out / "results.json").read_text())
     assert results["best_step"] is None and results["stopped_at"] is None
-    assert (out / "model/config.json").exists()
+    assert (out / "model/config.json").exists() and not (out / "best").exists()
 
 
 def test_stage2_arms_parse_and_build_their_loss(scorer):
     """Every arm of recipes/study/arms.yaml is a valid set of overrides of the stage-2 config:
     the config loads, the recipe's own loss keys check out, and BERTScoreLoss takes the rest."""
-    from finetune import RECIPE_LOSS_KEYS, recipe_loss_settings
-
-    import bsloss
+    from finetune import build_loss, recipe_loss_settings
 
     sys.path.insert(0, str(REPO / "recipes/study"))
     from arms import load_arms
@@ -420,8 +422,8 @@ def test_stage2_arms_parse_and_build_their_loss(scorer):
         config = load_config(base, arm_overrides(overrides))
         spec = recipe_loss_settings(config.loss)
         assert spec["weight"] == overrides.get("loss.weight", 0.0), name
-        options = {k: v for k, v in config.loss.items() if k not in RECIPE_LOSS_KEYS}
-        bsloss.BERTScoreLoss(encoder=scorer.encoder, **options)
+        # the loss the recipe builds from the rest (its generator: the scorer's vocabulary)
+        build_loss(config, scorer.encoder, scorer.encoder.tokenizer)
     assert (
         recipe_loss_settings(
             load_config(base, [f"{k}={v}" for k, v in arms["balanced"].items()]).loss

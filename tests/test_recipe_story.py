@@ -23,6 +23,7 @@ def test_a_second_run_into_one_folder_is_refused(tmp_path):
         check_fresh_output(tmp_path, resume=False, overwrite=False)
     message = str(caught.value)
     assert str(tmp_path) in message and "--overwrite" in message and "--resume" in message
+    (tmp_path / "checkpoints" / "checkpoint-2").mkdir(parents=True)
     check_fresh_output(tmp_path, resume=True, overwrite=False)  # continuing it: fine
     assert (tmp_path / "log.jsonl").exists()
     check_fresh_output(tmp_path, resume=False, overwrite=True)  # replacing it

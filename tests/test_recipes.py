@@ -136,6 +136,14 @@ def test_checkpoints_rotate_and_resume_continues_their_numbering(tmp_path):
     names = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert names == ["checkpoint-3", "checkpoint-4"]
     assert [e["step"] for e in read_log(out) if e["kind"] == "train"] == [1, 2, 3, 4]
+    # the run's settings are kept; a resume may train longer, not with another seed (it went
+    # on with both, and a new learning rate was dropped unsaid; audit h32)
+    started = json.loads((out / "run_config.json").read_text())
+    assert started["settings"]["train.steps"] == 3 and started["script"] == "finetune.py"
+    assert "started_with" in json.loads((out / "results.json").read_text())
+    refused = run_recipe("finetune.py", *settings, "--set", "train.steps=5", "--set",
+                         "train.seed=7", "--resume", expect_failure=True)  # fmt: skip
+    assert "train.seed 0 -> 7" in refused.stderr
 
 
 class _RunsCode:
@@ -237,5 +245,5 @@ def test_loss_section_goes_straight_to_the_loss(scorer):
     loss = build_loss(config, scorer.encoder, scorer.encoder.tokenizer)
     assert repr(loss.matching) == "Sinkhorn(temperature=0.2, iterations=1)"
     config.loss["temprature"] = 0.1  # a misspelt keyword is named, not ignored
-    with pytest.raises(TypeError, match="config section loss: .*temprature"):
+    with pytest.raises(ValueError, match=r"config loss: unknown key\(s\) \['temprature'\]"):
         build_loss(config, scorer.encoder, scorer.encoder.tokenizer)

@@ -388,12 +388,15 @@ def _causal_prompts(input_ids: Tensor, attention_mask: Tensor, targets: Tensor) 
     return prompts
 
 
-def _position_limit(model, decoder: bool = False) -> int | None:
+def position_limit(model, decoder: bool = False) -> int | None:
     """The most positions the model takes (its text config's ``max_position_embeddings`` or
     ``n_positions``; ``decoder``: an encoder-decoder's decoder's), or ``None`` where the config
     names none."""
     config = getattr(model, "config", None)
     text = config.get_text_config(decoder=decoder) if hasattr(config, "get_text_config") else config
+    encoder = getattr(config, "encoder", None)  # EncoderDecoderModel's: its own config
+    if not decoder and getattr(config, "is_encoder_decoder", False) and hasattr(encoder, "to_dict"):
+        text = encoder
     for name in ("max_position_embeddings", "n_positions"):
         value = getattr(text, name, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -406,7 +409,7 @@ def _fitted_budget(model, prompt_width: int, max_new_tokens: int, decoder: bool 
     once left-padded, and their answers fit in the model's positions: past them generation
     failed inside torch (an embedding's index out of range). ``decoder``: an encoder-decoder's
     answers, after the decoder's start token, in the decoder's positions."""
-    limit = _position_limit(model, decoder)
+    limit = position_limit(model, decoder)
     if limit is None or prompt_width + max_new_tokens <= limit:
         return max_new_tokens
     room = limit - prompt_width

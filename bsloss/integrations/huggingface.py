@@ -135,9 +135,9 @@ class BERTScoreTerm:
         # logging steps must neither report nor swallow the pending training values
         # each value as (its sum, its weight) over the micro-batches: a logged mean weighs
         # them as the loss does (accumulated micro-batches of different token counts)
-        self._metrics: dict[str, dict[str, list[tuple[Tensor | float, Tensor | float]]]] = {
-            "train": defaultdict(list),
-            "eval": defaultdict(list),
+        self._metrics: dict[str, dict[str, _RunningSum]] = {
+            "train": defaultdict(_RunningSum),
+            "eval": defaultdict(_RunningSum),
         }
 
     @property
@@ -365,7 +365,10 @@ class BERTScoreTerm:
             ce_sum = logits.sum() * 0.0
         bertscore_sum = ((1 - f1) * row_weights).sum()
         metrics = self._metrics["train" if training else "eval"]
-        label_tokens = mask.sum().clamp(min=1)
+        # this micro-batch's share of the batch's tokens: 0 for one without a completion token
+        # (clamped to 1, a share of 1 / N joined the step's: logged ce and bertscore_loss low
+        # by N / (N + 1); audit h30); the clamped count only divides
+        label_tokens = mask.sum()
         # the term is the candidates' token-weighted mean (own candidates: their own count),
         # scaled like the CE by this micro-batch's share of num_items_in_batch, so that
         # accumulated micro-batches and processes add up to the whole batch's mean (a mean
@@ -375,7 +378,7 @@ class BERTScoreTerm:
         # a per-step weight compares the micro-batch's own means (the share cancels in a ratio,
         # not in Balanced's floor on the term); this is the one place a TermWeight is applied:
         # a checked constant whatever the rule returns, checked before anything is recorded
-        weight = evaluate_term_weight(self.weight, ce_sum / label_tokens, term_local)
+        weight = evaluate_term_weight(self.weight, ce_sum / label_tokens.clamp(min=1), term_local)
         # recorded on the device, read when logged: no wait for the card at every step; the
         # CE and the term weigh by this micro-batch's share of the batch's tokens, as in the
         # loss, so that the logged loss is ce_weight * ce + weight * bertscore_loss
@@ -401,8 +404,16 @@ class BERTScoreTerm:
             logits = logits[:, :-1]
         labels = self._targets(labels)
         if logits.shape[:2] != labels.shape:
+            why = ""
+            if not self.causal:  # the trainer takes the labels out before the forward
+                why = (
+                    "; an encoder-decoder's logits follow its decoder_input_ids, which the "
+                    "model builds from the source when the batch has none: give the batch "
+                    "decoder_input_ids (DataCollatorForSeq2Seq(tokenizer, model=model)) or use "
+                    "BERTScoreTrainerMixin, which builds them from the labels"
+                )
             raise ValueError(
-                f"{name} {list(labels.shape)} do not match the logits {list(logits.shape[:2])}"
+                f"{name} {list(labels.shape)} do not match the logits {list(logits.shape[:2])}{why}"
             )
         return logits, labels
 
@@ -447,7 +458,7 @@ class BERTScoreTerm:
             )
         else:
             ce_sum = head.run(_fused_cross_entropy_sum, logits, labels, check_labels)
-        label_tokens = (labels != IGNORE_INDEX).sum().clamp(min=1)
+        label_tokens = (labels != IGNORE_INDEX).sum()  # a share of 0 when there is none
         total = label_tokens if num_items_in_batch is None else num_items_in_batch
         total = torch.as_tensor(total, device=logits.device).clamp(min=1)
         metrics = self._metrics["train" if training else "eval"]
@@ -506,9 +517,62 @@ class BERTScoreTerm:
         return {key: value / weight for key, (value, weight) in sums.items() if weight > 0}
 
 
+class _RunningSum:
+    """A recorded metric's (sum of values, sum of weights), added as each micro-batch records
+    it (on the device, no read): one pair per key, where a list of pairs grew by one per
+    micro-batch until popped, ~1 KB of host objects and a few device blocks each, without end
+    where nothing pops (``compute_loss_func``; ``logging_strategy="no"``; audit h30)."""
+
+    __slots__ = ("value", "weight")
+
+    def __init__(self) -> None:
+        self.value: Tensor | float = 0.0
+        self.weight: Tensor | float = 0.0
+
+    def append(self, pair: tuple[Tensor | float, Tensor | float]) -> None:
+        value, weight = pair
+        self.value, self.weight = self.value + value, self.weight + weight
+
+    def extend(self, pairs) -> None:
+        for pair in pairs:
+            self.append(pair)
+
+    def __iter__(self):
+        yield self.value, self.weight
+
+
 # what BERTScoreTerm records (its only keys), in a fixed order: all-reduced as one tensor,
 # whichever a process recorded (bertscore_f not when it kept no row)
 METRIC_KEYS = ("ce", "bertscore_loss", "bertscore_f", "bertscore_weight")
+
+
+def _refuse_unread_options(args) -> None:
+    """The trainer's loss options this step would not apply: it computes the CE itself (audit
+    h30: a label smoothing of 0.1 or SFTTrainer's ``loss_type="dft"`` trained on plain NLL,
+    unnoticed), and scores each packed document alone, which TRL's ``"wrapped"`` packing gives
+    no boundaries for (its rows were scored cut and joined).
+
+    Raises:
+        ValueError: naming the option and what to set.
+    """
+    smoothing = getattr(args, "label_smoothing_factor", 0.0) or 0.0
+    if smoothing:
+        raise ValueError(
+            f"label_smoothing_factor={smoothing}: BERTScoreTrainerMixin computes the CE itself, "
+            "without label smoothing; set it to 0"
+        )
+    loss_type = getattr(args, "loss_type", None)
+    if loss_type not in (None, "nll"):
+        raise ValueError(
+            f"loss_type={loss_type!r}: BERTScoreTrainerMixin computes the CE itself (the NLL, "
+            "loss_type='nll'), not TRL's other losses"
+        )
+    if getattr(args, "packing", False) and getattr(args, "packing_strategy", None) == "wrapped":
+        raise ValueError(
+            "packing_strategy='wrapped' cuts and joins the examples with no document "
+            "boundaries: the term would score pieces of two answers as one; use "
+            "packing_strategy='bfd' (TRL's default) or padding_free=True"
+        )
 
 
 def _summed_over_processes(sums: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
@@ -714,6 +778,7 @@ class BERTScoreTrainerMixin:
                 kwargs["processing_class"], kwargs.get("args")
             )
         super().__init__(*args, **kwargs)
+        _refuse_unread_options(self.args)
         if bertscore_fused is None:
             # fused where lm_head_inputs can account for the head, decided on the model the
             # trainer holds: TRL loads a model given as a path, and wraps one in PEFT, in its
@@ -839,7 +904,30 @@ class BERTScoreTrainerMixin:
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             # num_items_in_batch counts every process's tokens and DDP averages the gradients
             loss = loss * self.accelerator.num_processes
+        router = self._router_loss(outputs)
+        if router is not None:
+            # a per-micro-batch mean, as TRL's SFTTrainer adds it: with num_items_in_batch the
+            # trainer leaves the accumulation to the loss, so it is averaged over the steps
+            steps = 1
+            if num_items_in_batch:  # set by the training loop (a step called alone: the args')
+                steps = getattr(self, "current_gradient_accumulation_steps", None)
+                steps = steps or self.args.gradient_accumulation_steps
+            loss = loss + router / steps
         return (loss, outputs) if return_outputs else loss
+
+    def _router_loss(self, outputs) -> Tensor | None:
+        """A mixture-of-experts model's weighted load-balancing loss (``router_aux_loss_coef *
+        aux_loss``), which the model adds to its own loss only when it gets the labels, which
+        this step takes out: without it the router trained on the CE alone (audit h30: a
+        Mixtral's router gradient 40x smaller). ``None`` for other models."""
+        aux = outputs.get("aux_loss") if hasattr(outputs, "get") else None
+        if aux is None:
+            return None
+        config = self.accelerator.unwrap_model(self.model).config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        # TRL's SFTTrainer keeps its own coefficient (args.router_aux_loss_coef, synced)
+        coef = getattr(self, "router_aux_loss_coef", getattr(config, "router_aux_loss_coef", 0.0))
+        return coef * aux if coef else None
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **kwargs):
         """The trainer's prediction step; the reference column is for :meth:`compute_loss`,
