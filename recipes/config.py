@@ -10,7 +10,7 @@ import functools
 import math
 import numbers
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -507,8 +507,7 @@ def loss_options(loss_section: dict) -> LossOptions:
             f"config loss: unknown key(s) {unknown} (known: "
             f"{', '.join([*RECIPE_LOSS_KEYS, *LOSS_OBJECT_KEYS, *known])})"
         )
-    check_loss_matching(options)
-    matching = resolve_matching(
+    matching = resolve_matching(  # its keys checked by load_config (check_loss_matching)
         options.pop("matching", "hard"),
         options.pop("temperature", None),
         options.pop("sinkhorn_iterations", None),
@@ -518,15 +517,19 @@ def loss_options(loss_section: dict) -> LossOptions:
         raise TypeError(
             f"config loss.straight_through must be true or false, got {straight_through!r}"
         )
-    transforms = [StraightThrough()] if straight_through else []
-    for key, build in (("top_k", TopK), ("gumbel_temperature", Gumbel)):
+
+    def transform(key: str, build: Callable) -> list:
         value = options.pop(key, None)
-        if value is not None:
-            try:
-                transforms.append(build(value))
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"config loss.{key}: {error}") from None
-    transforms.sort(key=lambda t: [TopK, StraightThrough, Gumbel].index(type(t)))
+        if value is None:
+            return []
+        try:
+            return [build(value)]
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"config loss.{key}: {error}") from None
+
+    transforms = transform("top_k", TopK)
+    transforms += [StraightThrough()] if straight_through else []
+    transforms += transform("gumbel_temperature", Gumbel)
     mode = options.pop("bridge_mode", None)
     check_bridge_mode(mode, "config loss.bridge_mode")
     if "target" in options:

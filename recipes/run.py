@@ -291,6 +291,21 @@ RUN_FILES = (
 RUN_FOLDERS = ("checkpoints", "model", "best", "dev_outputs")
 
 
+def last_checkpoint(checkpoints: Path) -> Path:
+    """The trainer's newest ``checkpoint-N`` under ``checkpoints``.
+
+    Raises:
+        FileNotFoundError: there is none (named).
+    """
+    saved = sorted(checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not saved:
+        raise FileNotFoundError(
+            f"--resume: no checkpoint under {checkpoints} (a run saves one every "
+            "train.save_every steps; with save_every 0 it saves none)"
+        )
+    return saved[-1]
+
+
 def check_fresh_output(
     output_dir: Path,
     resume: bool,
@@ -308,12 +323,7 @@ def check_fresh_output(
         FileNotFoundError: ``resume`` and no checkpoint under ``output_dir/checkpoints``.
     """
     if resume:
-        checkpoints = output_dir / "checkpoints"
-        if not any(checkpoints.glob("checkpoint-*")):
-            raise FileNotFoundError(
-                f"--resume: no checkpoint under {checkpoints} (a run saves one every "
-                "train.save_every steps; with save_every 0 it saves none)"
-            )
+        last_checkpoint(output_dir / "checkpoints")
         return
     old = [output_dir / name for name in artefacts if (output_dir / name).exists()]
     if not old:

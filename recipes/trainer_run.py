@@ -17,7 +17,7 @@ import torch
 from config import base_arguments
 from evaluation import TokenProgress
 from examples import batch_indices
-from run import RecipeRun, check_fresh_output
+from run import RecipeRun, check_fresh_output, last_checkpoint
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback, TrainingArguments
 
 RECIPE_STATE = "recipe_state.json"  # in each checkpoint: the log's time and cpu, early stopping
@@ -124,13 +124,6 @@ class RecipeCallback(TrainerCallback):
         stop_after = self.run.args.stop_after
         if stop_after is not None and state.global_step - self.start_step >= stop_after:
             control.should_training_stop = True
-
-
-def last_checkpoint(checkpoints: Path) -> Path:
-    saved = sorted(checkpoints.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
-    if not saved:
-        raise FileNotFoundError(f"--resume: no checkpoint under {checkpoints}")
-    return saved[-1]
 
 
 def resume_point(run: RecipeRun) -> tuple[int, Path | None]:

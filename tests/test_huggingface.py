@@ -826,6 +826,18 @@ def _prompt_and_answer(tokenizer, prompt: str, answer: str) -> dict:
     }
 
 
+def _assert_one_logged_step_adds_up(loss, tokenizer, tmp_path, rows) -> None:
+    """One step of micro-batches of one row each (``rows``): the logged loss is
+    ``ce + bertscore_loss`` (weight 1)."""
+    trainer = _mixin_trainer(
+        loss, tokenizer, tmp_path, tiny_gpt2(tokenizer), rows,
+        per_device_train_batch_size=1, max_steps=1, learning_rate=0.0, logging_steps=1,
+    )  # fmt: skip
+    trainer.train()
+    (entry,) = [e for e in trainer.state.log_history if "ce" in e]
+    assert entry["loss"] == pytest.approx(entry["ce"] + entry["bertscore_loss"], rel=1e-5)
+
+
 def test_logged_ce_and_term_add_up_to_the_loss_over_uneven_micro_batches(loss, tokenizer, tmp_path):
     """Two accumulated micro-batches of 1 and 10 completion tokens: the trainer's loss weighs
     them by tokens; the logged ce and bertscore_loss were plain means of the micro-batches'
@@ -837,13 +849,7 @@ def test_logged_ce_and_term_add_up_to_the_loss_over_uneven_micro_batches(loss, t
         ),
     ]
     assert [sum(t != -100 for t in r["labels"]) for r in rows] == [1, 10]
-    trainer = _mixin_trainer(
-        loss, tokenizer, tmp_path, tiny_gpt2(tokenizer), rows,
-        per_device_train_batch_size=1, max_steps=1, learning_rate=0.0, logging_steps=1,
-    )  # fmt: skip
-    trainer.train()
-    (entry,) = [e for e in trainer.state.log_history if "ce" in e]
-    assert entry["loss"] == pytest.approx(entry["ce"] + entry["bertscore_loss"], rel=1e-5)
+    _assert_one_logged_step_adds_up(loss, tokenizer, tmp_path, rows)
 
 
 def test_a_failed_evaluation_leaves_nothing_in_the_next(loss, tokenizer, tmp_path):
@@ -1244,13 +1250,7 @@ def test_a_micro_batch_without_completion_tokens_weighs_nothing_in_the_log(
         _prompt_and_answer(tokenizer, "say", "the cat sat on the mat"),
         {**_prompt_and_answer(tokenizer, "say", "nothing"), "labels": [-100, -100]},
     ]
-    trainer = _mixin_trainer(
-        loss, tokenizer, tmp_path, tiny_gpt2(tokenizer), rows,
-        per_device_train_batch_size=1, max_steps=1, learning_rate=0.0, logging_steps=1,
-    )  # fmt: skip
-    trainer.train()
-    (entry,) = [e for e in trainer.state.log_history if "ce" in e]
-    assert entry["loss"] == pytest.approx(entry["ce"] + entry["bertscore_loss"], rel=1e-5)
+    _assert_one_logged_step_adds_up(loss, tokenizer, tmp_path, rows)
 
 
 def test_recorded_metrics_are_running_sums(loss, tokenizer):
