@@ -1253,6 +1253,22 @@ def test_a_micro_batch_without_completion_tokens_weighs_nothing_in_the_log(
     _assert_one_logged_step_adds_up(loss, tokenizer, tmp_path, rows)
 
 
+def test_a_logging_step_without_completion_tokens_reports_no_ce(loss, tokenizer):
+    """Only micro-batches without a completion token since the last log: there is no CE to
+    average, so the key is left out (not a 0 that reads as a perfect model, not a NaN); the
+    loss is 0 with a finite gradient. Found by the fuzz test in CI (stop 75)."""
+    term = BERTScoreTerm(loss, tokenizer, weight=1.0, causal=True)
+    logits = torch.randn(2, 4, len(tokenizer), requires_grad=True)
+    labels = torch.full((2, 4), -100)
+    value = term({"logits": logits}, labels, None)
+    value.backward()
+    assert float(value) == 0.0 and torch.isfinite(logits.grad).all()
+    assert "ce" not in term.pop_metrics()
+    labels[0, 2:] = torch.tensor([5, 6])  # one completion token after the shift: ce comes back
+    term({"logits": logits.detach()}, labels, None, training=True)
+    assert "ce" in term.pop_metrics()
+
+
 def test_recorded_metrics_are_running_sums(loss, tokenizer):
     """The term kept a (value, weight) pair per micro-batch until popped, without end where
     nothing pops (compute_loss_func; logging_strategy="no"): ~1 KB of host objects each."""

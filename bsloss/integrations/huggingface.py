@@ -496,6 +496,8 @@ class BERTScoreTerm:
         training loss is ``ce_weight * ce + weight * bertscore_loss``. An evaluation weighs
         each batch as one (it has no accumulated batch), where the trainer's ``eval_loss``
         weighs batches by their rows: with batches of unequal size the two differ a little.
+        A key with nothing to average since the last call is left out, never reported as 0:
+        ``ce`` when no batch had a completion token, ``bertscore_f`` when no row was scored.
 
         ``distributed``: the sums and weights of every process, all-reduced (a collective:
         every process must call it, as the mixin's ``log`` and ``evaluation_loop`` do), so
