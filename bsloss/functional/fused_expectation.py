@@ -72,7 +72,10 @@ allow, and the PyTorch pass elsewhere: on an H200 (run 4, ``benchmarks/README.md
 kernels took CE + term at Gemma 3's sizes 90 ms (8 x 1024 positions) and 53 ms (8 x 256)
 where this pass took 116 and 106 ms; in the Gemma-shaped training step the two were within
 4% (1.26x and 1.22x the model's own CE step). Their first call compiles and autotunes
-(seconds, once per process and shape bucket).
+(seconds, once per process and shape bucket). Below a generator temperature of
+:data:`SELF_NORMALISED_BELOW` both backwards take one more pass over the chunks, to sum the
+probabilities they recompute and normalise by that sum (a near one-hot row's gradient then
+cancels as the dense one's; docs/loss.md).
 """
 
 from __future__ import annotations
@@ -113,9 +116,10 @@ BACKENDS = ("auto", "triton", "torch")
 # passes then run out of the CPU's caches, and a handful of temporaries of that size live at once,
 # so the pass needs ~100 MB whatever N and V.
 DEFAULT_CHUNK_ELEMENTS = 1 << 22
-# Below this generator temperature the PyTorch backward sums its own probabilities in one more
-# pass over the chunks (:func:`_recomputed_sums`): p = exp(s - log Z) with s = z / T large sum
-# to 1 only within float32's rounding of log Z, scaled by 1 / T in the gradient.
+# Below this generator temperature both backends' backwards sum their own probabilities in one
+# more pass over the chunks (:func:`_recomputed_sums`, the kernels' ``_own_sums``): p =
+# exp(s - log Z) with s = z / T large sum to 1 only within float32's rounding of log Z, scaled
+# by 1 / T in the gradient.
 SELF_NORMALISED_BELOW = 0.05
 _MAX_ROW_BLOCK = 4096
 # CUDA: blocks as tall as the positions (up to _MAX_CUDA_ROWS) by vocabulary chunks that make one
@@ -851,10 +855,8 @@ def fused_expected_inputs(
             pass; running out of memory is raised); off by default: slower than the chunked
             pass on an H200 (module docstring).
         backend: ``"auto"`` (the Triton kernels on CUDA for bfloat16 products where the
-            options allow and ``temperature >= 0.05``, else the PyTorch pass, whose backward
-            below that temperature sums its own probabilities, one more pass over the chunks,
-            so that a near one-hot row's gradient cancels as the dense one's; module
-            docstring), ``"triton"`` (the kernels of
+            options allow, else the PyTorch pass; module docstring), ``"triton"`` (the
+            kernels of
             :mod:`bsloss.functional.triton_fused_head`, without ``top_k``,
             ``straight_through``, ``gumbel_temperature`` or float64, or an error; CPU tensors
             need Triton's interpreter, ``TRITON_INTERPRET=1`` before triton's import) or
@@ -918,7 +920,7 @@ def fused_expected_inputs(
     # zero columns change no product; each backend reads the table chunk by chunk, padded,
     # and the result is cut back to `width`
     table_pad = 8 if _pads_table_rows(hidden_states) else 1
-    if _runs_on_triton(backend, hidden_states, weight, candidates.keywords(), temperature):
+    if _runs_on_triton(backend, hidden_states, weight, candidates.keywords()):
         out = _triton_pass(
             hidden_states,
             weight,
@@ -1032,9 +1034,7 @@ def _pads_table_rows(hidden: Tensor) -> bool:
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 
-def _runs_on_triton(
-    backend: str, hidden: Tensor, weight: Tensor, sampling: dict, temperature: float = 1.0
-) -> bool:
+def _runs_on_triton(backend: str, hidden: Tensor, weight: Tensor, sampling: dict) -> bool:
     """Whether the Triton kernels take this call (see ``backend`` in
     :func:`fused_expected_inputs`); ``backend="triton"`` where they cannot is an error."""
     if backend not in BACKENDS:
@@ -1050,12 +1050,10 @@ def _runs_on_triton(
     installed = _TRITON_INSTALLED
     if backend == "auto":
         # the kernels where they were measured faster (module docstring): CUDA, bfloat16
-        # products, a card with bfloat16 tensor cores; the PyTorch pass elsewhere, and below
-        # SELF_NORMALISED_BELOW, where only the PyTorch backward sums its own probabilities
+        # products, a card with bfloat16 tensor cores; the PyTorch pass elsewhere
         return (
             rows
             and not unhandled
-            and temperature >= SELF_NORMALISED_BELOW
             and installed
             and hidden.is_cuda
             and _matmul_dtype(hidden, weight) == torch.bfloat16

@@ -69,6 +69,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from bsloss.functional.chunk_budget import logits_share
+from bsloss.functional.fused_expectation import SELF_NORMALISED_BELOW
 from bsloss.functional.table_chunks import TableChunks
 
 try:
@@ -372,6 +373,7 @@ if triton is not None:
         b_ptr,  # [V] float32
         g_dot_e_ptr,  # [N] float32: <g, e>
         log_z_ptr,  # [N] float32: normaliser of s
+        inv_p_sum_ptr,  # [N] float32: 1 / sum of this pass's p (SELF_NORMALISED)
         g_log_z1_ptr,  # [N] float32: grad of log Z_1
         log_z1_ptr,  # [N] float32: normaliser of z
         targets_ptr,  # [N] int64: target ids (negative: none)
@@ -389,6 +391,7 @@ if triton is not None:
         HAS_BIAS: tl.constexpr,
         HAS_SOFTCAP: tl.constexpr,
         TABLE_GRAD: tl.constexpr,
+        SELF_NORMALISED: tl.constexpr,
         LOG_Z1_GRAD: tl.constexpr,
         TARGET_GRAD: tl.constexpr,
         BIAS_GRAD: tl.constexpr,
@@ -417,6 +420,8 @@ if triton is not None:
             log_z = tl.load(log_z_ptr + rows, mask=row_ok, other=0.0)
             g_dot_e = tl.load(g_dot_e_ptr + rows, mask=row_ok, other=0.0)
             p = tl.exp(z * inv_temperature - log_z[:, None])
+            if SELF_NORMALISED:  # p / S, S this pass's own sum (``_own_sums``)
+                p *= tl.load(inv_p_sum_ptr + rows, mask=row_ok, other=0.0)[:, None]
             dz = p * (g_e - g_dot_e[:, None]) * inv_temperature
         if LOG_Z1_GRAD:
             log_z1 = tl.load(log_z1_ptr + rows, mask=row_ok, other=0.0)
@@ -479,7 +484,14 @@ if triton is not None:
             "reset_to_zero": ["p_sum_ptr"],
         },
         _grad_logits_kernel: {
-            "key": ["N_BUCKET", "TABLE_GRAD", "LOG_Z1_GRAD", "TARGET_GRAD", "HAS_SOFTCAP"],
+            "key": [
+                "N_BUCKET",
+                "TABLE_GRAD",
+                "SELF_NORMALISED",
+                "LOG_Z1_GRAD",
+                "TARGET_GRAD",
+                "HAS_SOFTCAP",
+            ],
             "reset_to_zero": ["db_ptr"],
         },
     }
@@ -843,11 +855,19 @@ def _backward(ctx, grad_expected, grad_log_z1, grad_target_logit):
     # <g, e> uses the same rounded g, so that the rounding moves g itself, not the
     # difference g E_v - <g, e>
     g = grad_expected.to(hidden.dtype).contiguous() if table_grad else hidden
-    g_dot_e = (g.float() * expected).sum(dim=1) if table_grad else log_z
+    values = TableChunks(table, hidden.dtype, ctx.table_pad) if table_grad else None
+    self_normalised = table_grad and ctx.temperature < SELF_NORMALISED_BELOW
+    inv_p_sum = log_z  # (unread without SELF_NORMALISED)
+    if self_normalised:
+        p_sum, weighted = _own_sums(hidden, weight, bias, g, values, log_z, ctx)
+        inv_p_sum, g_dot_e = 1.0 / p_sum, weighted / p_sum
+    elif table_grad:
+        g_dot_e = (g.float() * expected).sum(dim=1)
+    else:
+        g_dot_e = log_z
     g_log_z1 = grad_log_z1.float().contiguous() if log_z1_grad else log_z
     g_target = grad_target_logit.float().contiguous() if target_grad else log_z
     target_ids = targets if target_grad else log_z  # (unread without TARGET_GRAD)
-    values = TableChunks(table, hidden.dtype, ctx.table_pad) if table_grad else None
     for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
         # the chunk's logits and g E^T as float32 products of the half-precision operands:
         # the same numbers as the kernels' own float32 tiles, in another summation order
@@ -861,6 +881,7 @@ def _backward(ctx, grad_expected, grad_log_z1, grad_target_logit):
             bias if bias is not None else log_z,
             g_dot_e,
             log_z,
+            inv_p_sum,
             g_log_z1,
             log_z1,
             target_ids,
@@ -878,6 +899,7 @@ def _backward(ctx, grad_expected, grad_log_z1, grad_target_logit):
             HAS_BIAS=bias is not None,
             HAS_SOFTCAP=ctx.softcap is not None,
             TABLE_GRAD=table_grad,
+            SELF_NORMALISED=self_normalised,
             LOG_Z1_GRAD=log_z1_grad,
             TARGET_GRAD=target_grad,
             BIAS_GRAD=need_b,
@@ -888,6 +910,52 @@ def _backward(ctx, grad_expected, grad_log_z1, grad_target_logit):
             torch.mm(part.T, hidden, out=grad_w[v0:v1])
         del hw, g_e  # freed before the next chunk's products are made, not after
     return _grads(grad_h if need_h else None, hidden, grad_w, grad_b if need_b else None)
+
+
+def _own_sums(hidden, weight, bias, g, values, log_z, ctx) -> tuple[Tensor, Tensor]:
+    """Per row, ``S = sum_v p_v`` and ``sum_v p_v (g E^T)_v``, with ``p = exp(s - log Z)``
+    and ``g E^T`` the very numbers the backward kernel forms: one more pass over the chunks,
+    below :data:`SELF_NORMALISED_BELOW`, as the PyTorch pass's ``_recomputed_sums``. There
+    ``s = z / T`` is large and ``log Z``, one float32 number, is off by ~ulp(max s): the p sum
+    to 1 only within ~1e-5 and, against the forward's ``e``, ``dz`` kept ``(S - 1) <g, e> / T``
+    (2.9e-4 in h's gradient at T = 1e-3 where the dense float32 one is 1.5e-6 off; audit h33's
+    case). With ``p / S`` and this ``<g, e>`` a near one-hot row's ``dz`` sums to 0 as the dense
+    softmax's does. The ``p`` come from the probabilities kernel on the same float32 products
+    (its ``FROM_PRODUCT`` mode, which adds up ``S``), written in float32: the backward kernel's
+    ``p`` to the bit, where a PyTorch ``exp`` and ``tanh`` differ in the last bits that ``1 / T``
+    magnifies into the very error to be removed."""
+    n, d = hidden.shape
+    p_sum = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    weighted = torch.zeros(n, dtype=torch.float32, device=hidden.device)
+    for v0, v1, part, grid in _vocab_chunks(n, weight.shape[0], p_sum):
+        hw = _float32_product(hidden, weight[v0:v1].T)
+        _launch(
+            _probabilities_kernel,
+            grid,
+            hidden,
+            weight,
+            bias if bias is not None else log_z,
+            log_z,
+            part,
+            hw,
+            p_sum,
+            n,
+            d,
+            v0,
+            v1,
+            hw.stride(0),
+            part.stride(0),
+            float(ctx.softcap or 1.0),
+            1.0 / ctx.temperature,
+            _n_bucket(n),
+            HAS_BIAS=bias is not None,
+            HAS_SOFTCAP=ctx.softcap is not None,
+            FROM_PRODUCT=True,
+            DOT_PRECISION=_dot_precision(hidden.dtype),
+        )
+        del hw
+        weighted += (part * _float32_product(g, values.rows(v0, v1).T)).sum(dim=1)
+    return p_sum, weighted
 
 
 def _grads(grad_h, hidden, grad_w, grad_b):
