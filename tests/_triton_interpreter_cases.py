@@ -198,12 +198,13 @@ def float16_near_one_hot() -> float:
     return float(grad_h.float().abs().max())
 
 
-def small_temperature() -> dict:
+def small_temperature(device: str = "cpu") -> dict:
     """Audit h33's case under the kernels: a generator temperature that makes rows near
     one-hot (n 6, d 16, V 100, c 4), float32. For each ``(T, options)``: the largest error of
     h's gradient, the kernels' and the dense float32 softmax's, against float64, and the true
     gradient's largest entry. The kernels' backward kept ``(S - 1) <g, e> / T`` (S the sum of
-    its recomputed p): 2.9e-4 at T = 1e-3 where the dense path is 1.5e-6 off."""
+    its recomputed p): 2.9e-4 at T = 1e-3 where the dense path is 1.5e-6 off. ``device``:
+    "cuda" for the compiled kernels (the inputs are drawn on the CPU either way)."""
     results = {}
     for temperature in (1e-3, 1e-4):
         for extras in (False, True):
@@ -216,8 +217,10 @@ def small_temperature() -> dict:
 
             def grad_h(dtype, backend, h=h, weight=weight, table=table, upstream=upstream,
                        bias=bias, softcap=softcap, temperature=temperature):  # fmt: skip
-                hh = h.to(dtype, copy=True).requires_grad_()
-                w, b = weight.to(dtype), None if bias is None else bias.to(dtype)
+                hh = h.to(device, dtype, copy=True).requires_grad_()
+                w = weight.to(device, dtype)
+                b = None if bias is None else bias.to(device, dtype)
+                table, upstream = table.to(device), upstream.to(device)
                 if backend == "dense":
                     z = hh @ w.T + (0.0 if b is None else b)
                     if softcap is not None:
@@ -229,7 +232,7 @@ def small_temperature() -> dict:
                         temperature=temperature, backend=backend,
                     ).expected  # fmt: skip
                 (e * upstream.to(dtype)).sum().backward()
-                return hh.grad.double()
+                return hh.grad.double().cpu()
 
             truth = grad_h(torch.float64, "dense")
             results[(temperature, extras)] = {

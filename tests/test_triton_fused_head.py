@@ -134,6 +134,23 @@ def test_interpreted_kernels_cancel_at_small_temperature(interpreted, temperatur
 
 
 @needs_triton
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled kernels need CUDA")
+def test_compiled_kernels_cancel_at_small_temperature():
+    """The case above through the compiled kernels (float32: cuBLAS's products, TF32 off)."""
+    from _triton_interpreter_cases import small_temperature
+
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        results = small_temperature("cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+    for key, errors in results.items():
+        bound = 2 * errors["dense"] + 1e-6 * errors["size"] + 1e-12
+        assert errors["triton"] <= bound, (key, errors)
+
+
+@needs_triton
 def test_interpreted_kernels_name_the_non_finite_row(interpreted):
     # a NaN in hidden_states row 5: NonFiniteLogitsError(row=5), as the PyTorch pass raises
     assert interpreted["non_finite_row"] == 5
