@@ -278,6 +278,21 @@ def check_same_run(output_dir: Path, record: dict) -> dict | None:
     return started
 
 
+def keep_run_settings(output_dir: Path, record: dict, resumed: bool) -> None:
+    """Write the run's first record (:data:`RUN_CONFIG`), which later ``--resume`` calls are
+    checked against (:func:`check_same_run`). ``resumed``: a ``--resume`` of a run that
+    started before runs kept one; its own settings cannot be checked, which is said (once),
+    and this resume's settings become the run's, so that the next resume is checked."""
+    if resumed:
+        print(
+            f"warning: {output_dir} holds a run started before runs kept their settings (no "
+            f"{RUN_CONFIG}): this --resume's settings are not checked against it, and are kept "
+            "as the run's from now on",
+            file=sys.stderr,
+        )
+    (output_dir / RUN_CONFIG).write_text(json.dumps(record, indent=2) + "\n")
+
+
 # What a run writes into its --output_dir: a run is there when any of them is, and
 # --overwrite removes them all (only these: the folder may hold the user's own files)
 RUN_FILES = (
@@ -491,6 +506,7 @@ class RecipeRun:
         precision = args.mixed_precision or self.train.mixed_precision
         record = run_record(self.config, script, precision, args.init_from)
         self.started = check_same_run(self.output_dir, record) if args.resume else record
+        started_before_settings_were_kept = args.resume and self.started is None
         # the trainer's too (trainer_run.trainer_arguments: use_configured_state); the trainer
         # accumulates gradients and writes the checkpoints
         self.accelerator = Accelerator(mixed_precision=precision, cpu=args.cpu)
@@ -500,8 +516,10 @@ class RecipeRun:
         self.stopped_at: int | None = None  # the step early stopping ended the run at
         set_seed(self.train.seed)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        if not args.resume and self.accelerator.is_main_process:
-            (self.output_dir / RUN_CONFIG).write_text(json.dumps(record, indent=2) + "\n")
+        if self.accelerator.is_main_process and (
+            not args.resume or started_before_settings_were_kept
+        ):
+            keep_run_settings(self.output_dir, record, resumed=args.resume)
         self.log = RunLog(self.output_dir / "log.jsonl", self.accelerator.is_main_process)
         self.data = load_splits(self.config.data)
         self.say("data: " + ", ".join(f"{len(rows)} {split}" for split, rows in self.data.items()))

@@ -730,6 +730,26 @@ def test_a_resume_with_other_settings_is_refused_named(tmp_path):
     assert check_same_run(tmp_path / "elsewhere", record()) is None  # a run from before
 
 
+def test_a_resumed_run_from_before_run_config_is_said_and_kept(tmp_path, capsys):
+    """A --resume of a run that started before runs kept run_config.json compared nothing, said
+    nothing, and wrote none: every later resume of it went unchecked as well."""
+    from run import RUN_CONFIG, check_same_run, keep_run_settings, run_record
+
+    def record(*overrides):
+        return run_record(load_config(XSUM_BERT2BERT, list(overrides)), "finetune.py", "no",
+                          None)  # fmt: skip
+
+    resumed = record("train.seed=3")
+    assert check_same_run(tmp_path, resumed) is None
+    keep_run_settings(tmp_path, resumed, resumed=True)
+    warning = capsys.readouterr().err
+    assert "started before runs kept their settings" in warning and RUN_CONFIG in warning
+    with pytest.raises(ValueError, match=r"train.seed 3 -> 4"):  # the next resume is checked
+        check_same_run(tmp_path, record("train.seed=4"))
+    keep_run_settings(tmp_path / "", record(), resumed=False)  # a new run: no warning
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize(
     ("override", "named"),
     [
