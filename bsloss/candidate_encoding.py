@@ -111,6 +111,7 @@ class CandidateEncoder:
         # the generator table and its word-start twin (or None) per (device, dtype, size, ...)
         self._tables: dict[tuple, tuple[Tensor, Tensor | None]] = {}
         self._special: dict[tuple, Tensor] = {}  # per (device, vocabulary): not content
+        self._warned_noise_unused = False
 
     @property
     def generator_vocab_size(self) -> int:
@@ -244,11 +245,28 @@ class CandidateEncoder:
             )
         if source.shape[0] == 0:
             return self._encode_nothing(source, name, target_ids)
+        if isinstance(candidates, (Embeddings, TokenIds)):
+            self._warn_noise_unused(name)
         if isinstance(candidates, Embeddings):
             return self._encode_embeddings(candidates, candidate_mask)
         if isinstance(candidates, TokenIds):
             return self._encode_ids(source, candidate_mask, name, scorer_weights)
         return self._encode_distributions(candidates, candidate_mask, target_ids, scorer_weights)
+
+    def _warn_noise_unused(self, name: str) -> None:
+        """Token ids are chosen tokens and embeddings have no scores: the candidate transforms
+        have nothing to act on there. TopK and StraightThrough leave a chosen token as it is;
+        Gumbel noise would have sampled it, and a loss built with it scored these candidates
+        without any (audit h35): said once per loss."""
+        if self.candidates.gumbel_temperature is None or self._warned_noise_unused:
+            return
+        self._warned_noise_unused = True
+        warn_user(
+            f"this loss samples its candidates with Gumbel noise, and {name} are already "
+            "tokens (or the scorer's vectors), with no scores to add noise to: scored as "
+            "they are, without noise (pass Logits or LMHeadInputs to sample); this loss "
+            "warns once"
+        )
 
     def _encode_nothing(
         self, source: Tensor, name: str, target_ids: Tensor | None
@@ -527,10 +545,10 @@ class CandidateEncoder:
             row = int(row_ids[(~out.finite).nonzero()[0]])
             where = list(divmod(row, length))  # the pass's row -> [b, t]
             raise ValueError(
-                f"the logits of hidden_states{where} under output_embeddings are NaN or Inf (NaN "
-                "or Inf in hidden_states or the LM head's weight, a float16 overflow of h W^T, "
-                f"or logit_softcap={softcap} / generator_temperature={temperature} making them "
-                "overflow)"
+                f"LMHeadInputs: the logits of hidden_states{where} under the head are NaN or Inf "
+                "(NaN or Inf in hidden_states or the head's weight or bias, a -inf bias masking "
+                f"tokens, which this pass does not take, a float16 overflow of h W^T, or "
+                f"softcap={softcap} / temperature={temperature} making them overflow)"
             )
 
         # float64 hidden states give float64 expectations; the scorer runs in its own dtype

@@ -849,8 +849,10 @@ class BERTScoreLoss(nn.Module):
             self._warn_empty_references([f"reference_ids[{row}]" for row in empty_rows], batch)
             self._warn_weightless([f"reference_ids[{row}]" for row in weightless], batch)
         # an empty candidate has no content position: only the special tokens the loss wraps it
-        # in (none around Embeddings, taken as they are)
-        specials = 0 if isinstance(candidates, Embeddings) else self._special_count()
+        # in; Embeddings come as they are, [CLS] and [SEP] in their mask where they came from
+        # encode_references (weight 0): None, their weights decide (audit h35: an empty one
+        # counted as content was rescaled to a loss of 1.184, where token ids score 1.0)
+        specials = None if isinstance(candidates, Embeddings) else self._special_count()
         # one reference per candidate, in order: no gather, no max over references
         one_each = owner == list(range(batch))
         index = None if one_each else to_device(torch.tensor(owner), encoded.hidden.device)
@@ -952,7 +954,7 @@ class BERTScoreLoss(nn.Module):
         index: Tensor | None,
         batch: int,
         reference_empty: Tensor | None = None,
-        candidate_specials: int = 0,
+        candidate_specials: int | None = 0,
     ) -> PRF:
         """P, R, F ``[B]`` of encoded candidates against encoded references (``index``: each
         reference's candidate, the max taken over a candidate's references; ``None``: one
@@ -960,8 +962,9 @@ class BERTScoreLoss(nn.Module):
 
         A pair is empty when its reference is (``reference_empty``, ``[N]`` bool, ``None``:
         none is) or its candidate has no more masked positions than ``candidate_specials``
-        (the special tokens it was wrapped in): it scores 0 after rescaling too, and does not
-        compete for its candidate's best, as in the metric (bert_score would rescale it)."""
+        (the special tokens it was wrapped in; ``None``: no masked position of positive
+        weight, for embeddings given as they are): it scores 0 after rescaling too, and does
+        not compete for its candidate's best, as in the metric (bert_score would rescale it)."""
         cand_hidden, cand_mask, cand_weights = candidates
         ref_hidden, ref_mask, ref_weights = references
         if self.center:
@@ -981,7 +984,10 @@ class BERTScoreLoss(nn.Module):
         empty = None
         if self.baseline is not None or index is not None:
             # on the device, from the masks and the host's facts: no read
-            empty = cand_mask.sum(dim=1) <= candidate_specials
+            if candidate_specials is None:
+                empty = ~(cand_mask & (cand_weights > 0)).any(dim=1)
+            else:
+                empty = cand_mask.sum(dim=1) <= candidate_specials
             empty = empty if index is None else empty[index]
             if reference_empty is not None:
                 empty = empty | reference_empty.to(empty.device)

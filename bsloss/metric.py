@@ -16,7 +16,7 @@ import copy
 import hashlib
 import time
 import warnings
-from collections.abc import Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -190,7 +190,9 @@ class BERTScorer:
             references of each :meth:`score` call, like ``bert_score.score(idf=True)``), a list
             of sentences to compute idf from, or a ``{token_id: weight}`` dict.
         idf_sents: sentences to compute idf weights from when ``idf=True`` (bert_score's name):
-            a list of strings (a string, or a bad item ``idf_sents[i]``, is refused by name).
+            a list of strings (a string, or a bad item ``idf_sents[i]``, is refused by name);
+            beside an ``idf`` list or dict, refused (pass one); with ``idf=False``, unused, as
+            in bert_score.
         device: default this process's GPU when CUDA is available (its ``LOCAL_RANK``'s
             under a launcher, before the device is set), else CPU.
         lang: pick bert_score's default model for this language when ``model_type`` is None
@@ -201,7 +203,10 @@ class BERTScorer:
         baseline_path: a bert_score-format baseline file; default: the one shipped for the model.
         use_fast_tokenizer: accepted for bert_score compatibility; bsloss always tokenises with
             the tokenizer ``AutoTokenizer`` loads (the fast one), whose ids match bert_score's
-            (tests/test_parity.py) under transformers 5; under 4.x bert_score's default slow
+            (tests/test_parity.py) under transformers 5 for WordPiece and SentencePiece
+            scorers; byte-level BPE ones (RoBERTa, GPT-2, BART: ``lang="en"``'s roberta-large)
+            get the leading space bert_score means to add, which bert_score 0.3.13 loses under
+            transformers 5 (docs/metric.md, "Differences"); under 4.x bert_score's default slow
             tokenizer drops characters Python's Unicode tables lack (new emoji) where the fast
             one gives ``[UNK]`` (docs/metric.md, "Differences").
         autocast_dtype: fast mode: run the encoder under ``torch.autocast`` in this dtype
@@ -356,6 +361,13 @@ class BERTScorer:
             idf_sents = check_texts(idf_sents, "idf_sents")
             if idf is True:
                 idf = idf_sents
+            elif idf is not False:
+                # one of them was dropped without a word (bert_score uses idf_sents' weights)
+                raise ValueError(
+                    "idf_sents goes with idf=True; idf is already a "
+                    f"{'dict' if isinstance(idf, Mapping) else 'list'} of weights or sentences: "
+                    "pass one of the two"
+                )
         self.idf = idf
         # a list is counted on the texts as they are scored: whole in window mode
         self._weight_table = weight_table(

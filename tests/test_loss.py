@@ -214,6 +214,30 @@ def test_embeddings_input_and_targets(encoder, pairs):
     assert hidden.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("target", ["f1", "recall"])
+def test_an_empty_candidate_as_embeddings_scores_as_its_token_ids(encoder, target):
+    """An empty candidate text from encode_references (its mask holds [CLS] and [SEP], of
+    weight 0) counted as content: rescaled to a loss of 1.184 where its token ids, the
+    metric and docs/loss.md give 1.0 (audit h35). A weightless row is empty here: the loss
+    cannot tell special tokens from content in embeddings given as they are."""
+    import bsloss
+
+    loss = BERTScoreLoss(
+        encoder=encoder, target=target, rescale_with_baseline=True, reduction="none"
+    )
+    texts, refs = ["a dog ran", ""], ["The dog runs fast.", "birds"]
+    batch = encoder.tokenizer(texts, return_tensors="pt", padding=True)
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    from_ids = loss(bsloss.TokenIds(ids), refs, candidate_mask=mask)
+    hidden, hidden_mask, weights = loss.encode_references(texts)
+    from_embeddings = loss(bsloss.Embeddings(hidden, weights), refs, candidate_mask=hidden_mask)
+    torch.testing.assert_close(from_embeddings, from_ids, rtol=0, atol=1e-6)
+    assert from_embeddings[1] == 1.0
+    # without weights every masked position weighs 1: the special tokens are content there
+    plain = loss(bsloss.Embeddings(hidden), refs, candidate_mask=hidden_mask)
+    assert plain[1] != 1.0
+
+
 def test_bad_input_errors(encoder, pairs):
     cands, refs = pairs
     logits, mask = one_hot_logits(encoder, cands[:2])
@@ -1123,3 +1147,26 @@ def test_idf_true_or_one_is_refused_with_what_to_pass(encoder, idf):
     idf from each call's references), it is refused with what the loss takes instead."""
     with pytest.raises(ValueError, match=r"is for BERTScorer; pass the reference corpus"):
         BERTScoreLoss(encoder=encoder, idf=idf)
+
+
+def test_gumbel_noise_on_token_ids_or_embeddings_is_said_once(encoder):
+    """A loss built with Gumbel noise scored token ids and embeddings without noise and
+    without a word, where Probabilities refuse it (audit h35): it warns once, and scores
+    them as they are (the same as a loss without the transform)."""
+    import warnings
+
+    import bsloss
+
+    texts, refs = ["a dog ran", "the cat"], ["The dog runs fast.", "a cat sat"]
+    batch = encoder.tokenizer(texts, return_tensors="pt", padding=True)
+    ids, mask = batch["input_ids"], batch["attention_mask"].bool()
+    noisy = BERTScoreLoss(encoder=encoder, candidate_transforms=[bsloss.Gumbel(0.5)])
+    plain = BERTScoreLoss(encoder=encoder)
+    with pytest.warns(UserWarning, match=r"Gumbel noise, and candidate_ids are already tokens"):
+        value = noisy(bsloss.TokenIds(ids), refs, candidate_mask=mask)
+    assert value == plain(bsloss.TokenIds(ids), refs, candidate_mask=mask)
+    hidden, hidden_mask, weights = noisy.encode_references(texts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per loss
+        noisy(bsloss.Embeddings(hidden, weights), refs, candidate_mask=hidden_mask)
+        plain(bsloss.TokenIds(ids), refs, candidate_mask=mask)  # no transform: no warning

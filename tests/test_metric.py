@@ -34,8 +34,13 @@ def test_rc2_constructor_numbers(encoder, name):
 @pytest.mark.parametrize(
     "idf, error, match",
     [
-        (collections.defaultdict(lambda: float("nan")), ValueError, "default weight is nan"),
-        (collections.defaultdict(lambda: -1.0), ValueError, "default weight"),
+        # (non-empty: an empty mapping is idf=False, as bert_score's ``if not idf`` takes it)
+        (
+            collections.defaultdict(lambda: float("nan"), {5: 1.0}),
+            ValueError,
+            "default weight is nan",
+        ),
+        (collections.defaultdict(lambda: -1.0, {5: 1.0}), ValueError, "default weight"),
         ({2000: float("inf")}, ValueError, "token id 2000"),
         ({2000: -0.5}, ValueError, "token id 2000"),
         ({2000: "heavy"}, TypeError, "token id 2000"),
@@ -74,3 +79,15 @@ def test_the_matching_loop_reads_scores_back_once_whatever_the_batch_count(score
     assert counts[5] == counts[64] == {(12, 1, 4): 1}, counts
     for one, many in zip(results[64], results[5], strict=True):
         torch.testing.assert_close(one, many, rtol=0, atol=1e-6)
+
+
+def test_idf_sents_beside_idf_weights_is_refused_and_an_empty_dict_is_no_idf():
+    """idf_sents beside an idf list or dict was checked, then dropped without a word
+    (bert_score uses idf_sents' weights there); idf={} scored as no idf and hashed as
+    "_idf" where bert_score's says "_no-idf" (audit h34)."""
+    with pytest.raises(ValueError, match="idf_sents goes with idf=True; idf is already a list"):
+        BERTScorer(idf=["a cat"], idf_sents=["a dog"])
+    with pytest.raises(ValueError, match="already a dict"):
+        BERTScorer(idf={2000: 1.0}, idf_sents=["a dog"])
+    empty = BERTScorer(idf={})
+    assert empty.idf is False and "_no-idf" in empty.hash

@@ -112,3 +112,24 @@ def test_bert_score_batch_artifact_is_not_reproduced(pairs, plain_reference):
     changed = (padded[2] - exact[2]).abs() > 1e-4
     assert changed.sum() > 0, "expected bert_score's padding artifact on STS-B dev"
     assert (ours[2] - exact[2]).abs().max() <= TOLERANCE
+
+
+def test_an_idf_dict_is_used_as_given(pairs):
+    """bert_score.score(idf=<dict>) weighs every token, the special ones included, by the dict
+    (its default for a defaultdict); bsloss forced [CLS] and [SEP] to 0, and F moved by up to
+    0.16 for a defaultdict(lambda: 1.0) (audit h34)."""
+    from collections import defaultdict
+
+    cands, refs = (side[:200] for side in pairs)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_path())
+    rare = tokenizer.convert_tokens_to_ids(["cat", "man", "woman", "dog"])
+    hand_made = defaultdict(lambda: 1.0, {token: 2.5 for token in rare})
+    counted = bert_score.utils.get_idf_dict(refs, tokenizer, nthreads=1)
+    counted[tokenizer.cls_token_id], counted[tokenizer.sep_token_id] = 0.3, 0.7
+    for idf in (hand_made, counted):
+        theirs = bert_score.score(
+            cands, refs, model_type=embedded_model_path(), num_layers=6, batch_size=1, idf=idf
+        )
+        _assert_equal(bsloss.score(cands, refs, num_layers=6, idf=idf), theirs)

@@ -21,10 +21,12 @@ def as_idf_spec(idf: object) -> object:
     """``idf`` with the values bert_score takes as bools (it asks ``if idf:``) made bools:
     ``None``, 0 and 1, numpy's bools; anything else as it is, for :func:`weight_table` to check.
 
-    >>> as_idf_spec(None), as_idf_spec(np.True_), as_idf_spec(1)
-    (False, True, True)
+    >>> as_idf_spec(None), as_idf_spec(np.True_), as_idf_spec(1), as_idf_spec({})
+    (False, True, True, False)
     """
     if idf is None:
+        return False
+    if isinstance(idf, Mapping) and not idf:  # bert_score's ``if not idf``: hash "no-idf"
         return False
     if isinstance(idf, np.bool_) or (
         isinstance(idf, numbers.Integral) and not isinstance(idf, bool) and idf in (0, 1)
@@ -36,7 +38,8 @@ def as_idf_spec(idf: object) -> object:
 def weight_table(
     encoder: ScorerEncoder, idf: IdfSpec, vocab_size: int, truncate: bool = True
 ) -> Tensor | None:
-    """``[V]`` weights (special tokens 0) for ``idf`` = False, a ``{token_id: weight}`` dict or
+    """``[V]`` weights (special tokens 0 unless a dict weighs them) for ``idf`` = False, a
+    ``{token_id: weight}`` dict or
     a list of sentences; ``None`` for ``idf=True`` (weights from each call's references).
 
     ``truncate``: a sentence longer than the scorer's maximum is counted up to it, with a
