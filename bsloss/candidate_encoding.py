@@ -548,7 +548,8 @@ class CandidateEncoder:
                 f"LMHeadInputs: the logits of hidden_states{where} under the head are NaN or Inf "
                 "(NaN or Inf in hidden_states or the head's weight or bias, a -inf bias masking "
                 f"tokens, which this pass does not take, a float16 overflow of h W^T, or "
-                f"softcap={softcap} / temperature={temperature} making them overflow)"
+                f"softcap={softcap} / temperature={temperature} making them overflow; passed "
+                "by the deprecated keywords, they are logit_softcap / generator_temperature)"
             )
 
         # float64 hidden states give float64 expectations; the scorer runs in its own dtype
