@@ -1109,6 +1109,7 @@ def _triton_pass(
             temperature=float(temperature),
             compute_dtype=compute_dtype,
             table_pad=table_pad,
+            self_normalised=temperature < SELF_NORMALISED_BELOW,
         )
     if not check_finite:
         return FusedHeadOutput(out.expected, out.log_likelihood, out.tokens, out.finite)

@@ -69,7 +69,6 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from bsloss.functional.chunk_budget import logits_share
-from bsloss.functional.fused_expectation import SELF_NORMALISED_BELOW
 from bsloss.functional.table_chunks import TableChunks
 
 try:
@@ -799,12 +798,13 @@ class _TritonFusedHead(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, hidden, weight, bias, table, targets, softcap, temperature, z_stats, table_pad
-    ):
+        ctx, hidden, weight, bias, table, targets, softcap, temperature, z_stats, table_pad,
+        self_normalised,
+    ):  # fmt: skip
         with _device_guard(hidden):
             stats = _forward(hidden, weight, bias, table, softcap, temperature, z_stats, table_pad)
         ctx.softcap, ctx.temperature, ctx.z_stats = softcap, temperature, z_stats
-        ctx.table_pad = table_pad
+        ctx.table_pad, ctx.self_normalised = table_pad, self_normalised
         target_logit = hidden.new_empty(0, dtype=torch.float32)
         if targets is not None:
             target_logit = _target_logits(hidden, weight, bias, targets, softcap)
@@ -856,7 +856,7 @@ def _backward(ctx, grad_expected, grad_log_z1, grad_target_logit):
     # difference g E_v - <g, e>
     g = grad_expected.to(hidden.dtype).contiguous() if table_grad else hidden
     values = TableChunks(table, hidden.dtype, ctx.table_pad) if table_grad else None
-    self_normalised = table_grad and ctx.temperature < SELF_NORMALISED_BELOW
+    self_normalised = table_grad and ctx.self_normalised
     inv_p_sum = log_z  # (unread without SELF_NORMALISED)
     if self_normalised:
         p_sum, weighted = _own_sums(hidden, weight, bias, g, values, log_z, ctx)
@@ -914,8 +914,9 @@ def _backward(ctx, grad_expected, grad_log_z1, grad_target_logit):
 
 def _own_sums(hidden, weight, bias, g, values, log_z, ctx) -> tuple[Tensor, Tensor]:
     """Per row, ``S = sum_v p_v`` and ``sum_v p_v (g E^T)_v``, with ``p = exp(s - log Z)``
-    and ``g E^T`` the very numbers the backward kernel forms: one more pass over the chunks,
-    below :data:`SELF_NORMALISED_BELOW`, as the PyTorch pass's ``_recomputed_sums``. There
+    and ``g E^T`` the very numbers the backward kernel forms: one more pass over the chunks
+    with ``self_normalised`` (below ``fused_expectation.SELF_NORMALISED_BELOW``), as the
+    PyTorch pass's ``_recomputed_sums``. There
     ``s = z / T`` is large and ``log Z``, one float32 number, is off by ~ulp(max s): the p sum
     to 1 only within ~1e-5 and, against the forward's ``e``, ``dz`` kept ``(S - 1) <g, e> / T``
     (2.9e-4 in h's gradient at T = 1e-3 where the dense float32 one is 1.5e-6 off; audit h33's
@@ -960,7 +961,7 @@ def _own_sums(hidden, weight, bias, g, values, log_z, ctx) -> tuple[Tensor, Tens
 
 def _grads(grad_h, hidden, grad_w, grad_b):
     grad_h = None if grad_h is None else grad_h.to(hidden.dtype)
-    return grad_h, grad_w, grad_b, None, None, None, None, None, None
+    return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
 
 
 def _target_logits(hidden, weight, bias, targets, softcap) -> Tensor:
@@ -988,6 +989,7 @@ def triton_fused_head(
     temperature: float,
     compute_dtype: torch.dtype,
     table_pad: int = 1,
+    self_normalised: bool = False,
 ) -> TritonHeadOutput:
     """``softmax(softcap(h W^T + b) / T) E``, the targets' log-likelihood under ``softcap(h W^T
     + b)`` and the argmax tokens, by the Triton kernels; differentiable in ``hidden``,
@@ -999,6 +1001,8 @@ def triton_fused_head(
     ``compute_dtype`` the dtype of the products (float32, bfloat16 or float16);
     ``table_pad``: the table's rows are read padded with zero columns to a multiple of it (8 on
     CUDA, :mod:`bsloss.functional.table_chunks`): ``expected`` then has the padded width.
+    ``self_normalised``: the backward sums its own recomputed ``p`` and normalises by that sum
+    (``_own_sums``; the caller's choice, below a generator temperature of 0.05).
     """
     hidden = hidden.to(compute_dtype).contiguous()
     weight = weight.to(compute_dtype).contiguous()
@@ -1012,8 +1016,9 @@ def triton_fused_head(
     z_stats = wants_ll and temperature != 1.0
     targets = targets.long().contiguous() if wants_ll else None
     expected, log_z1, target_logit, tokens, finite = _TritonFusedHead.apply(
-        hidden, weight, bias32, table, targets, softcap, float(temperature), z_stats, table_pad
-    )
+        hidden, weight, bias32, table, targets, softcap, float(temperature), z_stats, table_pad,
+        self_normalised,
+    )  # fmt: skip
     log_likelihood = None
     if wants_ll:
         # ignored rows get 0 and no gradient (their target_logit's gradient is 0)
