@@ -735,7 +735,7 @@ def _expectation(
     rounded to the head's dtype, so their sum no longer normalises the backward's float32
     ``p`` (float16 near one-hot rows at ``T = 1e-3`` got ``|dh|`` ~0.9 where it is ~1e-13,
     audit h20), and that rounding is the larger error there anyway."""
-    n, d = hidden.shape
+    n = hidden.shape[0]
     vocab = weight.shape[0]
     values = TableChunks(table, hidden.dtype, table_pad)
     expected = torch.zeros(n, values.width, dtype=torch.float32, device=hidden.device)
@@ -744,35 +744,46 @@ def _expectation(
     p_sum = torch.zeros(n if from_product else 0, dtype=torch.float32, device=hidden.device)
     for v0, v1, part, grid in _vocab_chunks(n, vocab, hidden):
         hw = _float32_product(hidden, weight[v0:v1].T) if from_product else log_z
-        _launch(
-            _probabilities_kernel,
-            grid,
-            hidden,
-            weight,
-            bias if bias is not None else log_z,
-            log_z,
-            part,
-            hw,
-            p_sum,
-            n,
-            d,
-            v0,
-            v1,
-            hw.stride(0) if from_product else 0,
-            part.stride(0),
-            float(softcap or 1.0),
-            1.0 / temperature,
-            _n_bucket(n),
-            HAS_BIAS=bias is not None,
-            HAS_SOFTCAP=softcap is not None,
-            FROM_PRODUCT=from_product,
-            DOT_PRECISION=_dot_precision(hidden.dtype),
-        )
+        _probabilities(hidden, weight, bias, log_z, part, hw, p_sum, v0, v1, grid, softcap,
+                       temperature, from_product)  # fmt: skip
         del hw
         expected += (part @ values.rows(v0, v1)).float()
     if from_product:
         return expected / p_sum[:, None], log_z + torch.log(p_sum)
     return expected, log_z
+
+
+def _probabilities(
+    hidden, weight, bias, log_z, part, hw, p_sum, v0, v1, grid, softcap, temperature, from_product
+) -> None:
+    """One vocabulary chunk's ``p = exp(s - log Z)`` into ``part`` (the probabilities kernel):
+    from the logits tiles, or ``from_product`` from the chunk's float32 ``hw`` (cuBLAS's
+    ``h W^T``), each row's sum of ``p`` then added to ``p_sum``."""
+    n, d = hidden.shape
+    _launch(
+        _probabilities_kernel,
+        grid,
+        hidden,
+        weight,
+        bias if bias is not None else log_z,
+        log_z,
+        part,
+        hw,
+        p_sum,
+        n,
+        d,
+        v0,
+        v1,
+        hw.stride(0) if from_product else 0,
+        part.stride(0),
+        float(softcap or 1.0),
+        1.0 / temperature,
+        _n_bucket(n),
+        HAS_BIAS=bias is not None,
+        HAS_SOFTCAP=softcap is not None,
+        FROM_PRODUCT=from_product,
+        DOT_PRECISION=_dot_precision(hidden.dtype),
+    )
 
 
 def _forward(hidden, weight, bias, table, softcap, temperature, z_stats, table_pad) -> _Statistics:
@@ -925,35 +936,13 @@ def _own_sums(hidden, weight, bias, g, values, log_z, ctx) -> tuple[Tensor, Tens
     (its ``FROM_PRODUCT`` mode, which adds up ``S``), written in float32: the backward kernel's
     ``p`` to the bit, where a PyTorch ``exp`` and ``tanh`` differ in the last bits that ``1 / T``
     magnifies into the very error to be removed."""
-    n, d = hidden.shape
+    n = hidden.shape[0]
     p_sum = torch.zeros(n, dtype=torch.float32, device=hidden.device)
     weighted = torch.zeros(n, dtype=torch.float32, device=hidden.device)
     for v0, v1, part, grid in _vocab_chunks(n, weight.shape[0], p_sum):
         hw = _float32_product(hidden, weight[v0:v1].T)
-        _launch(
-            _probabilities_kernel,
-            grid,
-            hidden,
-            weight,
-            bias if bias is not None else log_z,
-            log_z,
-            part,
-            hw,
-            p_sum,
-            n,
-            d,
-            v0,
-            v1,
-            hw.stride(0),
-            part.stride(0),
-            float(ctx.softcap or 1.0),
-            1.0 / ctx.temperature,
-            _n_bucket(n),
-            HAS_BIAS=bias is not None,
-            HAS_SOFTCAP=ctx.softcap is not None,
-            FROM_PRODUCT=True,
-            DOT_PRECISION=_dot_precision(hidden.dtype),
-        )
+        _probabilities(hidden, weight, bias, log_z, part, hw, p_sum, v0, v1, grid, ctx.softcap,
+                       ctx.temperature, from_product=True)  # fmt: skip
         del hw
         weighted += (part * _float32_product(g, values.rows(v0, v1).T)).sum(dim=1)
     return p_sum, weighted
